@@ -1,0 +1,183 @@
+# megabatch - build, test, CUDA compile checks, sanitizers, install.
+#
+#   make test        CPU tests (+ CUDA test binaries when nvcc exists; they skip without a GPU)
+#   make build       everything buildable on this machine
+#   make cuda        every CUDA source through nvcc -Werror (sm_90 + sm_80)
+#   make gpu-test    run the CUDA tests (what a GPU machine runs)
+#   make gpu-bundle  binaries + shared libraries for a bare GPU machine (build/gpu/)
+#   make asan        CPU tests under AddressSanitizer + UBSan
+#   make tsan        threaded tests under ThreadSanitizer
+#   make install PREFIX=/usr/local   headers + megabatch.pc
+#   make deps        install the Debian packages (as root), else print the command
+#
+# Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
+# NVCC=..., CUDA_ARCHS="90 80".
+
+CC      ?= cc
+CXX     ?= c++
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+PREFIX  ?= /usr/local
+CUDA_ARCHS ?= 90 80
+BUILD   := build
+DEB_PACKAGES := pkg-config libcmocka-dev libhdf5-dev libopenblas-dev
+
+ifeq ($(NO_CUDA),1)
+NVCC :=
+endif
+
+HDF5_CFLAGS := $(shell pkg-config --cflags hdf5 2>/dev/null)
+HDF5_LIBS   := $(shell pkg-config --libs hdf5 2>/dev/null)
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
+ifeq ($(NO_CBLAS),1)
+BLAS_CFLAGS := -DMEGABATCH_NO_CBLAS
+BLAS_LIBS   :=
+else
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+endif
+DEP_CFLAGS := $(HDF5_CFLAGS) $(BLAS_CFLAGS)
+DEP_LIBS   := $(HDF5_LIBS) $(BLAS_LIBS) -lpthread -lm
+
+WARN    := -Wall -Wextra -Werror -pedantic
+CFLAGS  ?= -O2 -g
+ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
+CXXFLAGS ?= -O2 -g
+ALL_CXXFLAGS := -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+NVCC_FLAGS := -std=c++17 -O2 -g $(NVCC_GENCODE) -Werror all-warnings \
+              -Xcompiler -Wall,-Wextra,-Werror -I. -Itests $(DEP_CFLAGS)
+NVCC_LIBS  := -lcublas $(DEP_LIBS) -Xlinker -rpath='$$ORIGIN/lib'
+SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+TEST_SRCS    := $(wildcard tests/test_*.c)
+TEST_BINS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS)) $(BUILD)/tests/test_gemm_nocblas
+ASAN_BINS    := $(patsubst tests/%.c,$(BUILD)/asan/%,$(TEST_SRCS))
+TSAN_SRCS    := $(wildcard tests/test_loader*.c)
+TSAN_BINS    := $(patsubst tests/%.c,$(BUILD)/tsan/%,$(TSAN_SRCS))
+CUDA_SRCS    := $(wildcard tests/cuda/test_*.cu)
+CUDA_BINS    := $(patsubst tests/cuda/%.cu,$(BUILD)/cuda/%,$(CUDA_SRCS))
+EXAMPLE_SRCS := $(wildcard examples/*.c)
+EXAMPLE_BINS := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
+EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
+BENCH_SRCS   := $(wildcard bench/*.c)
+BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
+HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h)
+
+ifneq ($(NVCC),)
+CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o
+endif
+
+.PHONY: all build test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan install deps clean
+all: build
+
+check-deps:
+	@pkg-config --exists hdf5 && echo "✓ hdf5 $$(pkg-config --modversion hdf5)" || { echo "✗ hdf5 not found (make deps)"; exit 1; }
+	@pkg-config --exists cmocka && echo "✓ cmocka $$(pkg-config --modversion cmocka)" || { echo "✗ cmocka not found (make deps)"; exit 1; }
+ifneq ($(NO_CBLAS),1)
+	@pkg-config --exists openblas && echo "✓ openblas $$(pkg-config --modversion openblas)" || { echo "✗ openblas not found (make deps, or NO_CBLAS=1)"; exit 1; }
+endif
+ifneq ($(NVCC),)
+	@echo "✓ nvcc $$($(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+else
+	@echo "✗ nvcc not found (or NO_CUDA=1): CUDA targets not built"
+endif
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "✓ GPU: $$(nvidia-smi -L | head -n 1)"; \
+	 else echo "✗ no GPU: CUDA tests run only to check their no-GPU error path"; fi
+
+build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(CUDA_TARGETS)
+
+$(BUILD)/tests/% : tests/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
+
+# the plain C gemm fallback, checked by the same tests
+$(BUILD)/tests/test_gemm_nocblas: tests/test_gemm.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ $< $(CMOCKA_LIBS) -lpthread -lm
+
+$(BUILD)/asan/% : tests/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -O1 $(SAN_FLAGS) -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
+
+$(BUILD)/tsan/% : tests/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -O1 -fsanitize=thread -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
+
+$(BUILD)/cuda/% : tests/cuda/%.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS)
+
+$(BUILD)/% : examples/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(DEP_LIBS)
+
+$(BUILD)/% : examples/%.cu $(HEADERS) $(wildcard examples/*.c)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(NVCC_LIBS)
+
+$(BUILD)/bench/% : bench/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(DEP_LIBS)
+
+$(BUILD)/bench/% : bench/%.cu $(HEADERS) $(wildcard bench/*.c)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(NVCC_LIBS)
+
+# Compile checks: the headers as C11 -pedantic, as C++17, two translation units
+# linked together (one with the implementation), and through nvcc.
+compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static
+$(BUILD)/compile/c11: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c $(DEP_LIBS)
+$(BUILD)/compile/cxx17: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_CXXFLAGS) -x c++ -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c $(DEP_LIBS)
+$(BUILD)/compile/two_tu_static: tests/compile/tu_static.c tests/compile/tu_user.c tests/compile/tu_impl.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c tests/compile/tu_static.c -lm -lpthread $(HDF5_LIBS)
+$(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+
+test: build
+	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static; do \
+	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
+	@sh tests/run.sh $(TEST_BINS) $(if $(NVCC),$(CUDA_BINS))
+
+cuda:
+ifeq ($(NVCC),)
+	@echo "✗ nvcc not found: nothing to compile"; exit 1
+else
+	@$(MAKE) --no-print-directory $(CUDA_TARGETS)
+	@echo "✓ every CUDA source compiled with -Werror for sm_$(CUDA_ARCHS)"
+endif
+
+gpu-test: $(CUDA_BINS)
+	@sh tests/run.sh $(CUDA_BINS)
+
+gpu-bundle: $(CUDA_TARGETS)
+	@sh tests/gpu/bundle.sh $(BUILD)/gpu $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA)
+
+asan: check-deps $(ASAN_BINS)
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(ASAN_BINS)
+
+tsan: check-deps $(TSAN_BINS)
+	@if [ -n "$(TSAN_BINS)" ]; then TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TSAN_BINS); else echo "no threaded tests yet"; fi
+
+install:
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 megabatch.h megabatch_cuda.cuh $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MEGABATCH_VERSION_STRING "\(.*\)"/\1/p' megabatch.h)|' \
+	    megabatch.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/megabatch.pc
+	@echo "✓ installed megabatch.h, megabatch_cuda.cuh and megabatch.pc under $(DESTDIR)$(PREFIX)"
+
+deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	  echo "✓ Debian packages present: $(DEB_PACKAGES)"; \
+	else echo "run as root: apt-get install -y $(DEB_PACKAGES)"; fi
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,1048 @@
+/* megabatch.h - train LSTM time-series models fast on one GPU, with a CPU backend
+ * that runs the same API anywhere.  Header-only, stb style.
+ *
+ *   #define MEGABATCH_IMPLEMENTATION   // in exactly one translation unit
+ *   #include "megabatch.h"             // CPU backend
+ *
+ * For the CUDA backend include "megabatch_cuda.cuh" instead (it includes this file)
+ * in a translation unit compiled by nvcc.
+ *
+ * Options (define before including):
+ *   MEGABATCH_IMPLEMENTATION  compile the implementation in this translation unit
+ *   MEGABATCH_STATIC          make every public function static (private copy per TU)
+ *   MEGABATCH_NO_CBLAS        CPU gemm in plain C instead of CBLAS (OpenBLAS)
+ *   MEGABATCH_NO_HDF5         in-memory datasets only, no HDF5 dependency
+ *   MEGABATCH_NO_THREADS      no pthreads (everything runs on the calling thread)
+ *   MB_MALLOC/MB_FREE         host allocator (define both or neither)
+ *   MB_ASSERT                 assertion for programmer errors (default: assert)
+ *   MB_MAX_NAME, MB_MAX_RANK, MB_MAX_STREAMS, MB_MAX_ERROR   limits, see below
+ *
+ * Layout of this file follows the data flow (DESIGN.md section 3): core, device,
+ * gemm, params, then dataset, loader, lstm, layers, amp, optim, checkpoint.  Each
+ * module starts with a banner `// ---- name ----` in the API part and again in the
+ * implementation part.
+ *
+ * License: MIT (see LICENSE).
+ */
+#ifndef MEGABATCH_H
+#define MEGABATCH_H
+
+#define MEGABATCH_VERSION_MAJOR 0
+#define MEGABATCH_VERSION_MINOR 1
+#define MEGABATCH_VERSION_PATCH 0
+#define MEGABATCH_VERSION_STRING "0.1.0"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef MEGABATCH_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define MBDEF static __attribute__((unused)) /* a private copy need not use everything */
+#else
+#define MBDEF static
+#endif
+#else
+#define MBDEF extern
+#endif
+
+#ifndef MB_MAX_NAME
+#define MB_MAX_NAME 64      /* bytes of a tensor or dataset name, with the NUL */
+#endif
+#ifndef MB_MAX_RANK
+#define MB_MAX_RANK 4       /* dimensions of a registered tensor */
+#endif
+#ifndef MB_MAX_STREAMS
+#define MB_MAX_STREAMS 8    /* streams per device: compute, copy, then extra compute */
+#endif
+#ifndef MB_MAX_ERROR
+#define MB_MAX_ERROR 1024   /* bytes of the thread-local last-error message */
+#endif
+#if MB_MAX_STREAMS < 2
+#error "MB_MAX_STREAMS must be at least 2 (a compute and a copy stream)"
+#endif
+#if MB_MAX_RANK < 1 || MB_MAX_NAME < 8
+#error "MB_MAX_RANK must be >= 1 and MB_MAX_NAME >= 8"
+#endif
+
+/* Functions usable from CUDA kernels too (the RNG, dtype conversions). */
+#ifdef __CUDACC__
+#define MB__HD __host__ __device__
+#else
+#define MB__HD
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- core ----
+// Results, the thread-local last error, logging, dtypes, overflow-checked sizes.
+
+typedef enum mb_result {
+    MB_OK = 0,
+    MB_ERR_INVALID_ARG = -1,   /* a bad argument or config field */
+    MB_ERR_OUT_OF_MEMORY = -2, /* a host, pinned or device allocation failed */
+    MB_ERR_OVERFLOW = -3,      /* a size or byte count does not fit, or exceeds a cap */
+    MB_ERR_IO = -4,            /* reading or writing a file failed */
+    MB_ERR_FORMAT = -5,        /* a file or dataset has the wrong shape, type or layout */
+    MB_ERR_NONFINITE = -6,     /* NaN or Inf where finite numbers are required */
+    MB_ERR_CUDA = -7,          /* a CUDA or cuBLAS call failed */
+    MB_ERR_NO_DEVICE = -8,     /* the backend is not built in, or no such device */
+    MB_ERR_UNSUPPORTED = -9,   /* a valid request this build or backend cannot do */
+    MB_ERR_STATE = -10,        /* a call out of order (e.g. backward before forward) */
+    MB_ERR_CORRUPT = -11       /* a checkpoint or file failed its integrity check */
+} mb_result;
+
+/* A short fixed text for a result code ("out of memory"). Never NULL. */
+MBDEF const char *mb_result_string(mb_result r);
+
+/* The detail of the last error raised on this thread: what failed, with names and
+ * sizes, and the CUDA/HDF5 message where there is one. "" when none. */
+MBDEF const char *mb_last_error(void);
+MBDEF void mb_clear_error(void);
+
+typedef enum mb_log_level { MB_LOG_ERROR = 0, MB_LOG_WARN = 1, MB_LOG_INFO = 2, MB_LOG_DEBUG = 3 } mb_log_level;
+
+/* Log callback: silent by default (no callback, nothing printed, ever). */
+typedef void (*mb_log_fn)(mb_log_level level, const char *message, const char *file, int line,
+                          void *user);
+typedef struct mb_logger {
+    mb_log_fn fn;     /* NULL: silent */
+    void *user;       /* passed back to fn */
+    mb_log_level max; /* highest level passed on; 0 (the default) means errors only */
+} mb_logger;
+
+/* A ready-made callback that prints "megabatch: LEVEL: message" to the FILE* in user
+ * (stderr when user is NULL). */
+MBDEF void mb_log_stderr(mb_log_level level, const char *message, const char *file, int line,
+                         void *user);
+
+/* Element types of tensors. f32 is the master type; bf16/f16 are storage types for
+ * mixed precision (operands of gemm, device copies of data and weights). */
+typedef enum mb_dtype { MB_F32 = 0, MB_BF16 = 1, MB_F16 = 2 } mb_dtype;
+MBDEF size_t mb_dtype_size(mb_dtype t);       /* 4, 2, 2; 0 for an unknown value */
+MBDEF const char *mb_dtype_name(mb_dtype t);  /* "f32", "bf16", "f16" */
+
+/* Overflow-checked size arithmetic: return 0 and leave *out untouched on overflow. */
+MBDEF int mb_size_mul(size_t a, size_t b, size_t *out);
+MBDEF int mb_size_add(size_t a, size_t b, size_t *out);
+/* Product of n dimensions (each must be >= 0) times elem_size. 0 on overflow. */
+MBDEF int mb_size_product(const int64_t *dims, int n, size_t elem_size, size_t *out);
+
+/* Round-to-nearest-even conversions (NaN stays NaN, overflow goes to Inf for f16). */
+static inline MB__HD uint16_t mb_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u); /* quiet NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+static inline MB__HD float mb_bf16_to_f32(uint16_t h) {
+    union { float f; uint32_t u; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+static inline MB__HD uint16_t mb_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    uint32_t sign = (v.u >> 16) & 0x8000u, a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);            /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           /* rounds to Inf */
+    if (a < 0x38800000u) {                                             /* f16 subnormal or 0 */
+        if (a < 0x33000000u) return (uint16_t)sign;                    /* below half the least */
+        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15 (shifted by 13) */
+    uint32_t rem = r & 0x1fffu;
+    r >>= 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+static inline MB__HD float mb_f16_to_f32(uint16_t h) {
+    union { float f; uint32_t u; } v;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) v.u = sign | 0x7f800000u | (m << 13);
+    else if (e != 0) v.u = sign | ((e + 112u) << 23) | (m << 13);
+    else if (m == 0) v.u = sign;
+    else { /* subnormal: m * 2^-24 */
+        v.f = (float)m * 5.9604644775390625e-8f;
+        v.u |= sign;
+    }
+    return v.f;
+}
+
+// ---- rng ----
+// Counter-based RNG: Philox4x32-10 (Salmon et al., SC'11; the generator of cuRAND and
+// PyTorch). Value i of stream s under seed k is a pure function of (k, s, i), so the CPU,
+// a CUDA kernel, a recompute and a resumed run all draw the same bits.
+
+typedef struct mb_u32x4 { uint32_t v[4]; } mb_u32x4;
+
+static inline MB__HD mb_u32x4 mb_philox(uint64_t key, uint64_t stream, uint64_t counter) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32);
+    uint32_t c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    mb_u32x4 out;
+    out.v[0] = c0; out.v[1] = c1; out.v[2] = c2; out.v[3] = c3;
+    return out;
+}
+/* Uniform float in [0, 1) with 24 random bits: element i of (key, stream). */
+static inline MB__HD float mb_rng_uniform(uint64_t key, uint64_t stream, uint64_t i) {
+    mb_u32x4 r = mb_philox(key, stream, i >> 2);
+    return (float)(r.v[i & 3] >> 8) * 5.9604644775390625e-8f;
+}
+/* Uniform in [-bound, bound): exact on every backend (one rounding, in the multiply). */
+static inline MB__HD float mb_rng_symmetric(uint64_t key, uint64_t stream, uint64_t i, float bound) {
+    return bound * (2.0f * mb_rng_uniform(key, stream, i) - 1.0f);
+}
+
+// ---- device ----
+// One object per CPU or GPU: streams, cuBLAS handle, memory with live/peak counters and
+// allocation-failure injection. Every other object lives on a device.
+
+typedef enum mb_backend { MB_CPU = 0, MB_CUDA = 1 } mb_backend;
+
+/* Where memory lives. On the CPU backend all three are host memory. */
+typedef enum mb_mem_kind { MB_MEM_HOST = 0, MB_MEM_PINNED = 1, MB_MEM_DEVICE = 2, MB_MEM_KINDS = 3 } mb_mem_kind;
+
+/* Streams: MB_STREAM_COMPUTE, MB_STREAM_COPY, then 2 .. streams-1 extra compute
+ * streams for independent work (e.g. the five timeframe encoders). On the CPU backend
+ * every operation completes before it returns, so streams only order nothing. */
+enum { MB_STREAM_COMPUTE = 0, MB_STREAM_COPY = 1 };
+
+typedef struct mb_device_config {
+    mb_backend backend; /* MB_CPU (default) or MB_CUDA */
+    int index;          /* GPU ordinal (CUDA); ignored on CPU */
+    int streams;        /* total streams, 0 = 2 (compute + copy); at most MB_MAX_STREAMS */
+    int threads;        /* CPU threads for BLAS and loops; 0 = library default */
+    int tf32;           /* 1: allow TF32 tensor cores for f32 gemm (CUDA); 0: exact f32 */
+    mb_logger log;      /* log callback; silent by default */
+} mb_device_config;
+
+typedef struct mb_device mb_device;
+
+typedef struct mb_mem_stats {
+    size_t live[MB_MEM_KINDS];   /* bytes allocated now, per kind */
+    size_t peak[MB_MEM_KINDS];   /* highest live bytes seen, per kind */
+    size_t count[MB_MEM_KINDS];  /* live allocations, per kind */
+    uint64_t allocs[MB_MEM_KINDS]; /* allocations ever attempted, per kind */
+} mb_mem_stats;
+
+/* Open a device. cfg may be NULL (CPU, defaults). MB_CUDA from a build that did not
+ * include megabatch_cuda.cuh, or on a machine without that GPU: MB_ERR_NO_DEVICE with
+ * the reason in mb_last_error(). */
+MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg);
+/* Close (NULL is fine). Frees nothing the caller still holds; warns through the logger
+ * about allocations still live. */
+MBDEF void mb_device_close(mb_device *dev);
+
+MBDEF mb_backend mb_device_backend(const mb_device *dev);
+MBDEF const char *mb_device_name(const mb_device *dev);   /* "cpu (x86_64, 2 threads)", "NVIDIA H100 ..." */
+MBDEF const mb_logger *mb_device_logger(const mb_device *dev);
+/* Total and free memory of the device (host RAM for the CPU backend). */
+MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes);
+MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev);
+MBDEF int mb_device_streams(const mb_device *dev);
+/* The native handles (cudaStream_t, cublasHandle_t) as void*; NULL on the CPU. */
+MBDEF void *mb_device_stream(const mb_device *dev, int stream);
+MBDEF void *mb_device_cublas(const mb_device *dev);
+MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on);
+MBDEF int mb_device_tf32(const mb_device *dev);
+
+/* Allocate bytes of the given kind (bytes may be 0: a valid unique pointer comes back).
+ * Live and peak counters follow every allocation. Memory is not initialised. */
+MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
+/* Free memory from mb_alloc (NULL is fine). */
+MBDEF void mb_free(mb_device *dev, void *ptr);
+/* Test hook: the nth allocation of this kind from now on fails with
+ * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
+
+/* Copy bytes between any two places (host, pinned, device) on a stream, asynchronously
+ * where the backend can. */
+MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
+MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes);
+/* `waiter` stream waits for all work queued so far on `waited` (an event, no host wait). */
+MBDEF mb_result mb_stream_wait(mb_device *dev, int waiter, int waited);
+/* The host waits for a stream (or, with stream = -1, the whole device). */
+MBDEF mb_result mb_sync(mb_device *dev, int stream);
+
+// ---- gemm ----
+// The one matrix multiply every layer uses. Row-major:
+//   C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i],  i < batch,
+// op(A) is (m, k), op(B) is (k, n), C is (m, n); op transposes when trans_* is set.
+// Operands f32, bf16 or f16 (A and B of one type), C f32 or the operand type;
+// accumulation in f32 always. CUDA: cuBLAS (cublasGemmStridedBatchedEx). CPU: CBLAS
+// (OpenBLAS), or plain C with MEGABATCH_NO_CBLAS; bf16/f16 operands are widened to f32.
+
+typedef struct mb_gemm_args {
+    int trans_a, trans_b;    /* 0 or 1 */
+    int64_t m, n, k;         /* >= 0 each; any 0 makes the call a scale of C by beta */
+    float alpha, beta;       /* beta = 1 accumulates (gradients) */
+    mb_dtype ab_type;        /* type of A and B */
+    mb_dtype c_type;         /* type of C: f32, or ab_type */
+    const void *a; int64_t lda; int64_t stride_a; /* stride: elements between batches */
+    const void *b; int64_t ldb; int64_t stride_b;
+    void *c; int64_t ldc; int64_t stride_c;
+    int64_t batch;           /* 0 or 1: one product */
+    int stream;              /* device stream (default 0: compute) */
+} mb_gemm_args;
+
+/* Validates shapes and leading dimensions (lda >= columns of stored A, ...). */
+MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g);
+
+// ---- params ----
+// All parameters in one flat f32 buffer, all gradients in another (same layout), so
+// unscale, norm, clip, AdamW and checkpoints are single passes over one array each.
+// Register tensors, then finalize (one allocation each), then take views.
+
+typedef struct mb_param_info {
+    char name[MB_MAX_NAME];
+    int rank;
+    int64_t shape[MB_MAX_RANK];
+    size_t offset;  /* in elements from the start of the flat buffer (64-element aligned) */
+    size_t count;   /* elements */
+    float init_bound; /* init: uniform in [-b, b); 0 = zeros */
+    int no_decay;   /* 1: optimizers skip weight decay (biases by default) */
+} mb_param_info;
+
+typedef struct mb_params mb_params;
+
+MBDEF mb_result mb_params_create(mb_params **out, mb_device *dev);
+MBDEF void mb_params_destroy(mb_params *p);
+/* Register a tensor before mb_params_finalize. init_bound: uniform(-b, b) init (PyTorch
+ * uses 1/sqrt(hidden) for LSTMs and 1/sqrt(fan_in) for linear layers); 0 initialises to
+ * zero. Tensors of rank 1 are marked no_decay (biases). Returns its index in *index. */
+MBDEF mb_result mb_params_add(mb_params *p, const char *name, int rank, const int64_t *shape,
+                              float init_bound, int *index);
+/* Allocate the flat parameter and gradient buffers on the device (grads zeroed). */
+MBDEF mb_result mb_params_finalize(mb_params *p);
+MBDEF int mb_params_num_tensors(const mb_params *p);
+MBDEF const mb_param_info *mb_params_info(const mb_params *p, int index);
+MBDEF int mb_params_find(const mb_params *p, const char *name); /* -1 when absent */
+MBDEF size_t mb_params_total(const mb_params *p);     /* elements in each flat buffer */
+MBDEF float *mb_params_data(mb_params *p);            /* flat parameters (device memory) */
+MBDEF float *mb_params_grad(mb_params *p);            /* flat gradients (device memory) */
+MBDEF float *mb_params_tensor(mb_params *p, int index);      /* view into data */
+MBDEF float *mb_params_tensor_grad(mb_params *p, int index); /* view into grad */
+MBDEF mb_device *mb_params_device(const mb_params *p);
+/* Initialise every tensor from seed: element j of tensor t is
+ * mb_rng_symmetric(seed, t, j, init_bound) - the same bits on every backend. */
+MBDEF mb_result mb_params_init(mb_params *p, uint64_t seed);
+MBDEF mb_result mb_params_zero_grad(mb_params *p);
+/* Copy all parameters to/from a host array of mb_params_total() floats. */
+MBDEF mb_result mb_params_get(mb_params *p, float *host);
+MBDEF mb_result mb_params_set(mb_params *p, const float *host);
+
+// ---- dataset ----
+
+// ---- end dataset ----
+
+// ---- loader ----
+
+// ---- end loader ----
+
+// ---- lstm ----
+
+// ---- end lstm ----
+
+// ---- numerics ----
+
+// ---- end numerics ----
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEGABATCH_H */
+
+/* ======================================================================================
+ * Implementation
+ * ====================================================================================== */
+#ifdef MEGABATCH_IMPLEMENTATION
+#ifndef MEGABATCH_IMPLEMENTATION_INCLUDED
+#define MEGABATCH_IMPLEMENTATION_INCLUDED
+
+#if defined(MB_MALLOC) && defined(MB_FREE)
+#elif !defined(MB_MALLOC) && !defined(MB_FREE)
+#include <stdlib.h>
+#define MB_MALLOC(sz) malloc(sz)
+#define MB_FREE(p) free(p)
+#else
+#error "Define both MB_MALLOC and MB_FREE, or neither."
+#endif
+#ifndef MB_ASSERT
+#include <assert.h>
+#define MB_ASSERT(x) assert(x)
+#endif
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+
+#ifndef MEGABATCH_NO_CBLAS
+#include <cblas.h>
+#endif
+
+#ifdef __cplusplus
+#define MB__TLS thread_local
+#elif defined(_MSC_VER)
+#define MB__TLS __declspec(thread)
+#else
+#define MB__TLS _Thread_local
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- core ----
+
+static MB__TLS char mb__error[MB_MAX_ERROR];
+
+MBDEF const char *mb_result_string(mb_result r) {
+    switch (r) {
+    case MB_OK: return "ok";
+    case MB_ERR_INVALID_ARG: return "invalid argument";
+    case MB_ERR_OUT_OF_MEMORY: return "out of memory";
+    case MB_ERR_OVERFLOW: return "size overflow";
+    case MB_ERR_IO: return "i/o error";
+    case MB_ERR_FORMAT: return "bad format";
+    case MB_ERR_NONFINITE: return "non-finite value";
+    case MB_ERR_CUDA: return "cuda error";
+    case MB_ERR_NO_DEVICE: return "no such device";
+    case MB_ERR_UNSUPPORTED: return "unsupported";
+    case MB_ERR_STATE: return "call out of order";
+    case MB_ERR_CORRUPT: return "corrupt data";
+    }
+    return "unknown result";
+}
+
+MBDEF const char *mb_last_error(void) { return mb__error; }
+MBDEF void mb_clear_error(void) { mb__error[0] = 0; }
+
+static const char *mb__level_name(mb_log_level l) {
+    return l == MB_LOG_ERROR ? "error" : l == MB_LOG_WARN ? "warning" : l == MB_LOG_INFO ? "info" : "debug";
+}
+
+MBDEF void mb_log_stderr(mb_log_level level, const char *message, const char *file, int line, void *user) {
+    (void)file; (void)line;
+    fprintf(user ? (FILE *)user : stderr, "megabatch: %s: %s\n", mb__level_name(level), message);
+}
+
+static void mb__vlog(const mb_logger *lg, mb_log_level level, const char *file, int line,
+                     const char *fmt, va_list ap) {
+    if (!lg || !lg->fn || level > lg->max) return;
+    char msg[MB_MAX_ERROR];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    lg->fn(level, msg, file, line, lg->user);
+}
+
+/* printf-style log line through lg (NULL: nowhere). */
+static void mb__log(const mb_logger *lg, mb_log_level level, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mb__vlog(lg, level, file, line, fmt, ap);
+    va_end(ap);
+}
+#define MB_LOG(lg, level, ...) mb__log((lg), (level), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Record an error: the message becomes mb_last_error() on this thread and goes to the
+ * logger at error level. Returns r, so `return MB_FAIL(lg, MB_ERR_..., "...")`. */
+static mb_result mb__fail(const mb_logger *lg, mb_result r, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(mb__error, sizeof mb__error, fmt, ap);
+    va_end(ap);
+    mb__log(lg, MB_LOG_ERROR, file, line, "%s", mb__error);
+    return r;
+}
+#define MB_FAIL(lg, r, ...) mb__fail((lg), (r), __FILE__, __LINE__, __VA_ARGS__)
+/* Propagate a failed result unchanged (its message is already recorded). */
+#define MB_TRY(expr) do { mb_result mb__r = (expr); if (mb__r != MB_OK) return mb__r; } while (0)
+
+MBDEF size_t mb_dtype_size(mb_dtype t) {
+    return t == MB_F32 ? 4 : (t == MB_BF16 || t == MB_F16) ? 2 : 0;
+}
+MBDEF const char *mb_dtype_name(mb_dtype t) {
+    return t == MB_F32 ? "f32" : t == MB_BF16 ? "bf16" : t == MB_F16 ? "f16" : "unknown";
+}
+
+MBDEF int mb_size_mul(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+MBDEF int mb_size_add(size_t a, size_t b, size_t *out) {
+    if (b > SIZE_MAX - a) return 0;
+    *out = a + b;
+    return 1;
+}
+MBDEF int mb_size_product(const int64_t *dims, int n, size_t elem_size, size_t *out) {
+    size_t acc = elem_size;
+    for (int i = 0; i < n; i++) {
+        if (dims[i] < 0 || (uint64_t)dims[i] > (uint64_t)SIZE_MAX) return 0;
+        if (!mb_size_mul(acc, (size_t)dims[i], &acc)) return 0;
+    }
+    *out = acc;
+    return 1;
+}
+
+/* Host allocation through MB_MALLOC (size 0 allowed). */
+static void *mb__host_alloc(size_t bytes) { return MB_MALLOC(bytes ? bytes : 1); }
+static void *mb__host_calloc(size_t n, size_t size) {
+    size_t bytes;
+    if (!mb_size_mul(n, size, &bytes)) return NULL;
+    void *p = mb__host_alloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+// ---- device ----
+
+/* The CUDA backend (megabatch_cuda.cuh) defines these; megabatch.h only calls them. */
+#ifdef MEGABATCH_CUDA
+static mb_result mb__cuda_open(mb_device *dev);
+static void mb__cuda_close(mb_device *dev);
+static mb_result mb__cuda_memory(mb_device *dev, size_t *total, size_t *free_bytes);
+static mb_result mb__cuda_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
+static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr);
+static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
+static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes);
+static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited);
+static mb_result mb__cuda_sync(mb_device *dev, int stream);
+static mb_result mb__cuda_set_tf32(mb_device *dev, int on);
+static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g);
+static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed,
+                                       uint64_t stream, float bound);
+#endif
+
+typedef struct mb__alloc_rec { void *ptr; size_t bytes; mb_mem_kind kind; } mb__alloc_rec;
+
+struct mb_device {
+    mb_device_config cfg;
+    char name[256];
+    int streams;
+    int tf32;
+    void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
+    void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
+    void *cublas;                   /* cublasHandle_t */
+    int cuda_index;
+    mb_mem_stats stats;
+    uint64_t fail_at[MB_MEM_KINDS]; /* fail when allocs[kind] reaches this (0: never) */
+    mb__alloc_rec *recs;            /* live allocations */
+    size_t nrecs, caprecs;
+};
+
+static mb_result mb__cpu_open(mb_device *dev) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
+#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
+    openblas_set_num_threads(threads);
+#endif
+    snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads)", ncpu, threads);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
+    mb_device_config c;
+    if (!out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_device_open: out is NULL");
+    *out = NULL;
+    memset(&c, 0, sizeof c);
+    if (cfg) c = *cfg;
+    const mb_logger *lg = &c.log;
+    if (c.backend != MB_CPU && c.backend != MB_CUDA)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: unknown backend %d", (int)c.backend);
+    if (c.streams == 0) c.streams = 2;
+    if (c.streams < 2 || c.streams > MB_MAX_STREAMS)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: streams = %d, must be 2..%d",
+                       c.streams, MB_MAX_STREAMS);
+    if (c.threads < 0 || c.index < 0)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: threads = %d and index = %d must be >= 0",
+                       c.threads, c.index);
+#ifndef MEGABATCH_CUDA
+    if (c.backend == MB_CUDA)
+        return MB_FAIL(lg, MB_ERR_NO_DEVICE, "mb_device_open: this build has no CUDA backend "
+                       "(include megabatch_cuda.cuh and compile that file with nvcc)");
+#endif
+    mb_device *dev = (mb_device *)mb__host_calloc(1, sizeof *dev);
+    if (!dev) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the device object");
+    dev->cfg = c;
+    dev->streams = c.streams;
+    dev->tf32 = c.tf32 ? 1 : 0;
+    mb_result r = MB_OK;
+#ifdef MEGABATCH_CUDA
+    if (c.backend == MB_CUDA) r = mb__cuda_open(dev);
+    else
+#endif
+        r = mb__cpu_open(dev);
+    if (r != MB_OK) { MB_FREE(dev); return r; }
+    *out = dev;
+    return MB_OK;
+}
+
+MBDEF void mb_device_close(mb_device *dev) {
+    if (!dev) return;
+    if (dev->nrecs)
+        MB_LOG(&dev->cfg.log, MB_LOG_WARN, "mb_device_close: %zu allocation(s) still live, %zu device bytes",
+               dev->nrecs, dev->stats.live[MB_MEM_DEVICE]);
+    for (size_t i = 0; i < dev->nrecs; i++) {
+#ifdef MEGABATCH_CUDA
+        if (dev->cfg.backend == MB_CUDA) { mb__cuda_free(dev, dev->recs[i].kind, dev->recs[i].ptr); continue; }
+#endif
+        MB_FREE(dev->recs[i].ptr);
+    }
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) mb__cuda_close(dev);
+#endif
+    MB_FREE(dev->recs);
+    MB_FREE(dev);
+}
+
+MBDEF mb_backend mb_device_backend(const mb_device *dev) { return dev->cfg.backend; }
+MBDEF const char *mb_device_name(const mb_device *dev) { return dev->name; }
+MBDEF const mb_logger *mb_device_logger(const mb_device *dev) { return dev ? &dev->cfg.log : NULL; }
+MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
+MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
+MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
+    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
+}
+MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
+MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
+
+MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_set_tf32(dev, on));
+#endif
+    dev->tf32 = on ? 1 : 0;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
+    size_t t = 0, f = 0;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_memory(dev, &t, &f));
+    else
+#endif
+    {
+        long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || avail < 0 || psz <= 0)
+            return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_memory: sysconf cannot tell host memory");
+        t = (size_t)pages * (size_t)psz;
+        f = (size_t)avail * (size_t)psz;
+    }
+    if (total) *total = t;
+    if (free_bytes) *free_bytes = f;
+    return MB_OK;
+}
+
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) {
+    if ((unsigned)kind >= MB_MEM_KINDS) return;
+    dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
+}
+
+static int mb__track(mb_device *dev, void *ptr, size_t bytes, mb_mem_kind kind) {
+    if (dev->nrecs == dev->caprecs) {
+        size_t cap = dev->caprecs ? dev->caprecs * 2 : 16;
+        mb__alloc_rec *n = (mb__alloc_rec *)mb__host_alloc(cap * sizeof *n);
+        if (!n) return 0;
+        if (dev->nrecs) memcpy(n, dev->recs, dev->nrecs * sizeof *n);
+        MB_FREE(dev->recs);
+        dev->recs = n;
+        dev->caprecs = cap;
+    }
+    dev->recs[dev->nrecs].ptr = ptr;
+    dev->recs[dev->nrecs].bytes = bytes;
+    dev->recs[dev->nrecs].kind = kind;
+    dev->nrecs++;
+    dev->stats.live[kind] += bytes;
+    dev->stats.count[kind]++;
+    if (dev->stats.live[kind] > dev->stats.peak[kind]) dev->stats.peak[kind] = dev->stats.live[kind];
+    return 1;
+}
+
+static const char *mb__kind_name(mb_mem_kind k) {
+    return k == MB_MEM_HOST ? "host" : k == MB_MEM_PINNED ? "pinned" : "device";
+}
+
+MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out) {
+    if (!dev || !out || (unsigned)kind >= MB_MEM_KINDS)
+        return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_alloc: bad arguments");
+    *out = NULL;
+    uint64_t n = ++dev->stats.allocs[kind];
+    if (dev->fail_at[kind] && n == dev->fail_at[kind]) {
+        dev->fail_at[kind] = 0;
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: %s allocation #%llu of %zu bytes "
+                       "failed (injected by mb_device_fail_alloc)", mb__kind_name(kind), (unsigned long long)n, bytes);
+    }
+    void *p = NULL;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_alloc(dev, kind, bytes, &p));
+    else
+#endif
+    if (!(p = mb__host_alloc(bytes)))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: %s allocation of %zu bytes failed",
+                       mb__kind_name(kind), bytes);
+    if (!mb__track(dev, p, bytes, kind)) {
+#ifdef MEGABATCH_CUDA
+        if (dev->cfg.backend == MB_CUDA) mb__cuda_free(dev, kind, p); else
+#endif
+        MB_FREE(p);
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: no host memory to track an allocation");
+    }
+    *out = p;
+    return MB_OK;
+}
+
+MBDEF void mb_free(mb_device *dev, void *ptr) {
+    if (!dev || !ptr) return;
+    for (size_t i = dev->nrecs; i-- > 0;) {
+        if (dev->recs[i].ptr != ptr) continue;
+        mb__alloc_rec r = dev->recs[i];
+        dev->recs[i] = dev->recs[--dev->nrecs];
+        dev->stats.live[r.kind] -= r.bytes;
+        dev->stats.count[r.kind]--;
+#ifdef MEGABATCH_CUDA
+        if (dev->cfg.backend == MB_CUDA) { mb__cuda_free(dev, r.kind, ptr); return; }
+#endif
+        MB_FREE(ptr);
+        return;
+    }
+    MB_ASSERT(!"mb_free: pointer not from mb_alloc on this device");
+}
+
+static mb_result mb__check_stream(mb_device *dev, int stream, const char *what) {
+    if (stream < 0 || stream >= dev->streams)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: stream %d out of range 0..%d", what, stream,
+                       dev->streams - 1);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_copy"));
+    if (bytes == 0) return MB_OK;
+    if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy: NULL pointer for %zu bytes", bytes);
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy(dev, stream, dst, src, bytes);
+#endif
+    memmove(dst, src, bytes);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
+    if (bytes == 0) return MB_OK;
+    if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_zero(dev, stream, dst, bytes);
+#endif
+    memset(dst, 0, bytes);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_stream_wait(mb_device *dev, int waiter, int waited) {
+    MB_TRY(mb__check_stream(dev, waiter, "mb_stream_wait"));
+    MB_TRY(mb__check_stream(dev, waited, "mb_stream_wait"));
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA && waiter != waited) return mb__cuda_stream_wait(dev, waiter, waited);
+#endif
+    return MB_OK;
+}
+
+MBDEF mb_result mb_sync(mb_device *dev, int stream) {
+    if (stream != -1) MB_TRY(mb__check_stream(dev, stream, "mb_sync"));
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_sync(dev, stream);
+#endif
+    return MB_OK;
+}
+
+// ---- gemm ----
+
+/* Rows and columns of the stored matrix behind op(X) (X is rows x cols row-major). */
+static mb_result mb__gemm_check(mb_device *dev, const mb_gemm_args *g) {
+    const mb_logger *lg = &dev->cfg.log;
+    if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_gemm: negative size m=%lld n=%lld k=%lld batch=%lld",
+                       (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch);
+    if (!mb_dtype_size(g->ab_type) || (g->c_type != MB_F32 && g->c_type != g->ab_type))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_gemm: types A/B %s, C %s: C must be f32 or the A/B type",
+                       mb_dtype_name(g->ab_type), mb_dtype_name(g->c_type));
+    int64_t acols = g->trans_a ? g->m : g->k, bcols = g->trans_b ? g->k : g->n;
+    if (g->lda < (acols > 1 ? acols : 1) || g->ldb < (bcols > 1 ? bcols : 1) || g->ldc < (g->n > 1 ? g->n : 1))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_gemm: leading dimensions lda=%lld ldb=%lld ldc=%lld too "
+                       "small for A cols %lld, B cols %lld, C cols %lld", (long long)g->lda, (long long)g->ldb,
+                       (long long)g->ldc, (long long)acols, (long long)bcols, (long long)g->n);
+    if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX ||
+        g->ldb > INT32_MAX || g->ldc > INT32_MAX)
+        return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_gemm: a dimension exceeds 2^31-1 (BLAS limit)");
+    if ((g->m && g->n && !g->c) || (g->m && g->n && g->k && (!g->a || !g->b)))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_gemm: NULL operand");
+    return mb__check_stream(dev, g->stream, "mb_gemm");
+}
+
+static float mb__load(const void *p, mb_dtype t, size_t i) {
+    if (t == MB_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == MB_BF16 ? mb_bf16_to_f32(h) : mb_f16_to_f32(h);
+}
+static void mb__store(void *p, mb_dtype t, size_t i, float v) {
+    if (t == MB_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = t == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
+}
+
+/* Widen a rows x cols (leading dim ld) half-precision matrix to dense f32. */
+static float *mb__widen(const void *x, mb_dtype t, int64_t rows, int64_t cols, int64_t ld) {
+    float *w = (float *)mb__host_calloc((size_t)(rows * cols) + 1, sizeof(float));
+    if (!w) return NULL;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) w[r * cols + c] = mb__load(x, t, (size_t)(r * ld + c));
+    return w;
+}
+
+/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. */
+static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+#ifndef MEGABATCH_NO_CBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+#else
+    for (int64_t i = 0; i < m; i++) {
+        float *crow = c + i * ldc;
+        for (int64_t j = 0; j < n; j++) crow[j] = beta == 0.0f ? 0.0f : beta * crow[j];
+        for (int64_t p = 0; p < k; p++) {
+            float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+            if (tb) for (int64_t j = 0; j < n; j++) crow[j] += av * b[j * ldb + p];
+            else { const float *brow = b + p * ldb; for (int64_t j = 0; j < n; j++) crow[j] += av * brow[j]; }
+        }
+    }
+#endif
+}
+
+static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
+    int64_t batch = g->batch > 1 ? g->batch : 1;
+    int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
+    int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
+    for (int64_t i = 0; i < batch; i++) {
+        const char *a = (const char *)g->a + (size_t)(i * g->stride_a) * mb_dtype_size(g->ab_type);
+        const char *b = (const char *)g->b + (size_t)(i * g->stride_b) * mb_dtype_size(g->ab_type);
+        char *c = (char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type);
+        if (g->m == 0 || g->n == 0) continue;
+        const float *af = (const float *)a, *bf = (const float *)b;
+        float *wa = NULL, *wb = NULL, *wc = NULL;
+        int64_t lda = g->lda, ldb = g->ldb;
+        if (g->ab_type != MB_F32 && g->k > 0) {
+            wa = mb__widen(a, g->ab_type, ar, ac, g->lda);
+            wb = mb__widen(b, g->ab_type, br, bc, g->ldb);
+            af = wa; bf = wb; lda = ac; ldb = bc;
+        }
+        float *cf = (float *)c;
+        if (g->c_type != MB_F32) cf = wc = mb__widen(c, g->c_type, g->m, g->n, g->ldc);
+        if ((g->ab_type != MB_F32 && g->k > 0 && (!wa || !wb)) || (g->c_type != MB_F32 && !wc)) {
+            MB_FREE(wa); MB_FREE(wb); MB_FREE(wc);
+            return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_gemm: no host memory to widen operands");
+        }
+        int64_t ldc = wc ? g->n : g->ldc;
+        if (g->k == 0) {
+            for (int64_t r = 0; r < g->m; r++)
+                for (int64_t col = 0; col < g->n; col++)
+                    cf[r * ldc + col] = g->beta == 0.0f ? 0.0f : g->beta * cf[r * ldc + col];
+        } else {
+            mb__sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, af, lda, bf, ldb, g->beta, cf, ldc);
+        }
+        if (wc)
+            for (int64_t r = 0; r < g->m; r++)
+                for (int64_t col = 0; col < g->n; col++)
+                    mb__store(c, g->c_type, (size_t)(r * g->ldc + col), wc[r * g->n + col]);
+        MB_FREE(wa); MB_FREE(wb); MB_FREE(wc);
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g) {
+    if (!dev || !g) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_gemm: NULL argument");
+    MB_TRY(mb__gemm_check(dev, g));
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_gemm(dev, g);
+#endif
+    return mb__cpu_gemm(dev, g);
+}
+
+// ---- params ----
+
+struct mb_params {
+    mb_device *dev;
+    mb_param_info *info;
+    int n, cap;
+    size_t total;
+    float *data, *grad;   /* device memory, NULL until finalized */
+};
+
+MBDEF mb_result mb_params_create(mb_params **out, mb_device *dev) {
+    if (!out || !dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_params_create: NULL argument");
+    *out = (mb_params *)mb__host_calloc(1, sizeof **out);
+    if (!*out) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_params_create: no host memory");
+    (*out)->dev = dev;
+    return MB_OK;
+}
+
+MBDEF void mb_params_destroy(mb_params *p) {
+    if (!p) return;
+    mb_free(p->dev, p->data);
+    mb_free(p->dev, p->grad);
+    MB_FREE(p->info);
+    MB_FREE(p);
+}
+
+MBDEF mb_result mb_params_add(mb_params *p, const char *name, int rank, const int64_t *shape, float init_bound,
+                              int *index) {
+    const mb_logger *lg = p ? &p->dev->cfg.log : NULL;
+    if (!p || !name || !shape) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: NULL argument");
+    if (p->data) return MB_FAIL(lg, MB_ERR_STATE, "mb_params_add: '%s' added after mb_params_finalize", name);
+    if (strlen(name) == 0 || strlen(name) >= MB_MAX_NAME)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: name '%s' must be 1..%d bytes", name, MB_MAX_NAME - 1);
+    if (rank < 1 || rank > MB_MAX_RANK)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: '%s' has rank %d, must be 1..%d", name, rank, MB_MAX_RANK);
+    if (mb_params_find(p, name) >= 0)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: '%s' registered twice", name);
+    if (!(init_bound >= 0.0f) || isinf(init_bound))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: '%s' init bound %g must be finite and >= 0", name,
+                       (double)init_bound);
+    for (int i = 0; i < rank; i++)
+        if (shape[i] < 1)
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: '%s' dimension %d is %lld, must be >= 1", name, i,
+                           (long long)shape[i]);
+    size_t count, offset = (p->total + 63) & ~(size_t)63, end;
+    if (!mb_size_product(shape, rank, 1, &count) || !mb_size_add(offset, count, &end) || end > SIZE_MAX / 8)
+        return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_params_add: '%s' makes the flat buffer overflow", name);
+    if (p->n == p->cap) {
+        int cap = p->cap ? p->cap * 2 : 16;
+        mb_param_info *n = (mb_param_info *)mb__host_calloc((size_t)cap, sizeof *n);
+        if (!n) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_params_add: no host memory");
+        if (p->n) memcpy(n, p->info, (size_t)p->n * sizeof *n);
+        MB_FREE(p->info);
+        p->info = n;
+        p->cap = cap;
+    }
+    mb_param_info *t = &p->info[p->n];
+    memset(t, 0, sizeof *t);
+    strcpy(t->name, name);
+    t->rank = rank;
+    for (int i = 0; i < rank; i++) t->shape[i] = shape[i];
+    t->offset = offset;
+    t->count = count;
+    t->init_bound = init_bound;
+    t->no_decay = rank == 1;
+    p->total = end;
+    if (index) *index = p->n;
+    p->n++;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_params_finalize(mb_params *p) {
+    if (!p) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_params_finalize: NULL");
+    const mb_logger *lg = &p->dev->cfg.log;
+    if (p->data) return MB_FAIL(lg, MB_ERR_STATE, "mb_params_finalize: called twice");
+    if (p->n == 0) return MB_FAIL(lg, MB_ERR_STATE, "mb_params_finalize: no tensors registered");
+    size_t total = (p->total + 63) & ~(size_t)63, bytes = total * sizeof(float);
+    float *d = NULL, *g = NULL;
+    MB_TRY(mb_alloc(p->dev, MB_MEM_DEVICE, bytes, (void **)&d));
+    mb_result r = mb_alloc(p->dev, MB_MEM_DEVICE, bytes, (void **)&g);
+    if (r == MB_OK) r = mb_zero(p->dev, MB_STREAM_COMPUTE, d, bytes);
+    if (r == MB_OK) r = mb_zero(p->dev, MB_STREAM_COMPUTE, g, bytes);
+    if (r != MB_OK) { mb_free(p->dev, d); mb_free(p->dev, g); return r; }
+    p->total = total;
+    p->data = d;
+    p->grad = g;
+    return MB_OK;
+}
+
+MBDEF int mb_params_num_tensors(const mb_params *p) { return p->n; }
+MBDEF const mb_param_info *mb_params_info(const mb_params *p, int i) { return (i >= 0 && i < p->n) ? &p->info[i] : NULL; }
+MBDEF int mb_params_find(const mb_params *p, const char *name) {
+    for (int i = 0; i < p->n; i++)
+        if (strcmp(p->info[i].name, name) == 0) return i;
+    return -1;
+}
+MBDEF size_t mb_params_total(const mb_params *p) { return p->total; }
+MBDEF float *mb_params_data(mb_params *p) { return p->data; }
+MBDEF float *mb_params_grad(mb_params *p) { return p->grad; }
+MBDEF float *mb_params_tensor(mb_params *p, int i) {
+    return (p->data && i >= 0 && i < p->n) ? p->data + p->info[i].offset : NULL;
+}
+MBDEF float *mb_params_tensor_grad(mb_params *p, int i) {
+    return (p->grad && i >= 0 && i < p->n) ? p->grad + p->info[i].offset : NULL;
+}
+MBDEF mb_device *mb_params_device(const mb_params *p) { return p->dev; }
+
+static mb_result mb__params_ready(mb_params *p, const char *what) {
+    if (!p) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL params", what);
+    if (!p->data) return MB_FAIL(&p->dev->cfg.log, MB_ERR_STATE, "%s: mb_params_finalize not called", what);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_params_init(mb_params *p, uint64_t seed) {
+    MB_TRY(mb__params_ready(p, "mb_params_init"));
+    for (int t = 0; t < p->n; t++) {
+        const mb_param_info *in = &p->info[t];
+        float *dst = p->data + in->offset;
+#ifdef MEGABATCH_CUDA
+        if (p->dev->cfg.backend == MB_CUDA) {
+            MB_TRY(mb__cuda_fill_uniform(p->dev, dst, in->count, seed, (uint64_t)t, in->init_bound));
+            continue;
+        }
+#endif
+        for (size_t j = 0; j < in->count; j++) dst[j] = mb_rng_symmetric(seed, (uint64_t)t, j, in->init_bound);
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_params_zero_grad(mb_params *p) {
+    MB_TRY(mb__params_ready(p, "mb_params_zero_grad"));
+    return mb_zero(p->dev, MB_STREAM_COMPUTE, p->grad, p->total * sizeof(float));
+}
+
+MBDEF mb_result mb_params_get(mb_params *p, float *host) {
+    MB_TRY(mb__params_ready(p, "mb_params_get"));
+    MB_TRY(mb_copy(p->dev, MB_STREAM_COMPUTE, host, p->data, p->total * sizeof(float)));
+    return mb_sync(p->dev, MB_STREAM_COMPUTE);
+}
+
+MBDEF mb_result mb_params_set(mb_params *p, const float *host) {
+    MB_TRY(mb__params_ready(p, "mb_params_set"));
+    MB_TRY(mb_copy(p->dev, MB_STREAM_COMPUTE, p->data, host, p->total * sizeof(float)));
+    return mb_sync(p->dev, MB_STREAM_COMPUTE);
+}
+
+// ---- dataset ----
+
+// ---- end dataset ----
+
+// ---- loader ----
+
+// ---- end loader ----
+
+// ---- lstm ----
+
+// ---- end lstm ----
+
+// ---- numerics ----
+
+// ---- end numerics ----
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEGABATCH_IMPLEMENTATION_INCLUDED */
+#endif /* MEGABATCH_IMPLEMENTATION */

@@ -1,0 +1,257 @@
+/* megabatch_cuda.cuh - the CUDA backend of megabatch (CUDA runtime + cuBLAS).
+ *
+ *   #define MEGABATCH_IMPLEMENTATION   // in exactly one translation unit
+ *   #include "megabatch_cuda.cuh"      // compiled by nvcc; includes megabatch.h
+ *
+ * Everything in megabatch.h works unchanged; mb_device_open with MB_CUDA now opens a
+ * GPU. Link with -lcublas (nvcc links the CUDA runtime itself).
+ *
+ * License: MIT (see LICENSE).
+ */
+#ifndef MEGABATCH_CUDA_CUH
+#define MEGABATCH_CUDA_CUH
+
+#ifndef __CUDACC__
+#error "megabatch_cuda.cuh must be compiled by nvcc (CUDA C++)"
+#endif
+
+#define MEGABATCH_CUDA 1
+#include "megabatch.h"
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// ---- cuda core ----
+// MB_CUDA_TRY: a failed CUDA runtime or cuBLAS call becomes a returned MB_ERR_CUDA (or
+// MB_ERR_OUT_OF_MEMORY) with the call, file, line and the CUDA message. Usable in any
+// function returning mb_result that has an `mb_device *dev` in scope.
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The CUDA stream of a device stream index, for user kernels beside megabatch's. */
+MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream);
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEGABATCH_CUDA_CUH */
+
+#ifdef MEGABATCH_IMPLEMENTATION
+#ifndef MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED
+#define MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED
+
+static const char *mb__cublas_string(cublasStatus_t s) {
+#if CUDART_VERSION >= 11040
+    return cublasGetStatusString(s);
+#else
+    (void)s;
+    return "cuBLAS error";
+#endif
+}
+
+static mb_result mb__cuda_fail(mb_device *dev, cudaError_t e, const char *call, const char *file, int line) {
+    cudaGetLastError(); /* clear a sticky-free error so a retry (smaller request) can succeed */
+    mb_result r = e == cudaErrorMemoryAllocation ? MB_ERR_OUT_OF_MEMORY
+                  : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) ? MB_ERR_NO_DEVICE : MB_ERR_CUDA;
+    return mb__fail(dev ? &dev->cfg.log : NULL, r, file, line, "%s failed: %s (%s) at %s:%d", call,
+                    cudaGetErrorString(e), cudaGetErrorName(e), file, line);
+}
+static mb_result mb__cublas_fail(mb_device *dev, cublasStatus_t s, const char *call, const char *file, int line) {
+    mb_result r = s == CUBLAS_STATUS_ALLOC_FAILED ? MB_ERR_OUT_OF_MEMORY : MB_ERR_CUDA;
+    return mb__fail(dev ? &dev->cfg.log : NULL, r, file, line, "%s failed: %s (cuBLAS status %d) at %s:%d", call,
+                    mb__cublas_string(s), (int)s, file, line);
+}
+static inline mb_result mb__cuda_check(mb_device *dev, cudaError_t e, const char *call, const char *file, int line) {
+    return e == cudaSuccess ? MB_OK : mb__cuda_fail(dev, e, call, file, line);
+}
+static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const char *call, const char *file, int line) {
+    return s == CUBLAS_STATUS_SUCCESS ? MB_OK : mb__cublas_fail(dev, s, call, file, line);
+}
+#define MB_CUDA_TRY(expr) MB_TRY(mb__cuda_check(dev, (expr), #expr, __FILE__, __LINE__))
+/* After a kernel launch: the launch error, if any. */
+#define MB_CUDA_LAUNCHED() MB_CUDA_TRY(cudaGetLastError())
+
+static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return (cudaStream_t)dev->stream[stream]; }
+
+MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream) {
+    return (stream >= 0 && stream < dev->streams) ? mb__st(dev, stream) : (cudaStream_t)0;
+}
+
+/* Grid size for a grid-stride loop over n elements. */
+static inline unsigned mb__grid(size_t n, unsigned block) {
+    size_t g = (n + block - 1) / block;
+    return (unsigned)(g < 1 ? 1 : g > 65535u * 8u ? 65535u * 8u : g);
+}
+
+// ---- cuda device ----
+
+static mb_result mb__cuda_open(mb_device *dev) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return MB_FAIL(&dev->cfg.log, MB_ERR_NO_DEVICE, "mb_device_open: no usable CUDA GPU: %s (%s)",
+                       cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (dev->cfg.index >= count)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_NO_DEVICE, "mb_device_open: GPU %d requested, %d present",
+                       dev->cfg.index, count);
+    dev->cuda_index = dev->cfg.index;
+    MB_CUDA_TRY(cudaSetDevice(dev->cuda_index));
+    cudaDeviceProp prop;
+    MB_CUDA_TRY(cudaGetDeviceProperties(&prop, dev->cuda_index));
+    snprintf(dev->name, sizeof dev->name, "%.200s (sm_%d%d, %zu MiB)", prop.name, prop.major, prop.minor,
+             prop.totalGlobalMem >> 20);
+    mb_result r = MB_OK;
+    for (int i = 0; i < dev->streams && r == MB_OK; i++) {
+        cudaStream_t s;
+        cudaEvent_t ev;
+        r = mb__cuda_check(dev, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", __FILE__, __LINE__);
+        if (r != MB_OK) break;
+        dev->stream[i] = (void *)s;
+        r = mb__cuda_check(dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate", __FILE__, __LINE__);
+        if (r == MB_OK) dev->event[i] = (void *)ev;
+    }
+    cublasHandle_t h = NULL;
+    if (r == MB_OK) r = mb__cuda_check(dev, cublasCreate(&h), "cublasCreate", __FILE__, __LINE__);
+    dev->cublas = (void *)h;
+    if (r == MB_OK) r = mb__cuda_set_tf32(dev, dev->tf32);
+    if (r != MB_OK) mb__cuda_close(dev);
+    return r;
+}
+
+static void mb__cuda_close(mb_device *dev) {
+    cudaSetDevice(dev->cuda_index);
+    cudaDeviceSynchronize();
+    if (dev->cublas) cublasDestroy((cublasHandle_t)dev->cublas);
+    for (int i = 0; i < dev->streams; i++) {
+        if (dev->event[i]) cudaEventDestroy((cudaEvent_t)dev->event[i]);
+        if (dev->stream[i]) cudaStreamDestroy(mb__st(dev, i));
+    }
+    dev->cublas = NULL;
+    cudaGetLastError();
+}
+
+static mb_result mb__cuda_set_tf32(mb_device *dev, int on) {
+    MB_CUDA_TRY(cublasSetMathMode((cublasHandle_t)dev->cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
+    MB_CUDA_TRY(cudaSetDevice(dev->cuda_index));
+    MB_CUDA_TRY(cudaMemGetInfo(free_bytes, total));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out) {
+    size_t b = bytes ? bytes : 1;
+    cudaError_t e;
+    if (kind == MB_MEM_HOST) {
+        *out = MB_MALLOC(b);
+        if (*out) return MB_OK;
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: host allocation of %zu bytes failed", bytes);
+    }
+    e = kind == MB_MEM_PINNED ? cudaMallocHost(out, b) : cudaMalloc(out, b);
+    if (e == cudaSuccess) return MB_OK;
+    *out = NULL;
+    cudaGetLastError(); /* an OOM must not poison the next, smaller request */
+    return MB_FAIL(&dev->cfg.log, e == cudaErrorMemoryAllocation ? MB_ERR_OUT_OF_MEMORY : MB_ERR_CUDA,
+                   "mb_alloc: %s of %zu bytes failed: %s", kind == MB_MEM_PINNED ? "cudaMallocHost" : "cudaMalloc",
+                   bytes, cudaGetErrorString(e));
+}
+
+static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr) {
+    (void)dev;
+    if (kind == MB_MEM_HOST) MB_FREE(ptr);
+    else if (kind == MB_MEM_PINNED) cudaFreeHost(ptr);
+    else cudaFree(ptr);
+}
+
+static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
+    MB_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, mb__st(dev, stream)));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
+    MB_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, mb__st(dev, stream)));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited) {
+    cudaEvent_t ev = (cudaEvent_t)dev->event[waited];
+    MB_CUDA_TRY(cudaEventRecord(ev, mb__st(dev, waited)));
+    MB_CUDA_TRY(cudaStreamWaitEvent(mb__st(dev, waiter), ev, 0));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_sync(mb_device *dev, int stream) {
+    if (stream < 0) MB_CUDA_TRY(cudaDeviceSynchronize());
+    else MB_CUDA_TRY(cudaStreamSynchronize(mb__st(dev, stream)));
+    return MB_OK;
+}
+
+// ---- cuda gemm ----
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands
+// and hand cuBLAS the same buffers.
+
+static cudaDataType_t mb__cuda_type(mb_dtype t) {
+    return t == MB_F32 ? CUDA_R_32F : t == MB_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
+    cublasHandle_t h = (cublasHandle_t)dev->cublas;
+    MB_CUDA_TRY(cublasSetStream(h, mb__st(dev, g->stream)));
+    if (g->m == 0 || g->n == 0) return MB_OK;
+    cublasComputeType_t ct = (g->ab_type == MB_F32 && dev->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    float alpha = g->k == 0 ? 0.0f : g->alpha;
+    int64_t batch = g->batch > 1 ? g->batch : 1;
+    /* k = 0: cuBLAS requires lda >= 1 rows; use k = 1 with alpha = 0 against a valid pointer
+     * (the operands are not read when alpha is 0). */
+    int k = g->k == 0 ? 1 : (int)g->k;
+    const void *a = g->k == 0 ? g->c : g->a, *b = g->k == 0 ? g->c : g->b;
+    int lda = g->k == 0 ? (int)(g->trans_a ? g->m : 1) : (int)g->lda;
+    int ldb = g->k == 0 ? (int)(g->trans_b ? 1 : g->n) : (int)g->ldb;
+    mb_dtype abt = g->k == 0 ? g->c_type : g->ab_type;
+    MB_CUDA_TRY(cublasGemmStridedBatchedEx(
+        h, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)g->n, (int)g->m, k,
+        &alpha, b, mb__cuda_type(abt), ldb, g->stride_b, a, mb__cuda_type(abt), lda, g->stride_a, &g->beta, g->c,
+        mb__cuda_type(g->c_type), (int)g->ldc, g->stride_c, (int)batch, ct, CUBLAS_GEMM_DEFAULT));
+    return MB_OK;
+}
+
+// ---- cuda params ----
+
+__global__ void mb__k_fill_uniform(float *dst, size_t n, uint64_t seed, uint64_t stream, float bound) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = mb_rng_symmetric(seed, stream, i, bound);
+}
+
+static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream,
+                                       float bound) {
+    if (n == 0) return MB_OK;
+    mb__k_fill_uniform<<<mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(dst, n, seed, stream, bound);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+// ---- cuda dataset ----
+
+// ---- cuda end dataset ----
+
+// ---- cuda loader ----
+
+// ---- cuda end loader ----
+
+// ---- cuda lstm ----
+
+// ---- cuda end lstm ----
+
+// ---- cuda numerics ----
+
+// ---- cuda end numerics ----
+
+#endif /* MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED */
+#endif /* MEGABATCH_IMPLEMENTATION */

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Run test binaries (cmocka), print each one's result and one closing line:
+#   tests: N passed, N failed, N skipped
+# A binary that crashes or exits non-zero without a cmocka summary counts as 1 failed.
+passed=0 failed=0 skipped=0 bad=""
+log=$(mktemp)
+for bin in "$@"; do
+    "$bin" >"$log" 2>&1
+    rc=$?
+    p=$(grep -o '\[  PASSED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
+    f=$(grep -o '\[  FAILED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
+    s=$(grep -o '\[  SKIPPED \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    if [ "$f" -ne 0 ]; then
+        bad="$bad $bin"
+        cat "$log"
+        printf '%-40s FAIL (%s passed, %s failed, exit %s)\n' "$(basename "$bin")" "$p" "$f" "$rc"
+    else
+        grep -o '\[  SKIPPED \] [a-z_][a-z_0-9]*$' "$log" | sort -u | sed 's/^/    /'
+        printf '%-40s ok   (%s passed, %s skipped)\n' "$(basename "$bin")" "$p" "$s"
+    fi
+done
+rm -f "$log"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

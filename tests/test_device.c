@@ -1,0 +1,134 @@
+/* device (CPU backend): open/close, name, memory, streams, allocation counters,
+ * failure injection, CUDA requested from a build without it. */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include "testutil.h"
+
+static void test_open_cpu_defaults(void **state) {
+    (void)state;
+    mb_device *dev = NULL;
+    tu_ok(mb_device_open(&dev, NULL));
+    assert_int_equal(mb_device_backend(dev), MB_CPU);
+    assert_non_null(strstr(mb_device_name(dev), "cpu"));
+    assert_int_equal(mb_device_streams(dev), 2);
+    assert_null(mb_device_stream(dev, 0));
+    assert_null(mb_device_cublas(dev));
+    size_t total = 0, avail = 0;
+    tu_ok(mb_device_memory(dev, &total, &avail));
+    assert_true(total > ((size_t)64 << 20));
+    assert_true(avail > 0 && avail <= total);
+    tu_ok(mb_device_set_tf32(dev, 1));
+    assert_int_equal(mb_device_tf32(dev), 1);
+    tu_ok(mb_sync(dev, -1));
+    tu_ok(mb_stream_wait(dev, 0, 1));
+    tu_assert_error(mb_stream_wait(dev, 0, 2), MB_ERR_INVALID_ARG, "stream 2 out of range");
+    mb_device_close(dev);
+    mb_device_close(NULL);
+}
+
+static void test_cuda_not_built(void **state) {
+    (void)state;
+    mb_device_config cfg = {0};
+    cfg.backend = MB_CUDA;
+    mb_device *dev = (mb_device *)&cfg; /* must be reset to NULL */
+    tu_assert_error(mb_device_open(&dev, &cfg), MB_ERR_NO_DEVICE, "no CUDA backend");
+    assert_null(dev);
+    cfg.backend = (mb_backend)5;
+    tu_assert_error(mb_device_open(&dev, &cfg), MB_ERR_INVALID_ARG, "unknown backend 5");
+    tu_assert_error(mb_device_open(NULL, &cfg), MB_ERR_INVALID_ARG, "out is NULL");
+}
+
+static void test_alloc_counters(void **state) {
+    (void)state;
+    mb_device_config cfg = {0};
+    cfg.streams = 4;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, &cfg));
+    assert_int_equal(mb_device_streams(dev), 4);
+    void *a, *b, *c, *z;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, 1000, &a));
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, 3000, &b));
+    tu_ok(mb_alloc(dev, MB_MEM_PINNED, 500, &c));
+    tu_ok(mb_alloc(dev, MB_MEM_HOST, 0, &z));
+    assert_non_null(z);
+    mb_mem_stats s = mb_device_mem_stats(dev);
+    assert_int_equal(s.live[MB_MEM_DEVICE], 4000);
+    assert_int_equal(s.count[MB_MEM_DEVICE], 2);
+    assert_int_equal(s.live[MB_MEM_PINNED], 500);
+    assert_int_equal(s.allocs[MB_MEM_HOST], 1);
+    mb_free(dev, a);
+    s = mb_device_mem_stats(dev);
+    assert_int_equal(s.live[MB_MEM_DEVICE], 3000);
+    assert_int_equal(s.peak[MB_MEM_DEVICE], 4000);
+    /* copies and zeroing on any stream */
+    memset(b, 7, 3000);
+    tu_ok(mb_zero(dev, 3, b, 3000));
+    assert_int_equal(((unsigned char *)b)[2999], 0);
+    tu_ok(mb_copy(dev, 1, c, "hello", 6));
+    assert_string_equal((char *)c, "hello");
+    tu_assert_error(mb_copy(dev, 4, c, "x", 1), MB_ERR_INVALID_ARG, "stream 4");
+    tu_assert_error(mb_copy(dev, 0, NULL, "x", 1), MB_ERR_INVALID_ARG, "NULL pointer");
+    tu_ok(mb_copy(dev, 0, NULL, NULL, 0));
+    mb_free(dev, b);
+    mb_free(dev, c);
+    mb_free(dev, z);
+    mb_free(dev, NULL);
+    s = mb_device_mem_stats(dev);
+    for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(s.live[k], 0);
+    mb_device_close(dev);
+}
+
+static void test_alloc_failure_injection(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    void *p[4];
+    mb_device_fail_alloc(dev, MB_MEM_PINNED, 3);
+    tu_ok(mb_alloc(dev, MB_MEM_PINNED, 16, &p[0]));
+    tu_ok(mb_alloc(dev, MB_MEM_PINNED, 16, &p[1]));
+    tu_assert_error(mb_alloc(dev, MB_MEM_PINNED, 16, &p[2]), MB_ERR_OUT_OF_MEMORY, "pinned allocation #3");
+    assert_null(p[2]);
+    tu_ok(mb_alloc(dev, MB_MEM_PINNED, 16, &p[3])); /* one failure only */
+    /* other kinds are unaffected; 0 cancels */
+    mb_device_fail_alloc(dev, MB_MEM_DEVICE, 1);
+    mb_device_fail_alloc(dev, MB_MEM_DEVICE, 0);
+    void *d;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, 8, &d));
+    mb_device_fail_alloc(dev, MB_MEM_HOST, 1);
+    tu_assert_error(mb_alloc(dev, MB_MEM_HOST, 8, &p[2]), MB_ERR_OUT_OF_MEMORY, "host allocation");
+    mb_free(dev, d);
+    mb_free(dev, p[0]); mb_free(dev, p[1]); mb_free(dev, p[3]);
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
+    mb_device_close(dev);
+}
+
+typedef struct { int warns; char msg[256]; } warn_capture;
+static void on_log(mb_log_level level, const char *m, const char *f, int l, void *u) {
+    (void)f; (void)l;
+    warn_capture *w = (warn_capture *)u;
+    if (level == MB_LOG_WARN) { w->warns++; snprintf(w->msg, sizeof w->msg, "%s", m); }
+}
+
+static void test_close_reports_and_frees_leaks(void **state) {
+    (void)state;
+    warn_capture w = {0};
+    mb_device_config cfg = {0};
+    cfg.log.fn = on_log; cfg.log.user = &w; cfg.log.max = MB_LOG_WARN;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, &cfg));
+    void *p;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, 128, &p));
+    mb_device_close(dev); /* frees p (ASan would report it otherwise) and warns */
+    assert_int_equal(w.warns, 1);
+    assert_non_null(strstr(w.msg, "1 allocation(s) still live, 128 device bytes"));
+}
+
+int main(void) {
+    tu_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_cpu_defaults),  cmocka_unit_test(test_cuda_not_built),
+        cmocka_unit_test(test_alloc_counters),     cmocka_unit_test(test_alloc_failure_injection),
+        cmocka_unit_test(test_close_reports_and_frees_leaks),
+    };
+    return cmocka_run_group_tests_name("device", tests, NULL, NULL);
+}

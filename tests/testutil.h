@@ -1,0 +1,109 @@
+/* testutil.h - helpers shared by the cmocka tests (include after megabatch.h).
+ *
+ * Random inputs are fresh each run: the seed comes from MB_TEST_SEED or the clock and
+ * is printed, so a failure can be replayed with MB_TEST_SEED=<seed>. */
+#ifndef MB_TESTUTIL_H
+#define MB_TESTUTIL_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <pthread.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include <cmocka.h>
+#ifdef __cplusplus
+}
+#endif
+
+static uint64_t tu_rng_state;
+
+static inline uint64_t tu_seed(void) {
+    static int done;
+    if (!done) {
+        const char *s = getenv("MB_TEST_SEED");
+        tu_rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+        printf("MB_TEST_SEED=%llu\n", (unsigned long long)tu_rng_state);
+        done = 1;
+    }
+    return tu_rng_state;
+}
+
+/* splitmix64: the tests' own generator (independent of the library's RNG). */
+static inline uint64_t tu_next(void) {
+    tu_seed();
+    uint64_t z = (tu_rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline float tu_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((tu_next() >> 40) * (1.0 / 16777216.0));
+}
+static inline int tu_int(int lo, int hi) { return lo + (int)(tu_next() % (uint64_t)(hi - lo + 1)); }
+static inline void tu_fill(float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = tu_uniform(lo, hi);
+}
+static inline float *tu_alloc_f32(size_t n) {
+    float *p = (float *)calloc(n ? n : 1, sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+/* Every element within atol + rtol*|ref|; non-finite values are never skipped: a NaN or
+ * Inf in either array where the other is not identical fails. Returns the max error. */
+static inline double tu_assert_close(const float *got, const float *ref, size_t n, double atol, double rtol,
+                                     const char *what) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i];
+        if (!isfinite(g) || !isfinite(r)) {
+            if (memcmp(&got[i], &ref[i], sizeof(float)) != 0 && !(isnan(g) && isnan(r))) {
+                fail_msg("%s: element %zu: got %g, want %g (non-finite)", what, i, g, r);
+            }
+            continue;
+        }
+        double err = fabs(g - r);
+        if (err > atol + rtol * fabs(r)) fail_msg("%s: element %zu: got %.9g, want %.9g (err %.3g)", what, i, g, r, err);
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+/* ||got - ref|| / ||ref|| (fails on any non-finite value). */
+static inline double tu_rel_norm_err(const float *got, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) fail_msg("element %zu non-finite: got %g ref %g", i, got[i], ref[i]);
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Assert a call failed with `code` and its message contains `needle`. */
+#define tu_assert_error(call, code, needle)                                                        \
+    do {                                                                                           \
+        mb_clear_error();                                                                          \
+        mb_result tu_r_ = (call);                                                                  \
+        if (tu_r_ != (code))                                                                       \
+            fail_msg("%s returned %d (%s), want %d; message: %s", #call, (int)tu_r_,               \
+                     mb_result_string(tu_r_), (int)(code), mb_last_error());                       \
+        if (!strstr(mb_last_error(), (needle)))                                                    \
+            fail_msg("%s: message \"%s\" lacks \"%s\"", #call, mb_last_error(), (needle));         \
+    } while (0)
+
+#define tu_ok(call)                                                                                \
+    do {                                                                                           \
+        mb_result tu_r_ = (call);                                                                  \
+        if (tu_r_ != MB_OK) fail_msg("%s failed: %s: %s", #call, mb_result_string(tu_r_), mb_last_error()); \
+    } while (0)
+
+#endif
