@@ -271,6 +271,10 @@ MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
  * where the backend can. */
 MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
 MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes);
+/* Convert n elements between dtypes (f32 <-> bf16/f16, or a plain copy for equal types)
+ * on a stream, round to nearest even. dst and src are memory of this device. */
+MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_type, const void *src,
+                           mb_dtype src_type, size_t n);
 /* `waiter` stream waits for all work queued so far on `waited` (an event, no host wait). */
 MBDEF mb_result mb_stream_wait(mb_device *dev, int waiter, int waited);
 /* The host waits for a stream (or, with stream = -1, the whole device). */
@@ -521,6 +525,8 @@ static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr);
 static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
 static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes);
 static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited);
+static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
+                                  size_t n);
 static mb_result mb__cuda_sync(mb_device *dev, int stream);
 static mb_result mb__cuda_set_tf32(mb_device *dev, int on);
 static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g);
@@ -748,6 +754,25 @@ MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
     if (dev->cfg.backend == MB_CUDA) return mb__cuda_zero(dev, stream, dst, bytes);
 #endif
     memset(dst, 0, bytes);
+    return MB_OK;
+}
+
+static float mb__load(const void *p, mb_dtype t, size_t i);
+static void mb__store(void *p, mb_dtype t, size_t i, float v);
+
+MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_type, const void *src,
+                           mb_dtype src_type, size_t n) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_convert"));
+    if (!mb_dtype_size(dst_type) || !mb_dtype_size(src_type))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_convert: unknown dtype %d or %d", (int)dst_type,
+                       (int)src_type);
+    if (n == 0) return MB_OK;
+    if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_convert: NULL pointer");
+    if (dst_type == src_type) return mb_copy(dev, stream, dst, src, n * mb_dtype_size(dst_type));
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_convert(dev, stream, dst, dst_type, src, src_type, n);
+#endif
+    for (size_t i = 0; i < n; i++) mb__store(dst, dst_type, i, mb__load(src, src_type, i));
     return MB_OK;
 }
 

@@ -193,6 +193,22 @@ static mb_result mb__cuda_sync(mb_device *dev, int stream) {
     return MB_OK;
 }
 
+__global__ void mb__k_convert(void *dst, mb_dtype dt, const void *src, mb_dtype st, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = st == MB_F32 ? ((const float *)src)[i]
+                  : st == MB_BF16 ? mb_bf16_to_f32(((const uint16_t *)src)[i]) : mb_f16_to_f32(((const uint16_t *)src)[i]);
+        if (dt == MB_F32) ((float *)dst)[i] = v;
+        else ((uint16_t *)dst)[i] = dt == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
+    }
+}
+
+static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
+                                  size_t n) {
+    mb__k_convert<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(dst, dt, src, st, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
 // ---- cuda gemm ----
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands
 // and hand cuBLAS the same buffers.

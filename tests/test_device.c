@@ -102,6 +102,24 @@ static void test_alloc_failure_injection(void **state) {
     mb_device_close(dev);
 }
 
+static void test_convert(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    float x[5] = {1.0f, -2.5f, 1.0f + 1.0f / 256.0f, NAN, 70000.0f}, y[5];
+    uint16_t h[5];
+    tu_ok(mb_convert(dev, 0, h, MB_BF16, x, MB_F32, 5));
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], mb_f32_to_bf16(x[i]));
+    tu_ok(mb_convert(dev, 0, h, MB_F16, x, MB_F32, 5));
+    assert_int_equal(h[4], 0x7c00); /* overflow to inf */
+    tu_ok(mb_convert(dev, 0, y, MB_F32, h, MB_F16, 5));
+    assert_true(y[0] == 1.0f && y[1] == -2.5f && isnan(y[3]) && isinf(y[4]));
+    tu_ok(mb_convert(dev, 0, y, MB_F32, x, MB_F32, 3));
+    assert_memory_equal(x, y, 3 * sizeof(float));
+    tu_assert_error(mb_convert(dev, 0, y, (mb_dtype)9, x, MB_F32, 1), MB_ERR_INVALID_ARG, "unknown dtype 9");
+    mb_device_close(dev);
+}
+
 typedef struct { int warns; char msg[256]; } warn_capture;
 static void on_log(mb_log_level level, const char *m, const char *f, int l, void *u) {
     (void)f; (void)l;
@@ -128,7 +146,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_cpu_defaults),  cmocka_unit_test(test_cuda_not_built),
         cmocka_unit_test(test_alloc_counters),     cmocka_unit_test(test_alloc_failure_injection),
-        cmocka_unit_test(test_close_reports_and_frees_leaks),
+        cmocka_unit_test(test_close_reports_and_frees_leaks), cmocka_unit_test(test_convert),
     };
     return cmocka_run_group_tests_name("device", tests, NULL, NULL);
 }

@@ -120,11 +120,42 @@ static void test_cuda_params_init_matches_cpu(void **state) {
     mb_device_close(cpu); mb_device_close(gpu);
 }
 
+static void test_cuda_convert_matches_cpu(void **state) {
+    (void)state;
+    mb_device *dev = open_cuda_or_skip(0);
+    const size_t n = 100003;
+    float *x = tu_alloc_f32(n), *back = tu_alloc_f32(n);
+    tu_fill(x, n, -70000.0f, 70000.0f);
+    x[0] = NAN; x[1] = INFINITY; x[2] = 1e-6f; x[3] = -3e-8f;
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    void *dx = tu_to_device(dev, x, n * 4), *dh = NULL, *dy = NULL;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, n * 2, &dh));
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, n * 4, &dy));
+    for (int t = 1; t <= 2; t++) {
+        mb_dtype dt = (mb_dtype)t;
+        tu_ok(mb_convert(dev, 0, dh, dt, dx, MB_F32, n));
+        tu_ok(mb_convert(dev, 0, dy, MB_F32, dh, dt, n));
+        tu_ok(mb_copy(dev, 0, h, dh, n * 2));
+        tu_ok(mb_copy(dev, 0, back, dy, n * 4));
+        tu_ok(mb_sync(dev, 0));
+        for (size_t i = 0; i < n; i++) {
+            uint16_t want = dt == MB_BF16 ? mb_f32_to_bf16(x[i]) : mb_f32_to_f16(x[i]);
+            if (h[i] != want) fail_msg("%s: element %zu of %g: %04x, want %04x", mb_dtype_name(dt), i, x[i], h[i], want);
+            float wb = dt == MB_BF16 ? mb_bf16_to_f32(want) : mb_f16_to_f32(want);
+            assert_true(memcmp(&wb, &back[i], 4) == 0 || (isnan(wb) && isnan(back[i])));
+        }
+    }
+    mb_free(dev, dx); mb_free(dev, dh); mb_free(dev, dy);
+    free(x); free(back); free(h);
+    mb_device_close(dev);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_device_basics),  cmocka_unit_test(test_cuda_gemm_vs_reference),
         cmocka_unit_test(test_cuda_gemm_tf32),      cmocka_unit_test(test_cuda_params_init_matches_cpu),
+        cmocka_unit_test(test_cuda_convert_matches_cpu),
     };
     return cmocka_run_group_tests_name("cuda_foundation", tests, NULL, NULL);
 }
