@@ -1,0 +1,654 @@
+/* prepare.c - make the multi-timeframe dataset: M1 bars -> M5, M15, H1, H4 bars ->
+ * per-bar features -> one sample per time t holding the last 480/288/192/96/48 bars of
+ * each timeframe that CLOSED at or before t (no look-ahead) -> HDF5 files in the seeds'
+ * layout (`features` [N, 1104, F], `targets` [N, K]), split by time into train and val.
+ *
+ *   build/prepare --synthetic [--bars N] [--seed S]          (the embedded default series)
+ *   build/prepare --csv FILE [--skip-bad]                     (MetaTrader 5/4, histdata)
+ *   options: --out-train data/train.h5 --out-val data/val.h5 --features F --targets K
+ *            --stride S --val-fraction X --max-samples N --quiet
+ *
+ * Targets: K forward log returns of the M1 close after t, over horizons of 5, 10, ...,
+ * 5K bars, divided by a scale fitted on the training period (stored as `target_scale`).
+ * Features are normalised per timeframe with mean/std from training-period bars only
+ * (stored as `feature_mean`/`feature_std` [5, F] in both files).
+ * Exit 0 on success, 2 with one line `error: ...` on bad flags or data.
+ */
+#include "megabatch.h"
+#include <hdf5.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+// ---- bars ----
+// A bar series (M1 or aggregated): start time in seconds since 1970 (UTC), OHLC, volume.
+
+typedef struct bars {
+    int64_t *t;
+    double *o, *h, *l, *c, *v;
+    size_t n, cap;
+} bars;
+
+enum { NTF = 5, MAXF = 12 };
+static const int tf_minutes[NTF] = {1, 5, 15, 60, 240};
+static const int tf_window[NTF] = {480, 288, 192, 96, 48}; /* bars per sample */
+static const char *const tf_names = "M1,M5,M15,H1,H4";
+static char prep_error[512];
+
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prep_error, sizeof prep_error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void bars_free(bars *b) {
+    free(b->t); free(b->o); free(b->h); free(b->l); free(b->c); free(b->v);
+    memset(b, 0, sizeof *b);
+}
+
+static int bars_push(bars *b, int64_t t, double o, double h, double l, double c, double v) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        int64_t *nt = (int64_t *)realloc(b->t, cap * sizeof *nt);
+        if (nt) b->t = nt;
+        double **cols[5] = {&b->o, &b->h, &b->l, &b->c, &b->v};
+        int ok = nt != NULL;
+        for (int i = 0; i < 5 && ok; i++) {
+            double *p = (double *)realloc(*cols[i], cap * sizeof(double));
+            if (p) *cols[i] = p; else ok = 0;
+        }
+        if (!ok) return fail("out of memory for %zu bars", cap);
+        b->cap = cap;
+    }
+    b->t[b->n] = t; b->o[b->n] = o; b->h[b->n] = h; b->l[b->n] = l; b->c[b->n] = c; b->v[b->n] = v;
+    b->n++;
+    return 0;
+}
+
+/* Aggregate M1 bars into bars of `minutes`: buckets [k*P, (k+1)*P) by start time. */
+static int bars_resample(const bars *m1, int minutes, bars *out) {
+    int64_t p = (int64_t)minutes * 60;
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < m1->n; i++) {
+        int64_t start = m1->t[i] - (m1->t[i] % p + p) % p;
+        size_t k = out->n;
+        if (k && out->t[k - 1] == start) {
+            k--;
+            out->h[k] = fmax(out->h[k], m1->h[i]);
+            out->l[k] = fmin(out->l[k], m1->l[i]);
+            out->c[k] = m1->c[i];
+            out->v[k] += m1->v[i];
+        } else if (bars_push(out, start, m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i])) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// ---- csv ----
+// MetaTrader 5 export (tab-separated, `<DATE> <TIME> <OPEN> ...` header, UTF-8 or UTF-16
+// with BOM), MetaTrader 4 / histdata (comma or semicolon, `2024.01.02,00:00,o,h,l,c,v`,
+// or `20240102 000000;o;h;l;c;v`). Dates YYYY.MM.DD, YYYY-MM-DD or YYYYMMDD; times
+// HH:MM:SS, HH:MM or HHMMSS.
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm). */
+static int64_t days_from_civil(int64_t y, int m, int d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int parse_date(const char *s, int64_t *days) {
+    int y, m, d, n = 0;
+    if (sscanf(s, "%4d.%2d.%2d%n", &y, &m, &d, &n) == 3 && n == 10) {}
+    else if (sscanf(s, "%4d-%2d-%2d%n", &y, &m, &d, &n) == 3 && n == 10) {}
+    else if (strlen(s) == 8 && sscanf(s, "%4d%2d%2d%n", &y, &m, &d, &n) == 3 && n == 8) {}
+    else return -1;
+    if (s[n] != 0 || m < 1 || m > 12 || d < 1 || d > 31 || y < 1900) return -1;
+    *days = days_from_civil(y, m, d);
+    return 0;
+}
+
+static int parse_time(const char *s, int64_t *secs) {
+    int h, m, sec = 0, n = 0;
+    size_t len = strlen(s);
+    if (len == 8 && sscanf(s, "%2d:%2d:%2d%n", &h, &m, &sec, &n) == 3 && n == 8) {}
+    else if (len == 5 && sscanf(s, "%2d:%2d%n", &h, &m, &n) == 2 && n == 5) {}
+    else if (len == 6 && sscanf(s, "%2d%2d%2d%n", &h, &m, &sec, &n) == 3 && n == 6) {}
+    else return -1;
+    if (h > 23 || m > 59 || sec > 59 || h < 0 || m < 0 || sec < 0) return -1;
+    *secs = h * 3600 + m * 60 + sec;
+    return 0;
+}
+
+static int parse_number(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(s, &end);
+    return (end == s || *end != 0 || errno != 0 || !isfinite(*out)) ? -1 : 0;
+}
+
+/* Decode UTF-16LE/BE (with BOM) to UTF-8 in place of `text`; strip a UTF-8 BOM. Only
+ * ASCII is meaningful in these files: other characters become '?'. */
+static int decode_text(unsigned char **text, size_t *len) {
+    unsigned char *s = *text;
+    if (*len >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF) {
+        memmove(s, s + 3, *len - 3);
+        *len -= 3;
+        return 0;
+    }
+    if (*len < 2 || !((s[0] == 0xFF && s[1] == 0xFE) || (s[0] == 0xFE && s[1] == 0xFF))) return 0;
+    int le = s[0] == 0xFF;
+    size_t n = 0;
+    for (size_t i = 2; i + 1 < *len; i += 2) {
+        unsigned u = le ? (unsigned)(s[i] | s[i + 1] << 8) : (unsigned)(s[i] << 8 | s[i + 1]);
+        s[n++] = (unsigned char)(u < 128 ? u : '?');
+    }
+    *len = n;
+    return 0;
+}
+
+/* Split a line into fields on tab, comma or semicolon; a first field "DATE TIME" (histdata)
+ * is split in two. Returns the number of fields (at most max). */
+static int split_fields(char *line, char **f, int max) {
+    int n = 0;
+    char *p = line;
+    while (n < max) {
+        while (*p == ' ') p++;
+        f[n++] = p;
+        size_t k = strcspn(p, "\t,;");
+        char *end = p + k;
+        char *q = end;
+        while (q > p && isspace((unsigned char)q[-1])) q--;
+        int last = *end == 0;
+        *q = 0;
+        if (last) break;
+        p = end + 1;
+    }
+    char *sp = strchr(f[0], ' ');
+    if (n < max && sp) {
+        *sp = 0;
+        memmove(f + 2, f + 1, (size_t)(n - 1) * sizeof *f);
+        f[1] = sp + 1;
+        n++;
+    }
+    return n;
+}
+
+/* Parse one data line into a bar. Returns 0, or -1 with a reason in prep_error. */
+static int parse_bar(char *line, int64_t *t, double v[5]) {
+    char *f[12];
+    int n = split_fields(line, f, 12);
+    if (n < 6) return fail("expected at least 6 fields (date, time, open, high, low, close), got %d", n);
+    int64_t days, secs;
+    if (parse_date(f[0], &days)) return fail("bad date '%s'", f[0]);
+    if (parse_time(f[1], &secs)) return fail("bad time '%s'", f[1]);
+    for (int i = 0; i < 4; i++)
+        if (parse_number(f[2 + i], &v[i])) return fail("bad number '%s'", f[2 + i]);
+    v[4] = 0;
+    if (n > 6 && parse_number(f[6], &v[4])) return fail("bad volume '%s'", f[6]);
+    if (v[0] <= 0 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0) return fail("non-positive price");
+    if (v[1] < v[2]) return fail("high %g < low %g", v[1], v[2]);
+    if (v[4] < 0) return fail("negative volume");
+    *t = days * 86400 + secs;
+    return 0;
+}
+
+/* Parse CSV text into M1 bars. skip_bad: count bad rows instead of failing on the first. */
+static int parse_csv(char *text, int skip_bad, bars *out, size_t *skipped) {
+    memset(out, 0, sizeof *out);
+    *skipped = 0;
+    size_t lineno = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        lineno++;
+        line[strcspn(line, "\r")] = 0;
+        if (line[strspn(line, " \t")] == 0) continue;                      /* blank */
+        if (line[0] == '<' || isalpha((unsigned char)line[0])) continue;   /* header */
+        int64_t t = 0;
+        double v[5] = {0};
+        int bad = parse_bar(line, &t, v);
+        if (!bad && out->n && t <= out->t[out->n - 1]) bad = fail("time does not increase");
+        if (bad) {
+            if (!skip_bad) {
+                char why[sizeof prep_error];
+                memcpy(why, prep_error, sizeof why);
+                bars_free(out);
+                return fail("line %zu: %.400s", lineno, why);
+            }
+            (*skipped)++;
+            continue;
+        }
+        if (bars_push(out, t, v[0], v[1], v[2], v[3], v[4])) return -1;
+    }
+    if (out->n == 0) return fail("no bars in the input");
+    return 0;
+}
+
+static int read_csv_file(const char *path, int skip_bad, bars *out, size_t *skipped) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail("cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 20, len = 0;
+    unsigned char *buf = (unsigned char *)malloc(cap + 1);
+    for (size_t got; buf && (got = fread(buf + len, 1, cap - len, f)) > 0;) {
+        len += got;
+        if (len == cap) {
+            unsigned char *nb = (unsigned char *)realloc(buf, 2 * cap + 1);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!buf) return fail("out of memory reading '%s'", path);
+    decode_text(&buf, &len);
+    buf[len] = 0;
+    int r = parse_csv((char *)buf, skip_bad, out, skipped);
+    free(buf);
+    return r;
+}
+
+// ---- synthetic ----
+// A seeded M1 series a model can learn from: a hidden drift regime (up / flat / down,
+// switching on average once a day), GARCH(1,1)-style volatility clustering, intraday
+// seasonality of volatility, and weekends off. Randoms come from megabatch's Philox RNG.
+
+static double gauss(uint64_t seed, uint64_t i) {
+    double u1 = mb_rng_uniform(seed, 1, 2 * i) + 1e-9, u2 = mb_rng_uniform(seed, 1, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int make_synthetic(size_t nbars, uint64_t seed, bars *out) {
+    memset(out, 0, sizeof *out);
+    int64_t t = days_from_civil(2024, 1, 1) * 86400;  /* a Monday */
+    double price = 1.1, var = 1e-8, base_var = 1e-8;
+    int regime = 1;
+    for (size_t i = 0; i < nbars; t += 60) {
+        int64_t day = t / 86400, dow = (day + 4) % 7;  /* 1970-01-01 was a Thursday */
+        if (dow == 6 || dow == 0) continue;            /* Saturday, Sunday */
+        if (mb_rng_uniform(seed, 2, i) < 1.0 / 1440.0) regime = (int)(mb_rng_uniform(seed, 3, i) * 3.0);
+        double hour = (double)(t % 86400) / 3600.0;
+        double season = 0.6 + 0.8 * exp(-0.5 * pow((hour - 14.0) / 2.5, 2)) + 0.3 * exp(-0.5 * pow((hour - 8.0) / 2.0, 2));
+        double e = sqrt(var) * gauss(seed, i);          /* GARCH(1,1) shock, unit mean variance */
+        double r = (regime - 1) * 0.06 * sqrt(base_var) + season * e;
+        var = base_var * 0.05 + 0.10 * e * e + 0.85 * var;
+        double sigma = sqrt(var) * season;
+        double open = price, close = price * exp(r);
+        double wick = fabs(sigma * gauss(seed ^ 0x5bd1e995ull, i)) * 0.5;
+        double high = fmax(open, close) * exp(wick), low = fmin(open, close) * exp(-wick * mb_rng_uniform(seed, 4, i));
+        double vol = floor(50.0 * season * (1.0 + 20.0 * fabs(r) / sqrt(base_var) * 0.1) + 10.0 * mb_rng_uniform(seed, 5, i));
+        if (bars_push(out, t, open, high, low, close, vol)) return -1;
+        price = close;
+        i++;
+    }
+    return 0;
+}
+
+// ---- features ----
+// Per bar of any timeframe, from that bar and earlier bars of the same timeframe only:
+//  0 log return of the close   1 log(high/low)   2 body log(close/open)
+//  3 upper wick                4 lower wick      5 log volume change
+//  6,7 time of day (sin, cos)  8,9 day of week (sin, cos)
+// 10 log(close / mean of the last 20 closes)    11 std of the last 20 log returns
+
+static void bar_features(const bars *b, size_t i, int nf, float *out) {
+    double f[MAXF];
+    double prev_c = i ? b->c[i - 1] : b->o[i], prev_v = i ? b->v[i - 1] : b->v[i];
+    double top = fmax(b->o[i], b->c[i]), bot = fmin(b->o[i], b->c[i]);
+    double tod = 6.283185307179586 * (double)(b->t[i] % 86400) / 86400.0;
+    double dow = 6.283185307179586 * (double)((b->t[i] / 86400 + 3) % 7) / 7.0; /* Monday = 0 */
+    f[0] = log(b->c[i] / prev_c);
+    f[1] = log(b->h[i] / b->l[i]);
+    f[2] = log(b->c[i] / b->o[i]);
+    f[3] = log(b->h[i] / top);
+    f[4] = log(bot / b->l[i]);
+    f[5] = log((b->v[i] + 1.0) / (prev_v + 1.0));
+    f[6] = sin(tod); f[7] = cos(tod); f[8] = sin(dow); f[9] = cos(dow);
+    size_t w = i + 1 < 20 ? i + 1 : 20;
+    double mean = 0, s1 = 0, s2 = 0;
+    for (size_t j = i + 1 - w; j <= i; j++) {
+        double r = j ? log(b->c[j] / b->c[j - 1]) : 0.0;
+        mean += b->c[j]; s1 += r; s2 += r * r;
+    }
+    f[10] = log(b->c[i] / (mean / (double)w));
+    f[11] = sqrt(fmax(s2 / (double)w - (s1 / (double)w) * (s1 / (double)w), 0.0));
+    for (int k = 0; k < nf; k++) out[k] = (float)f[k];
+}
+
+// ---- samples ----
+// Sample time t is the close of M1 bar i (its start + 60 s). A bar of timeframe P is
+// usable iff start + P*60 <= t: a forming bar is never used.
+
+typedef struct series {
+    bars tf[NTF];      /* M1, M5, M15, H1, H4 */
+    float *feat[NTF];  /* (tf[k].n, F) raw features */
+    int nf;
+} series;
+
+static void series_free(series *s) {
+    for (int k = 0; k < NTF; k++) { bars_free(&s->tf[k]); free(s->feat[k]); }
+    memset(s, 0, sizeof *s);
+}
+
+static int series_build(const bars *m1, int nf, series *s) {
+    memset(s, 0, sizeof *s);
+    s->nf = nf;
+    for (int k = 0; k < NTF; k++) {
+        if (bars_resample(m1, tf_minutes[k], &s->tf[k])) return -1;
+        s->feat[k] = (float *)malloc((s->tf[k].n + 1) * (size_t)nf * sizeof(float));
+        if (!s->feat[k]) return fail("out of memory for features");
+        for (size_t i = 0; i < s->tf[k].n; i++) bar_features(&s->tf[k], i, nf, s->feat[k] + i * (size_t)nf);
+    }
+    return 0;
+}
+
+/* Number of bars of timeframe k closed at time t (binary search on start times). */
+static size_t closed_bars(const bars *b, int minutes, int64_t t) {
+    size_t lo = 0, hi = b->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (b->t[mid] + (int64_t)minutes * 60 <= t) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+/* Raw (unnormalised) features of the sample at time t: (1104, F). Returns -1 when some
+ * timeframe has fewer closed bars than its window. */
+static int sample_features(const series *s, int64_t t, float *out) {
+    size_t row = 0;
+    for (int k = 0; k < NTF; k++) {
+        size_t n = closed_bars(&s->tf[k], tf_minutes[k], t), w = (size_t)tf_window[k];
+        if (n < w) return -1;
+        memcpy(out + row * (size_t)s->nf, s->feat[k] + (n - w) * (size_t)s->nf, w * (size_t)s->nf * sizeof(float));
+        row += w;
+    }
+    return 0;
+}
+
+// ---- hdf5 output ----
+
+typedef struct h5out { hid_t file, feat, targ, times; hsize_t n; } h5out;
+
+static int h5_attr_floats(hid_t obj, const char *name, const float *v, hsize_t rows, hsize_t cols) {
+    hsize_t dims[2] = {rows, cols};
+    hid_t sp = H5Screate_simple(cols ? 2 : 1, dims, NULL);
+    hid_t a = H5Acreate2(obj, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t e = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_FLOAT, v);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(sp);
+    return e < 0 ? fail("cannot write attribute %s", name) : 0;
+}
+
+static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const float *mean, const float *std,
+                     float target_scale) {
+    memset(o, 0, sizeof *o);
+    o->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (o->file < 0) return fail("cannot create '%s'", path);
+    hsize_t fd[3] = {n, 1104, (hsize_t)nf}, td[2] = {n, (hsize_t)k}, nd[1] = {n};
+    hid_t fs = H5Screate_simple(3, fd, NULL), ts = H5Screate_simple(2, td, NULL), ns = H5Screate_simple(1, nd, NULL);
+    o->feat = H5Dcreate2(o->file, "features", H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    o->targ = H5Dcreate2(o->file, "targets", H5T_IEEE_F32LE, ts, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    o->times = H5Dcreate2(o->file, "times", H5T_STD_I64LE, ns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Sclose(fs); H5Sclose(ts); H5Sclose(ns);
+    if (o->feat < 0 || o->targ < 0 || o->times < 0) return fail("cannot create datasets in '%s'", path);
+    int seg[NTF];
+    for (int i = 0; i < NTF; i++) seg[i] = tf_window[i];
+    hsize_t sd[1] = {NTF};
+    hid_t ss = H5Screate_simple(1, sd, NULL), str = H5Tcopy(H5T_C_S1), scal = H5Screate(H5S_SCALAR);
+    H5Tset_size(str, strlen(tf_names) + 1);
+    hid_t a1 = H5Acreate2(o->feat, "segments", H5T_STD_I32LE, ss, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t a2 = H5Acreate2(o->feat, "segment_names", str, scal, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t e = (a1 < 0 || a2 < 0) ? -1 : (H5Awrite(a1, H5T_NATIVE_INT, seg) | H5Awrite(a2, str, tf_names));
+    if (a1 >= 0) H5Aclose(a1);
+    if (a2 >= 0) H5Aclose(a2);
+    H5Sclose(ss); H5Sclose(scal); H5Tclose(str);
+    if (e < 0) return fail("cannot write segment attributes in '%s'", path);
+    if (h5_attr_floats(o->feat, "feature_mean", mean, NTF, (hsize_t)nf) ||
+        h5_attr_floats(o->feat, "feature_std", std, NTF, (hsize_t)nf) ||
+        h5_attr_floats(o->targ, "target_scale", &target_scale, 1, 0))
+        return -1;
+    return 0;
+}
+
+/* Write sample rows [o->n, o->n + count) of the three datasets. */
+static int h5_append(h5out *o, hsize_t count, int nf, int k, const float *feat, const float *targ, const int64_t *times) {
+    hsize_t s3[3] = {o->n, 0, 0}, c3[3] = {count, 1104, (hsize_t)nf};
+    hsize_t s2[2] = {o->n, 0}, c2[2] = {count, (hsize_t)k};
+    hid_t ds[3] = {o->feat, o->targ, o->times}, mt[3] = {H5T_NATIVE_FLOAT, H5T_NATIVE_FLOAT, H5T_NATIVE_INT64};
+    const void *bufs[3] = {feat, targ, times};
+    const hsize_t *starts[3] = {s3, s2, s2}, *counts[3] = {c3, c2, c2};
+    int ranks[3] = {3, 2, 1};
+    for (int i = 0; i < 3; i++) {
+        hid_t fs = H5Dget_space(ds[i]), ms = H5Screate_simple(ranks[i], counts[i], NULL);
+        herr_t e = H5Sselect_hyperslab(fs, H5S_SELECT_SET, starts[i], NULL, counts[i], NULL);
+        if (e >= 0) e = H5Dwrite(ds[i], mt[i], ms, fs, H5P_DEFAULT, bufs[i]);
+        H5Sclose(fs); H5Sclose(ms);
+        if (e < 0) return fail("writing samples %llu.. failed", (unsigned long long)o->n);
+    }
+    o->n += count;
+    return 0;
+}
+
+static int h5_close(h5out *o) {
+    herr_t e = 0;
+    if (o->feat > 0) e |= H5Dclose(o->feat);
+    if (o->targ > 0) e |= H5Dclose(o->targ);
+    if (o->times > 0) e |= H5Dclose(o->times);
+    if (o->file > 0) e |= H5Fclose(o->file);
+    memset(o, 0, sizeof *o);
+    return e < 0 ? fail("closing the HDF5 file failed") : 0;
+}
+
+// ---- dataset assembly ----
+
+typedef struct prep_config {
+    int nf;              /* features per bar, 1..12 (default 12) */
+    int k;               /* targets: horizons 5, 10, ..., 5K M1 bars (default 36) */
+    int stride;          /* one sample every `stride` M1 bars (default 15) */
+    double val_fraction; /* last part of the samples, by time (default 0.2) */
+    size_t max_samples;  /* 0: all */
+    int quiet;
+    const char *out_train, *out_val;
+} prep_config;
+
+typedef struct prep_plan {
+    size_t *idx;          /* M1 bar index of each sample, in time order */
+    size_t n, n_train;    /* samples; the first n_train are training samples */
+    size_t first_val;     /* index into idx of the first validation sample */
+} prep_plan;
+
+/* Pick sample bars: enough history for every window, every horizon inside the data,
+ * and a gap of at least the longest horizon between train and validation. */
+static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
+    const bars *m1 = &s->tf[0];
+    size_t horizon = (size_t)5 * (size_t)c->k, cap = m1->n / (size_t)c->stride + 1;
+    memset(p, 0, sizeof *p);
+    p->idx = (size_t *)malloc(cap * sizeof *p->idx);
+    if (!p->idx) return fail("out of memory");
+    for (size_t i = 0; i + horizon < m1->n; i += (size_t)c->stride) {
+        int64_t t = m1->t[i] + 60;
+        int ok = 1;
+        for (int k = 0; k < NTF && ok; k++) ok = closed_bars(&s->tf[k], tf_minutes[k], t) >= (size_t)tf_window[k];
+        if (ok) p->idx[p->n++] = i;
+    }
+    if (c->max_samples && p->n > c->max_samples) {
+        memmove(p->idx, p->idx + (p->n - c->max_samples), c->max_samples * sizeof *p->idx);
+        p->n = c->max_samples;
+    }
+    size_t n_val = (size_t)((double)p->n * c->val_fraction);
+    p->n_train = p->n - n_val;
+    p->first_val = p->n_train;
+    if (p->n_train < 2 || n_val < 1)
+        return fail("too little data: %zu usable samples (need 8 days of history before the first; "
+                    "use more bars or a smaller --stride)", p->n);
+    while (p->first_val < p->n && p->idx[p->first_val] <= p->idx[p->n_train - 1] + horizon) p->first_val++;
+    if (p->first_val >= p->n)
+        return fail("no validation sample after the gap of %zu bars: use more bars or a larger --val-fraction", horizon);
+    return 0;
+}
+
+static void targets_of(const bars *m1, size_t i, int k, float scale, float *out) {
+    for (int j = 0; j < k; j++) out[j] = (float)(log(m1->c[i + 5 * (size_t)(j + 1)] / m1->c[i]) / scale);
+}
+
+/* Mean and std per (timeframe, feature) over bars closed by the last training sample. */
+static void fit_normaliser(const series *s, int64_t t_end, float *mean, float *std) {
+    for (int k = 0; k < NTF; k++) {
+        size_t n = closed_bars(&s->tf[k], tf_minutes[k], t_end);
+        for (int f = 0; f < s->nf; f++) {
+            double s1 = 0, s2 = 0;
+            for (size_t i = 0; i < n; i++) { double v = s->feat[k][i * (size_t)s->nf + f]; s1 += v; s2 += v * v; }
+            double m = n ? s1 / (double)n : 0, var = n ? s2 / (double)n - m * m : 0;
+            mean[k * s->nf + f] = (float)m;
+            std[k * s->nf + f] = (float)(var > 1e-20 ? sqrt(var) : 1.0);
+        }
+    }
+}
+
+static float fit_target_scale(const bars *m1, const prep_plan *p, int k) {
+    double s2 = 0;
+    size_t n = 0;
+    for (size_t s = 0; s < p->n_train; s++)
+        for (int j = 0; j < k; j++) {
+            double r = log(m1->c[p->idx[s] + 5 * (size_t)(j + 1)] / m1->c[p->idx[s]]);
+            s2 += r * r; n++;
+        }
+    double rms = n ? sqrt(s2 / (double)n) : 1.0;
+    return (float)(rms > 0 ? rms : 1.0);
+}
+
+static void progress(const prep_config *c, const char *what, size_t done, size_t total) {
+    if (c->quiet || total == 0 || !isatty(fileno(stderr))) return;
+    int w = 40, fill = (int)((double)done / (double)total * w);
+    fprintf(stderr, "\r%-6s [%.*s%*s] %zu/%zu", what, fill, "########################################", w - fill, "",
+            done, total);
+    if (done == total) fputc('\n', stderr);
+}
+
+/* Write samples [from, to) of the plan to path. */
+static int write_split(const series *s, const prep_plan *p, size_t from, size_t to, const prep_config *c,
+                       const char *path, const char *what, const float *mean, const float *std, float scale) {
+    enum { BLOCK = 64 };
+    size_t row = (size_t)1104 * (size_t)c->nf;
+    float *feat = (float *)malloc(BLOCK * row * sizeof(float)), *targ = (float *)malloc(BLOCK * (size_t)c->k * sizeof(float));
+    int64_t times[BLOCK];
+    h5out o;
+    memset(&o, 0, sizeof o);
+    int r = (!feat || !targ) ? fail("out of memory") : h5_create(&o, path, to - from, c->nf, c->k, mean, std, scale);
+    for (size_t b = from; r == 0 && b < to; b += BLOCK) {
+        size_t cnt = to - b < BLOCK ? to - b : BLOCK;
+        for (size_t j = 0; j < cnt; j++) {
+            size_t i = p->idx[b + j];
+            times[j] = s->tf[0].t[i] + 60;
+            float *fx = feat + j * row;
+            sample_features(s, times[j], fx); /* planned samples always have full windows */
+            for (size_t rr = 0, seg = 0, left = (size_t)tf_window[0]; rr < 1104; rr++, left--) {
+                if (left == 0) left = (size_t)tf_window[++seg];
+                for (int f = 0; f < c->nf; f++) {
+                    size_t m = seg * (size_t)c->nf + (size_t)f;
+                    fx[rr * (size_t)c->nf + (size_t)f] = (fx[rr * (size_t)c->nf + (size_t)f] - mean[m]) / std[m];
+                }
+            }
+            targets_of(&s->tf[0], i, c->k, scale, targ + j * (size_t)c->k);
+        }
+        r = h5_append(&o, cnt, c->nf, c->k, feat, targ, times);
+        progress(c, what, b + cnt - from, to - from);
+    }
+    if (o.file > 0 && h5_close(&o) && r == 0) r = -1;
+    free(feat); free(targ);
+    return r;
+}
+
+static int prepare(const bars *m1, const prep_config *c) {
+    series s;
+    prep_plan p;
+    memset(&p, 0, sizeof p);
+    int r = series_build(m1, c->nf, &s);
+    if (r == 0) r = plan_samples(&s, c, &p);
+    if (r == 0) {
+        float mean[NTF * MAXF], std[NTF * MAXF];
+        fit_normaliser(&s, s.tf[0].t[p.idx[p.n_train - 1]] + 60, mean, std);
+        float scale = fit_target_scale(&s.tf[0], &p, c->k);
+        r = write_split(&s, &p, 0, p.n_train, c, c->out_train, "train", mean, std, scale);
+        if (r == 0) r = write_split(&s, &p, p.first_val, p.n, c, c->out_val, "val", mean, std, scale);
+        if (r == 0 && !c->quiet)
+            printf("prepare: %zu M1 bars -> %zu train samples (%s), %zu val samples (%s), T=1104 F=%d K=%d, "
+                   "target scale %.3g\n", m1->n, p.n_train, c->out_train, p.n - p.first_val, c->out_val, c->nf, c->k,
+                   (double)scale);
+    }
+    free(p.idx);
+    series_free(&s);
+    return r;
+}
+
+// ---- command line ----
+
+#ifndef PREPARE_NO_MAIN
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5"};
+    const char *csv = NULL;
+    int synthetic = 0, skip_bad = 0;
+    long nbars = 400000, seed = 1, v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(a, "--synthetic")) { synthetic = 1; takes = 0; }
+        else if (!strcmp(a, "--skip-bad")) { skip_bad = 1; takes = 0; }
+        else if (!strcmp(a, "--quiet")) { c.quiet = 1; takes = 0; }
+        else if (!val) return usage_error("%s needs a value", a);
+        else if (!strcmp(a, "--csv")) csv = val;
+        else if (!strcmp(a, "--out-train")) c.out_train = val;
+        else if (!strcmp(a, "--out-val")) c.out_val = val;
+        else if (!strcmp(a, "--bars")) { if (parse_long(val, 1, 100000000, &nbars)) return usage_error("--bars: '%s' is not 1..1e8", val); }
+        else if (!strcmp(a, "--seed")) { if (parse_long(val, 0, 2147483647, &seed)) return usage_error("--seed: '%s' is not a non-negative integer", val); }
+        else if (!strcmp(a, "--features")) { if (parse_long(val, 1, MAXF, &v)) return usage_error("--features: '%s' is not 1..12", val); c.nf = (int)v; }
+        else if (!strcmp(a, "--targets")) { if (parse_long(val, 1, 1000, &v)) return usage_error("--targets: '%s' is not 1..1000", val); c.k = (int)v; }
+        else if (!strcmp(a, "--stride")) { if (parse_long(val, 1, 100000, &v)) return usage_error("--stride: '%s' is not 1..100000", val); c.stride = (int)v; }
+        else if (!strcmp(a, "--max-samples")) { if (parse_long(val, 1, 100000000, &v)) return usage_error("--max-samples: '%s' is not 1..1e8", val); c.max_samples = (size_t)v; }
+        else if (!strcmp(a, "--val-fraction")) {
+            char *end;
+            c.val_fraction = strtod(val, &end);
+            if (*end || !(c.val_fraction > 0 && c.val_fraction < 1)) return usage_error("--val-fraction: '%s' is not in (0, 1)", val);
+        } else return usage_error("unknown flag '%s' (see the comment at the top of examples/prepare.c)", a);
+        i += takes;
+    }
+    if (synthetic == (csv != NULL)) return usage_error("%s", "give exactly one of --synthetic or --csv FILE");
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
+    bars m1;
+    size_t skipped = 0;
+    int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : read_csv_file(csv, skip_bad, &m1, &skipped);
+    if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows\n", skipped);
+    if (r == 0) r = prepare(&m1, &c);
+    bars_free(&m1);
+    if (r) { fprintf(stderr, "error: %s\n", prep_error); return 2; }
+    return 0;
+}
+#endif
