@@ -14,6 +14,9 @@
  * (stored as `feature_mean`/`feature_std` [5, F] in both files).
  * Exit 0 on success, 2 with one line `error: ...` on bad flags or data.
  */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* isatty, fileno */
+#endif
 #include "megabatch.h"
 #include <hdf5.h>
 #include <ctype.h>
@@ -41,7 +44,7 @@ static const int tf_window[NTF] = {480, 288, 192, 96, 48}; /* bars per sample */
 static const char *const tf_names = "M1,M5,M15,H1,H4";
 static char prep_error[512];
 
-static int fail(const char *fmt, ...) {
+static int prep_fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prep_error, sizeof prep_error, fmt, ap);
@@ -65,7 +68,7 @@ static int bars_push(bars *b, int64_t t, double o, double h, double l, double c,
             double *p = (double *)realloc(*cols[i], cap * sizeof(double));
             if (p) *cols[i] = p; else ok = 0;
         }
-        if (!ok) return fail("out of memory for %zu bars", cap);
+        if (!ok) return prep_fail("out of memory for %zu bars", cap);
         b->cap = cap;
     }
     b->t[b->n] = t; b->o[b->n] = o; b->h[b->n] = h; b->l[b->n] = l; b->c[b->n] = c; b->v[b->n] = v;
@@ -190,17 +193,17 @@ static int split_fields(char *line, char **f, int max) {
 static int parse_bar(char *line, int64_t *t, double v[5]) {
     char *f[12];
     int n = split_fields(line, f, 12);
-    if (n < 6) return fail("expected at least 6 fields (date, time, open, high, low, close), got %d", n);
+    if (n < 6) return prep_fail("expected at least 6 fields (date, time, open, high, low, close), got %d", n);
     int64_t days, secs;
-    if (parse_date(f[0], &days)) return fail("bad date '%s'", f[0]);
-    if (parse_time(f[1], &secs)) return fail("bad time '%s'", f[1]);
+    if (parse_date(f[0], &days)) return prep_fail("bad date '%s'", f[0]);
+    if (parse_time(f[1], &secs)) return prep_fail("bad time '%s'", f[1]);
     for (int i = 0; i < 4; i++)
-        if (parse_number(f[2 + i], &v[i])) return fail("bad number '%s'", f[2 + i]);
+        if (parse_number(f[2 + i], &v[i])) return prep_fail("bad number '%s'", f[2 + i]);
     v[4] = 0;
-    if (n > 6 && parse_number(f[6], &v[4])) return fail("bad volume '%s'", f[6]);
-    if (v[0] <= 0 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0) return fail("non-positive price");
-    if (v[1] < v[2]) return fail("high %g < low %g", v[1], v[2]);
-    if (v[4] < 0) return fail("negative volume");
+    if (n > 6 && parse_number(f[6], &v[4])) return prep_fail("bad volume '%s'", f[6]);
+    if (v[0] <= 0 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0) return prep_fail("non-positive price");
+    if (v[1] < v[2]) return prep_fail("high %g < low %g", v[1], v[2]);
+    if (v[4] < 0) return prep_fail("negative volume");
     *t = days * 86400 + secs;
     return 0;
 }
@@ -220,26 +223,26 @@ static int parse_csv(char *text, int skip_bad, bars *out, size_t *skipped) {
         int64_t t = 0;
         double v[5] = {0};
         int bad = parse_bar(line, &t, v);
-        if (!bad && out->n && t <= out->t[out->n - 1]) bad = fail("time does not increase");
+        if (!bad && out->n && t <= out->t[out->n - 1]) bad = prep_fail("time does not increase");
         if (bad) {
             if (!skip_bad) {
                 char why[sizeof prep_error];
                 memcpy(why, prep_error, sizeof why);
                 bars_free(out);
-                return fail("line %zu: %.400s", lineno, why);
+                return prep_fail("line %zu: %.400s", lineno, why);
             }
             (*skipped)++;
             continue;
         }
         if (bars_push(out, t, v[0], v[1], v[2], v[3], v[4])) return -1;
     }
-    if (out->n == 0) return fail("no bars in the input");
+    if (out->n == 0) return prep_fail("no bars in the input");
     return 0;
 }
 
 static int read_csv_file(const char *path, int skip_bad, bars *out, size_t *skipped) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail("cannot open '%s': %s", path, strerror(errno));
+    if (!f) return prep_fail("cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 20, len = 0;
     unsigned char *buf = (unsigned char *)malloc(cap + 1);
     for (size_t got; buf && (got = fread(buf + len, 1, cap - len, f)) > 0;) {
@@ -252,7 +255,7 @@ static int read_csv_file(const char *path, int skip_bad, bars *out, size_t *skip
         }
     }
     fclose(f);
-    if (!buf) return fail("out of memory reading '%s'", path);
+    if (!buf) return prep_fail("out of memory reading '%s'", path);
     decode_text(&buf, &len);
     buf[len] = 0;
     int r = parse_csv((char *)buf, skip_bad, out, skipped);
@@ -348,7 +351,7 @@ static int series_build(const bars *m1, int nf, series *s) {
     for (int k = 0; k < NTF; k++) {
         if (bars_resample(m1, tf_minutes[k], &s->tf[k])) return -1;
         s->feat[k] = (float *)malloc((s->tf[k].n + 1) * (size_t)nf * sizeof(float));
-        if (!s->feat[k]) return fail("out of memory for features");
+        if (!s->feat[k]) return prep_fail("out of memory for features");
         for (size_t i = 0; i < s->tf[k].n; i++) bar_features(&s->tf[k], i, nf, s->feat[k] + i * (size_t)nf);
     }
     return 0;
@@ -388,21 +391,21 @@ static int h5_attr_floats(hid_t obj, const char *name, const float *v, hsize_t r
     herr_t e = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_FLOAT, v);
     if (a >= 0) H5Aclose(a);
     H5Sclose(sp);
-    return e < 0 ? fail("cannot write attribute %s", name) : 0;
+    return e < 0 ? prep_fail("cannot write attribute %s", name) : 0;
 }
 
 static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const float *mean, const float *std,
                      float target_scale) {
     memset(o, 0, sizeof *o);
     o->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (o->file < 0) return fail("cannot create '%s'", path);
+    if (o->file < 0) return prep_fail("cannot create '%s'", path);
     hsize_t fd[3] = {n, 1104, (hsize_t)nf}, td[2] = {n, (hsize_t)k}, nd[1] = {n};
     hid_t fs = H5Screate_simple(3, fd, NULL), ts = H5Screate_simple(2, td, NULL), ns = H5Screate_simple(1, nd, NULL);
     o->feat = H5Dcreate2(o->file, "features", H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     o->targ = H5Dcreate2(o->file, "targets", H5T_IEEE_F32LE, ts, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     o->times = H5Dcreate2(o->file, "times", H5T_STD_I64LE, ns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Sclose(fs); H5Sclose(ts); H5Sclose(ns);
-    if (o->feat < 0 || o->targ < 0 || o->times < 0) return fail("cannot create datasets in '%s'", path);
+    if (o->feat < 0 || o->targ < 0 || o->times < 0) return prep_fail("cannot create datasets in '%s'", path);
     int seg[NTF];
     for (int i = 0; i < NTF; i++) seg[i] = tf_window[i];
     hsize_t sd[1] = {NTF};
@@ -414,7 +417,7 @@ static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const
     if (a1 >= 0) H5Aclose(a1);
     if (a2 >= 0) H5Aclose(a2);
     H5Sclose(ss); H5Sclose(scal); H5Tclose(str);
-    if (e < 0) return fail("cannot write segment attributes in '%s'", path);
+    if (e < 0) return prep_fail("cannot write segment attributes in '%s'", path);
     if (h5_attr_floats(o->feat, "feature_mean", mean, NTF, (hsize_t)nf) ||
         h5_attr_floats(o->feat, "feature_std", std, NTF, (hsize_t)nf) ||
         h5_attr_floats(o->targ, "target_scale", &target_scale, 1, 0))
@@ -435,7 +438,7 @@ static int h5_append(h5out *o, hsize_t count, int nf, int k, const float *feat, 
         herr_t e = H5Sselect_hyperslab(fs, H5S_SELECT_SET, starts[i], NULL, counts[i], NULL);
         if (e >= 0) e = H5Dwrite(ds[i], mt[i], ms, fs, H5P_DEFAULT, bufs[i]);
         H5Sclose(fs); H5Sclose(ms);
-        if (e < 0) return fail("writing samples %llu.. failed", (unsigned long long)o->n);
+        if (e < 0) return prep_fail("writing samples %llu.. failed", (unsigned long long)o->n);
     }
     o->n += count;
     return 0;
@@ -448,7 +451,7 @@ static int h5_close(h5out *o) {
     if (o->times > 0) e |= H5Dclose(o->times);
     if (o->file > 0) e |= H5Fclose(o->file);
     memset(o, 0, sizeof *o);
-    return e < 0 ? fail("closing the HDF5 file failed") : 0;
+    return e < 0 ? prep_fail("closing the HDF5 file failed") : 0;
 }
 
 // ---- dataset assembly ----
@@ -476,7 +479,7 @@ static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
     size_t horizon = (size_t)5 * (size_t)c->k, cap = m1->n / (size_t)c->stride + 1;
     memset(p, 0, sizeof *p);
     p->idx = (size_t *)malloc(cap * sizeof *p->idx);
-    if (!p->idx) return fail("out of memory");
+    if (!p->idx) return prep_fail("out of memory");
     for (size_t i = 0; i + horizon < m1->n; i += (size_t)c->stride) {
         int64_t t = m1->t[i] + 60;
         int ok = 1;
@@ -491,11 +494,11 @@ static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
     p->n_train = p->n - n_val;
     p->first_val = p->n_train;
     if (p->n_train < 2 || n_val < 1)
-        return fail("too little data: %zu usable samples (need 8 days of history before the first; "
+        return prep_fail("too little data: %zu usable samples (need 8 days of history before the first; "
                     "use more bars or a smaller --stride)", p->n);
     while (p->first_val < p->n && p->idx[p->first_val] <= p->idx[p->n_train - 1] + horizon) p->first_val++;
     if (p->first_val >= p->n)
-        return fail("no validation sample after the gap of %zu bars: use more bars or a larger --val-fraction", horizon);
+        return prep_fail("no validation sample after the gap of %zu bars: use more bars or a larger --val-fraction", horizon);
     return 0;
 }
 
@@ -546,7 +549,7 @@ static int write_split(const series *s, const prep_plan *p, size_t from, size_t 
     int64_t times[BLOCK];
     h5out o;
     memset(&o, 0, sizeof o);
-    int r = (!feat || !targ) ? fail("out of memory") : h5_create(&o, path, to - from, c->nf, c->k, mean, std, scale);
+    int r = (!feat || !targ) ? prep_fail("out of memory") : h5_create(&o, path, to - from, c->nf, c->k, mean, std, scale);
     for (size_t b = from; r == 0 && b < to; b += BLOCK) {
         size_t cnt = to - b < BLOCK ? to - b : BLOCK;
         for (size_t j = 0; j < cnt; j++) {
@@ -623,7 +626,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--synthetic")) { synthetic = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { c.quiet = 1; takes = 0; }
-        else if (!val) return usage_error("%s needs a value", a);
+        else if (!val || !strncmp(val, "--", 2)) return usage_error("%s needs a value", a);
         else if (!strcmp(a, "--csv")) csv = val;
         else if (!strcmp(a, "--out-train")) c.out_train = val;
         else if (!strcmp(a, "--out-val")) c.out_val = val;
