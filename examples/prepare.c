@@ -615,6 +615,8 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
     return 0;
 }
 
+#define VALUE_FLAGS "--csv --out-train --out-val --bars --seed --features --targets --stride --max-samples --val-fraction"
+
 int main(int argc, char **argv) {
     prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5"};
     const char *csv = NULL;
@@ -626,6 +628,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--synthetic")) { synthetic = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { c.quiet = 1; takes = 0; }
+        else if (!strstr(VALUE_FLAGS, a) || strncmp(a, "--", 2) || strchr(a, ' '))
+            return usage_error("unknown flag '%s' (see the comment at the top of examples/prepare.c)", a);
         else if (!val || !strncmp(val, "--", 2)) return usage_error("%s needs a value", a);
         else if (!strcmp(a, "--csv")) csv = val;
         else if (!strcmp(a, "--out-train")) c.out_train = val;
@@ -645,7 +649,7 @@ int main(int argc, char **argv) {
     }
     if (synthetic == (csv != NULL)) return usage_error("%s", "give exactly one of --synthetic or --csv FILE");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
-    bars m1;
+    bars m1 = {0};
     size_t skipped = 0;
     int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : read_csv_file(csv, skip_bad, &m1, &skipped);
     if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows\n", skipped);
