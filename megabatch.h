@@ -271,6 +271,11 @@ MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
  * where the backend can. */
 MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
 MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes);
+/* Copy `rows` rows of `width` bytes: row r goes from src + r*src_pitch to
+ * dst + r*dst_pitch (pitches >= width). One call for a strided view, e.g. one timeframe
+ * segment (B, T_s, F) out of a batch (B, T, F). */
+MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
+                           size_t src_pitch, size_t width, size_t rows);
 /* Convert n elements between dtypes (f32 <-> bf16/f16, or a plain copy for equal types)
  * on a stream, round to nearest even. dst and src are memory of this device. */
 MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_type, const void *src,
@@ -524,6 +529,8 @@ static mb_result mb__cuda_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, 
 static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr);
 static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
 static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes);
+static mb_result mb__cuda_copy_2d(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src,
+                                  size_t spitch, size_t width, size_t rows);
 static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited);
 static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
                                   size_t n);
@@ -743,6 +750,21 @@ MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, 
     if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy(dev, stream, dst, src, bytes);
 #endif
     memmove(dst, src, bytes);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
+                           size_t src_pitch, size_t width, size_t rows) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_copy_2d"));
+    if (width == 0 || rows == 0) return MB_OK;
+    if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: NULL pointer");
+    if (dst_pitch < width || src_pitch < width)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: pitches %zu/%zu smaller than the width %zu",
+                       dst_pitch, src_pitch, width);
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
+#endif
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
     return MB_OK;
 }
 

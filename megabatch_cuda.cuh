@@ -175,6 +175,12 @@ static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void
     return MB_OK;
 }
 
+static mb_result mb__cuda_copy_2d(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src,
+                                  size_t spitch, size_t width, size_t rows) {
+    MB_CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, mb__st(dev, stream)));
+    return MB_OK;
+}
+
 static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
     MB_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, mb__st(dev, stream)));
     return MB_OK;

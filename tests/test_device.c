@@ -69,6 +69,12 @@ static void test_alloc_counters(void **state) {
     tu_assert_error(mb_copy(dev, 4, c, "x", 1), MB_ERR_INVALID_ARG, "stream 4");
     tu_assert_error(mb_copy(dev, 0, NULL, "x", 1), MB_ERR_INVALID_ARG, "NULL pointer");
     tu_ok(mb_copy(dev, 0, NULL, NULL, 0));
+    /* 2D: column block 1..2 of a 3 x 4 matrix into a dense 3 x 2 one */
+    float m[12], d2[6];
+    for (int i = 0; i < 12; i++) m[i] = (float)i;
+    tu_ok(mb_copy_2d(dev, 1, d2, 2 * sizeof(float), m + 1, 4 * sizeof(float), 2 * sizeof(float), 3));
+    for (int r = 0; r < 3; r++) assert_true(d2[2 * r] == (float)(4 * r + 1) && d2[2 * r + 1] == (float)(4 * r + 2));
+    tu_assert_error(mb_copy_2d(dev, 0, d2, 4, m, 16, 8, 3), MB_ERR_INVALID_ARG, "pitches 4/16 smaller than the width 8");
     mb_free(dev, b);
     mb_free(dev, c);
     mb_free(dev, z);

@@ -46,6 +46,14 @@ static void test_cuda_device_basics(void **state) {
     tu_ok(mb_copy(dev, 0, h, d, 1 << 20));
     tu_ok(mb_sync(dev, 0));
     for (int i = 0; i < (1 << 20); i++) assert_int_equal(h[i], i < 1000 ? 0 : (unsigned char)(i * 7));
+    /* 2D copy device -> host: rows of 100 bytes at pitch 1000 */
+    tu_ok(mb_copy_2d(dev, 0, h, 100, d + 5, 1000, 100, 50));
+    tu_ok(mb_sync(dev, 0));
+    for (int r = 0; r < 50; r++)
+        for (int c = 0; c < 100; c++) {
+            int i = r * 1000 + 5 + c;
+            assert_int_equal(h[r * 100 + c], i < 1000 ? 0 : (unsigned char)(i * 7));
+        }
     mb_mem_stats s = mb_device_mem_stats(dev);
     assert_int_equal(s.live[MB_MEM_DEVICE], 1 << 20);
     assert_int_equal(s.live[MB_MEM_PINNED], 1 << 20);
