@@ -361,6 +361,62 @@ MBDEF mb_result mb_params_set(mb_params *p, const float *host);
 // ---- end loader ----
 
 // ---- lstm ----
+// Multi-layer unidirectional LSTM over (B, T, F) input with PyTorch's weight layout and
+// gate order (i, f, g, o), forward and backward, with checkpointed recompute and
+// optional hidden-state carry-over between batches.
+//
+// Math per layer and step t (torch.nn.LSTM):
+//   z = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh          (B, 4H) in blocks i, f, g, o
+//   i, f, o = sigmoid(z_i, z_f, z_o);  g = tanh(z_g)
+//   c_t = f * c_{t-1} + i * g;  h_t = o * tanh(c_t)        (cell state in f32)
+// All tensors are device memory of the params' device (host memory on the CPU backend).
+
+typedef struct mb_lstm_config {
+    int64_t input_size;  /* F: features per step, >= 1 */
+    int64_t hidden_size; /* H: hidden units of every layer, >= 1 */
+    int layers;          /* stacked layers; 0 = 1 */
+    const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
+    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T))),
+                            -1 = off (full storage of gates and cells), k >= 1 = every k steps */
+    int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
+    int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
+    int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
+                            gradients (backward); 0 = 16 */
+    int carry_state;     /* 1: a forward whose h0/c0 is NULL starts from the previous forward's
+                            final (h, c) (detached); 0 (default): from zeros */
+    int stream;          /* device stream for all of this LSTM's work; 0 = compute stream */
+} mb_lstm_config;
+
+typedef struct mb_lstm mb_lstm;
+
+/* Register `<prefix>weight_ih_l{k}` (4H, in), `<prefix>weight_hh_l{k}` (4H, H),
+ * `<prefix>bias_ih_l{k}` and `<prefix>bias_hh_l{k}` (4H) for every layer k into params
+ * (before mb_params_finalize; init bound 1/sqrt(H) as PyTorch), and allocate the
+ * workspace for max_batch x max_steps on the params' device. */
+MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_config *cfg);
+MBDEF void mb_lstm_destroy(mb_lstm *l); /* NULL is fine */
+
+/* Forward over x (B, T, F). h0, c0: (layers, B, H) or NULL (zeros, or the carried state
+ * with carry_state). out_seq (B, T, H): the top layer's outputs, NULL to skip. h_last
+ * (B, H): the top layer's final hidden state, NULL to skip. Needs finalized params. */
+MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
+                                const float *c0, float *out_seq, float *h_last);
+/* Backward of the last forward. dh_last (B, H) and dout_seq (B, T, H): gradients of the
+ * loss w.r.t. h_last and out_seq (either may be NULL, meaning zero). Accumulates (+=)
+ * into the params' gradient buffer; writes dx (B, T, F), dh0 and dc0 (layers, B, H) when
+ * not NULL. Gradients are bitwise identical for every checkpoint setting. */
+MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
+                                 float *dc0);
+/* Final (h_T, c_T) of every layer after the last forward: (layers, B, H) each, NULL to skip. */
+MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n);
+/* Forget the carried state: the next forward starts from zeros (or its h0/c0). */
+MBDEF void mb_lstm_reset_state(mb_lstm *l);
+/* Bytes of activations one forward keeps for backward at (B, T): with full storage and
+ * with checkpointing as cfg asks (checkpoint -1 gives the same number twice). */
+MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
+                               size_t *checkpointed_bytes);
+/* The checkpoint interval a forward at T uses: 1..T, or -1 for full storage. */
+MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T);
 
 // ---- end lstm ----
 
@@ -1081,6 +1137,539 @@ MBDEF mb_result mb_params_set(mb_params *p, const float *host) {
 // ---- end loader ----
 
 // ---- lstm ----
+
+/* One LSTM cell, element j of row b: the same math on the CPU and in the CUDA kernels.
+ * g4 points at the row's 4H pre-activations (overwritten with i, f, g, o). */
+static inline MB__HD void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, float bias_i, float bias_f,
+                                            float bias_g, float bias_o, float c_prev, float *c, float *h) {
+    float i = 1.0f / (1.0f + expf(-(g4[j] + bias_i)));
+    float f = 1.0f / (1.0f + expf(-(g4[H + j] + bias_f)));
+    float g = tanhf(g4[2 * H + j] + bias_g);
+    float o = 1.0f / (1.0f + expf(-(g4[3 * H + j] + bias_o)));
+    float cn = f * c_prev + i * g;
+    *c = cn;
+    *h = o * tanhf(cn);
+    g4[j] = i; g4[H + j] = f; g4[2 * H + j] = g; g4[3 * H + j] = o;
+}
+
+/* Backward of one cell: a4 the activated gates, dh the gradient w.r.t. h_t, *dc in: the
+ * gradient w.r.t. c_t from step t+1, out: w.r.t. c_{t-1}. Writes the 4 pre-activation
+ * gradients to d4. */
+static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float c_prev, float c,
+                                            float dh, float *dc, float *d4) {
+    float i = a4[j], f = a4[H + j], g = a4[2 * H + j], o = a4[3 * H + j];
+    float tc = tanhf(c);
+    float dcv = *dc + dh * o * (1.0f - tc * tc);
+    d4[j] = dcv * g * i * (1.0f - i);
+    d4[H + j] = dcv * c_prev * f * (1.0f - f);
+    d4[2 * H + j] = dcv * i * (1.0f - g * g);
+    d4[3 * H + j] = dh * tc * o * (1.0f - o);
+    *dc = dcv * f;
+}
+
+#ifdef MEGABATCH_CUDA
+static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
+                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c,
+                                         float *h);
+static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
+                                         const float *c_prev, const float *c, const float *dh_rec,
+                                         const float *dout, float *dc, float *dg);
+static mb_result mb__cuda_lstm_transpose(mb_device *dev, int stream, float *dst, const float *src, int64_t n0,
+                                         int64_t n1, int64_t d);
+static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n);
+static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n);
+#endif
+
+enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
+
+typedef struct mb__lstm_layer {
+    int idx[4];     /* params indices: weight_ih, weight_hh, bias_ih, bias_hh */
+    int64_t in;     /* input width: F for layer 0, H above */
+    float *hs;      /* (T+1, B, H) time-major, slot 0 = h0: the layer's output, always kept */
+    float *cs;      /* full storage: (T+1, B, H) cell states, slot 0 = c0; checkpoint: (nseg+1, B, H) */
+    float *gates;   /* full storage: (T, B, 4H) activated gates; NULL when checkpointing */
+} mb__lstm_layer;
+
+struct mb_lstm {
+    mb_device *dev;
+    mb_params *params;
+    mb_lstm_config cfg;
+    int64_t F, H, maxT, maxB, kmax; /* kmax: largest segment, 0 = full storage */
+    int L, G;
+    mb__lstm_layer *layer;
+    float *xt;      /* (T, B, F) time-major input */
+    float *seg_g;   /* checkpoint: (kmax + 2G - 2, B, 4H) gates of one segment's blocks */
+    float *seg_c;   /* checkpoint: (kmax+1, B, H) cells of one segment */
+    float *hscr;    /* (B, H) h of a recomputed step (equal to the kept one) */
+    float *gblk;    /* (G, B, 4H) gate gradients of one weight-gradient block */
+    float *ones;    /* (G * B) ones, for bias gradients as a gemm */
+    float *dh, *dc; /* (B, H) recurrent gradients */
+    float *dA, *dB; /* (T, B, H) gradients w.r.t. a layer's output, ping-pong */
+    float *dxt;     /* (T, B, F) gradient w.r.t. the time-major input */
+    float *hn, *cn; /* (L, B, H) final state of the last forward */
+    int64_t B, T, k; /* shape and checkpoint interval of the last forward (k = 0: full) */
+    int have_fwd, have_state;
+};
+
+static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
+
+/* ---- elementwise operations (CPU here, CUDA kernels in megabatch_cuda.cuh) ---- */
+
+static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
+                                    const float *c_prev, float *c, float *h) {
+    int64_t H = l->H;
+#ifdef MEGABATCH_CUDA
+    if (l->dev->cfg.backend == MB_CUDA)
+        return mb__cuda_lstm_fwd_gates(l->dev, l->cfg.stream, B, H, g, b_ih, b_hh, c_prev, c, h);
+#endif
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < H; j++)
+            mb__lstm_cell_fwd(g + b * 4 * H, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],
+                              b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],
+                              c_prev[b * H + j], &c[b * H + j], &h[b * H + j]);
+    return MB_OK;
+}
+
+/* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout (dout may be NULL). */
+static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const float *c_prev, const float *c,
+                                    const float *dh_rec, const float *dout, float *dc, float *dg) {
+    int64_t H = l->H;
+#ifdef MEGABATCH_CUDA
+    if (l->dev->cfg.backend == MB_CUDA)
+        return mb__cuda_lstm_bwd_gates(l->dev, l->cfg.stream, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
+#endif
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < H; j++) {
+            int64_t e = b * H + j;
+            float dh = dh_rec[e] + (dout ? dout[e] : 0.0f);
+            mb__lstm_cell_bwd(a + b * 4 * H, H, j, c_prev[e], c[e], dh, &dc[e], dg + b * 4 * H);
+        }
+    return MB_OK;
+}
+
+/* dst (n1, n0, d) = src (n0, n1, d) with the first two axes swapped. */
+static mb_result mb__lstm_transpose(mb_lstm *l, float *dst, const float *src, int64_t n0, int64_t n1, int64_t d) {
+    (void)l;
+#ifdef MEGABATCH_CUDA
+    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_transpose(l->dev, l->cfg.stream, dst, src, n0, n1, d);
+#endif
+    for (int64_t a = 0; a < n0; a++)
+        for (int64_t b = 0; b < n1; b++) memcpy(dst + (b * n0 + a) * d, src + (a * n1 + b) * d, (size_t)d * sizeof(float));
+    return MB_OK;
+}
+
+static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x */
+    (void)l;
+#ifdef MEGABATCH_CUDA
+    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_add(l->dev, l->cfg.stream, y, x, n);
+#endif
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    return MB_OK;
+}
+
+static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
+    (void)l;
+#ifdef MEGABATCH_CUDA
+    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_fill(l->dev, l->cfg.stream, y, v, n);
+#endif
+    for (size_t i = 0; i < n; i++) y[i] = v;
+    return MB_OK;
+}
+
+static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t n) {
+    return mb_copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float));
+}
+
+/* C (m, n) = alpha op(A) op(B) + beta C, f32, on the LSTM's stream. */
+static mb_result mb__lstm_gemm(mb_lstm *l, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
+                               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    mb_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.trans_a = ta; g.trans_b = tb; g.m = m; g.n = n; g.k = k;
+    g.alpha = 1.0f; g.beta = beta; g.ab_type = MB_F32; g.c_type = MB_F32;
+    g.a = a; g.lda = lda; g.b = b; g.ldb = ldb; g.c = c; g.ldc = ldc;
+    g.stream = l->cfg.stream;
+    return mb_gemm(l->dev, &g);
+}
+
+/* ---- sizes ---- */
+
+static int64_t mb__lstm_auto_k(int64_t T) {
+    int64_t k = (int64_t)ceil(sqrt((double)T));
+    while (k * k < T) k++;
+    return k < 1 ? 1 : k;
+}
+
+/* Checkpoint interval at T: 0 = full storage, else 1..T. */
+static int64_t mb__lstm_k(const mb_lstm_config *c, int64_t T) {
+    if (c->checkpoint < 0) return 0;
+    int64_t k = c->checkpoint == 0 ? mb__lstm_auto_k(T) : c->checkpoint;
+    return k > T ? T : k;
+}
+
+static mb_result mb__lstm_check_config(const mb_lstm_config *c, const mb_logger *lg) {
+    if (c->input_size < 1 || c->hidden_size < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: input_size F=%lld and hidden_size H=%lld must be >= 1",
+                       (long long)c->input_size, (long long)c->hidden_size);
+    if (c->layers < 0 || c->checkpoint < -1 || c->grad_block < 0)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: layers=%d must be >= 0, checkpoint=%d >= -1, "
+                       "grad_block=%d >= 0", c->layers, c->checkpoint, c->grad_block);
+    if (c->max_steps < 1 || c->max_batch < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: max_steps=%lld and max_batch=%lld must be >= 1",
+                       (long long)c->max_steps, (long long)c->max_batch);
+    if (c->carry_state != 0 && c->carry_state != 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: carry_state=%d must be 0 or 1", c->carry_state);
+    return MB_OK;
+}
+
+/* Element counts of every buffer; 0 when a product overflows (or exceeds BLAS int). */
+typedef struct mb__lstm_sizes {
+    size_t hs, cs_full, cs_ckpt, gates, xt, seg_g, seg_c, bh, gblk, ones, dbuf, dxt, state;
+} mb__lstm_sizes;
+
+static int mb__lstm_sizes_of(const mb_lstm_config *c, int64_t B, int64_t T, int64_t kmax, mb__lstm_sizes *s) {
+    int64_t F = c->input_size, H = c->hidden_size, L = c->layers ? c->layers : 1;
+    int64_t G = c->grad_block ? c->grad_block : 16, nseg = kmax ? (T + kmax - 1) / kmax : 0;
+    int64_t kg = kmax ? (kmax + 2 * (G - 1) < T ? kmax + 2 * (G - 1) : T) : 0; /* gate rows of a segment */
+    const int64_t lim = INT32_MAX;
+    if (B > lim || T > lim || F > lim || H > lim / 4 || G > lim) return 0;
+    int64_t d[][3] = {{T + 1, B, H}, {T, B, 4 * H}, {T, B, F}, {kg, B, 4 * H}, {kmax + 1, B, H},
+                      {nseg + 1, B, H}, {G, B, 4 * H}, {L, B, H}};
+    size_t v[8];
+    for (int i = 0; i < 8; i++)
+        if (!mb_size_product(d[i], 3, 1, &v[i]) || v[i] > (size_t)lim * 64) return 0;
+    if ((int64_t)(v[1] / (size_t)(4 * H)) > lim || (int64_t)(v[2] / (size_t)F) > lim) return 0; /* gemm rows */
+    s->hs = v[0]; s->cs_full = v[0]; s->gates = v[1]; s->xt = v[2]; s->seg_g = v[3]; s->seg_c = v[4];
+    s->cs_ckpt = v[5]; s->gblk = v[6]; s->state = v[7];
+    s->bh = (size_t)(B * H); s->ones = (size_t)(G * B); s->dbuf = v[0] - s->bh; s->dxt = v[2];
+    return 1;
+}
+
+/* Kept-activation bytes: per layer hs + cells (+ gates), the time-major input, and the
+ * checkpoint segment buffers. */
+static size_t mb__lstm_kept(const mb__lstm_sizes *s, int64_t L, int full) {
+    size_t per = s->hs + (full ? s->cs_full + s->gates : s->cs_ckpt);
+    return (per * (size_t)L + s->xt + (full ? 0 : s->seg_g + s->seg_c)) * sizeof(float);
+}
+
+MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
+                               size_t *checkpointed_bytes) {
+    if (!cfg) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_memory: NULL config");
+    MB_TRY(mb__lstm_check_config(cfg, NULL));
+    if (B < 1 || T < 1)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_memory: B=%lld and T=%lld must be >= 1", (long long)B,
+                       (long long)T);
+    mb__lstm_sizes sf, sc;
+    int64_t k = mb__lstm_k(cfg, T), L = cfg->layers ? cfg->layers : 1;
+    if (!mb__lstm_sizes_of(cfg, B, T, 0, &sf) || !mb__lstm_sizes_of(cfg, B, T, k, &sc))
+        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mb_lstm_memory: B=%lld T=%lld F=%lld H=%lld overflows",
+                       (long long)B, (long long)T, (long long)cfg->input_size, (long long)cfg->hidden_size);
+    if (full_bytes) *full_bytes = mb__lstm_kept(&sf, L, 1);
+    if (checkpointed_bytes) *checkpointed_bytes = mb__lstm_kept(k ? &sc : &sf, L, k == 0);
+    return MB_OK;
+}
+
+MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T) {
+    int64_t k = mb__lstm_k(&l->cfg, T < 1 ? 1 : T);
+    return k ? k : -1;
+}
+
+/* ---- create / destroy ---- */
+
+static mb_result mb__lstm_register(mb_lstm *l) {
+    const char *pre = l->cfg.prefix ? l->cfg.prefix : "";
+    const char *names[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
+    float bound = 1.0f / sqrtf((float)l->H);
+    for (int k = 0; k < l->L; k++) {
+        int64_t shapes[4][2] = {{4 * l->H, l->layer[k].in}, {4 * l->H, l->H}, {4 * l->H, 0}, {4 * l->H, 0}};
+        for (int w = 0; w < 4; w++) {
+            char name[MB_MAX_NAME * 2];
+            snprintf(name, sizeof name, "%s%s_l%d", pre, names[w], k);
+            MB_TRY(mb_params_add(l->params, name, w < 2 ? 2 : 1, shapes[w], bound, &l->layer[k].idx[w]));
+        }
+    }
+    return MB_OK;
+}
+
+static mb_result mb__lstm_alloc(mb_lstm *l, float **p, size_t n) {
+    return mb_alloc(l->dev, MB_MEM_DEVICE, n * sizeof(float), (void **)p);
+}
+
+static mb_result mb__lstm_alloc_all(mb_lstm *l) {
+    mb__lstm_sizes s;
+    if (!mb__lstm_sizes_of(&l->cfg, l->maxB, l->maxT, l->kmax, &s))
+        return MB_FAIL(mb__lstm_log(l), MB_ERR_OVERFLOW, "mb_lstm_create: workspace for max_batch=%lld max_steps=%lld "
+                       "F=%lld H=%lld overflows", (long long)l->maxB, (long long)l->maxT, (long long)l->F,
+                       (long long)l->H);
+    for (int k = 0; k < l->L; k++) {
+        mb__lstm_layer *y = &l->layer[k];
+        MB_TRY(mb__lstm_alloc(l, &y->hs, s.hs));
+        MB_TRY(mb__lstm_alloc(l, &y->cs, l->kmax ? s.cs_ckpt : s.cs_full));
+        if (!l->kmax) MB_TRY(mb__lstm_alloc(l, &y->gates, s.gates));
+    }
+    if (l->kmax) {
+        MB_TRY(mb__lstm_alloc(l, &l->seg_g, s.seg_g));
+        MB_TRY(mb__lstm_alloc(l, &l->seg_c, s.seg_c));
+    }
+    MB_TRY(mb__lstm_alloc(l, &l->xt, s.xt));
+    MB_TRY(mb__lstm_alloc(l, &l->hscr, s.bh));
+    MB_TRY(mb__lstm_alloc(l, &l->gblk, s.gblk));
+    MB_TRY(mb__lstm_alloc(l, &l->ones, s.ones));
+    MB_TRY(mb__lstm_alloc(l, &l->dh, s.bh));
+    MB_TRY(mb__lstm_alloc(l, &l->dc, s.bh));
+    MB_TRY(mb__lstm_alloc(l, &l->dA, s.dbuf));
+    if (l->L > 1) MB_TRY(mb__lstm_alloc(l, &l->dB, s.dbuf));
+    MB_TRY(mb__lstm_alloc(l, &l->dxt, s.dxt));
+    MB_TRY(mb__lstm_alloc(l, &l->hn, s.state));
+    MB_TRY(mb__lstm_alloc(l, &l->cn, s.state));
+    return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
+}
+
+MBDEF void mb_lstm_destroy(mb_lstm *l) {
+    if (!l) return;
+    mb_device *d = l->dev;
+    if (l->layer)
+        for (int k = 0; k < l->L; k++) {
+            mb_free(d, l->layer[k].hs); mb_free(d, l->layer[k].cs); mb_free(d, l->layer[k].gates);
+        }
+    float *bufs[] = {l->xt, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->dxt,
+                     l->hn, l->cn};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
+    MB_FREE(l->layer);
+    MB_FREE(l);
+}
+
+MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_config *cfg) {
+    if (out) *out = NULL;
+    if (!out || !params || !cfg) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_create: NULL argument");
+    mb_device *dev = mb_params_device(params);
+    MB_TRY(mb__lstm_check_config(cfg, &dev->cfg.log));
+    MB_TRY(mb__check_stream(dev, cfg->stream, "mb_lstm_create"));
+    mb_lstm *l = (mb_lstm *)mb__host_calloc(1, sizeof *l);
+    if (!l) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
+    l->dev = dev; l->params = params; l->cfg = *cfg;
+    l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
+    l->G = cfg->grad_block ? cfg->grad_block : 16;
+    l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
+    l->kmax = cfg->checkpoint < 0 ? 0 : cfg->checkpoint > 0 ? (cfg->checkpoint < l->maxT ? cfg->checkpoint : l->maxT)
+                                                             : mb__lstm_auto_k(l->maxT);
+    l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
+    mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
+    for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
+    if (r == MB_OK) r = mb__lstm_alloc_all(l); /* before registering: a failure leaves params untouched */
+    if (r == MB_OK) r = mb__lstm_register(l);
+    if (r != MB_OK) { mb_lstm_destroy(l); return r; }
+    *out = l;
+    return MB_OK;
+}
+
+MBDEF void mb_lstm_reset_state(mb_lstm *l) {
+    if (l) l->have_state = 0;
+}
+
+/* ---- forward ---- */
+
+static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const char *what) {
+    for (int i = 0; i < 4; i++) {
+        w[i] = grad ? mb_params_tensor_grad(l->params, l->layer[k].idx[i]) : mb_params_tensor(l->params, l->layer[k].idx[i]);
+        if (!w[i]) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "%s: parameters not finalized (mb_params_finalize)", what);
+    }
+    return MB_OK;
+}
+
+/* Layer k's input rows (T*B, in), time-major. */
+static const float *mb__lstm_input(mb_lstm *l, int k) {
+    return k == 0 ? l->xt : l->layer[k - 1].hs + l->B * l->H;
+}
+
+/* First step of the block holding step t (blocks of G steps from t = 0). */
+static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->G; }
+
+/* Steps [s0, s1) of layer k. Gates g (rows from a0 = block start of s0, B, 4H), cells c
+ * (s1-s0+1, B, H) with slot 0 holding c_{s0}. The input projection runs one gemm per
+ * whole block of G steps, so the forward and a recompute make the very same gemm calls
+ * (same shapes, same rows) whatever the segment: bitwise identical gates. h goes to hs
+ * (forward) or to a scratch row (recompute: the same bits as kept). */
+static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
+    int64_t B = l->B, H = l->H, in = l->layer[k].in, a0 = mb__lstm_block0(l, s0);
+    float *w[4];
+    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
+    for (int64_t a = a0; a < s1; a += l->G) {
+        int64_t n = a + l->G < l->T ? l->G : l->T - a;
+        const float *x = mb__lstm_input(l, k) + a * B * in;
+        MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, w[MB__LSTM_WIH], in, 0.0f, g + (a - a0) * B * 4 * H,
+                             4 * H));
+    }
+    float *hs = l->layer[k].hs;
+    for (int64_t t = s0; t < s1; t++) {
+        float *gt = g + (t - a0) * B * 4 * H, *ct = c + (t - s0) * B * H;
+        MB_TRY(mb__lstm_gemm(l, 0, 1, B, 4 * H, H, hs + t * B * H, H, w[MB__LSTM_WHH], H, 1.0f, gt, 4 * H));
+        float *h = keep_h ? hs + (t + 1) * B * H : l->hscr;
+        MB_TRY(mb__lstm_fwd_gates(l, B, gt, w[MB__LSTM_BIH], w[MB__LSTM_BHH], ct, ct + B * H, h));
+    }
+    return MB_OK;
+}
+
+/* Layer k over all T steps: one segment with full storage, else segments of k steps
+ * keeping the cell state at each segment start. */
+static mb_result mb__lstm_layer_forward(mb_lstm *l, int k) {
+    mb__lstm_layer *y = &l->layer[k];
+    size_t bh = (size_t)(l->B * l->H);
+    if (!l->k) return mb__lstm_segment(l, k, 0, l->T, y->gates, y->cs, 1);
+    for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->k) {
+        int64_t s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
+        MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
+        MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 1));
+        MB_TRY(mb__lstm_copy(l, y->cs + (s + 1) * bh, l->seg_c + (s1 - s0) * bh, bh));
+    }
+    return MB_OK;
+}
+
+/* c_T of layer k after its forward. */
+static float *mb__lstm_c_last(mb_lstm *l, int k) {
+    size_t bh = (size_t)(l->B * l->H);
+    return l->layer[k].cs + (size_t)(l->k ? (l->T + l->k - 1) / l->k : l->T) * bh;
+}
+
+static mb_result mb__lstm_check_shape(mb_lstm *l, const float *x, int64_t B, int64_t T) {
+    const mb_logger *lg = mb__lstm_log(l);
+    if (!x) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_forward: x is NULL");
+    if (B < 1 || T < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_forward: B=%lld and T=%lld must be >= 1", (long long)B,
+                       (long long)T);
+    if (B > l->maxB || T > l->maxT)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_forward: B=%lld T=%lld exceed max_batch=%lld max_steps=%lld "
+                       "of the workspace", (long long)B, (long long)T, (long long)l->maxB, (long long)l->maxT);
+    return MB_OK;
+}
+
+/* Initial states into slot 0 of hs and cs: given, carried, or zero. */
+static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, const float *c0) {
+    int carry = l->cfg.carry_state && l->have_state;
+    if (carry && (!h0 || !c0) && l->B != B)
+        return MB_FAIL(mb__lstm_log(l), MB_ERR_INVALID_ARG, "mb_lstm_forward: carried state has batch %lld, "
+                       "this batch has B=%lld (mb_lstm_reset_state first)", (long long)l->B, (long long)B);
+    size_t bh = (size_t)(B * l->H);
+    for (int k = 0; k < l->L; k++) {
+        float *hs = l->layer[k].hs, *cs = l->layer[k].cs;
+        if (h0) MB_TRY(mb__lstm_copy(l, hs, h0 + k * bh, bh));
+        else if (carry) MB_TRY(mb__lstm_copy(l, hs, l->hn + k * bh, bh));
+        else MB_TRY(mb_zero(l->dev, l->cfg.stream, hs, bh * sizeof(float)));
+        if (c0) MB_TRY(mb__lstm_copy(l, cs, c0 + k * bh, bh));
+        else if (carry) MB_TRY(mb__lstm_copy(l, cs, l->cn + k * bh, bh));
+        else MB_TRY(mb_zero(l->dev, l->cfg.stream, cs, bh * sizeof(float)));
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
+                                const float *c0, float *out_seq, float *h_last) {
+    if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_forward: NULL lstm");
+    MB_TRY(mb__lstm_check_shape(l, x, B, T));
+    float *w[4];
+    MB_TRY(mb__lstm_weights(l, 0, w, 0, "mb_lstm_forward"));
+    MB_TRY(mb__lstm_init_state(l, B, h0, c0));
+    l->have_fwd = 0;
+    l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
+    MB_TRY(mb__lstm_transpose(l, l->xt, x, B, T, l->F));
+    for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    size_t bh = (size_t)(B * l->H);
+    for (int k = 0; k < l->L; k++) {
+        MB_TRY(mb__lstm_copy(l, l->hn + k * bh, l->layer[k].hs + T * bh, bh));
+        MB_TRY(mb__lstm_copy(l, l->cn + k * bh, mb__lstm_c_last(l, k), bh));
+    }
+    const float *top = l->layer[l->L - 1].hs;
+    if (out_seq) MB_TRY(mb__lstm_transpose(l, out_seq, top + bh, T, B, l->H));
+    if (h_last) MB_TRY(mb__lstm_copy(l, h_last, top + T * bh, bh));
+    l->have_fwd = 1;
+    l->have_state = 1;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
+    if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_final_state: NULL lstm");
+    if (!l->have_state) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "mb_lstm_final_state: no forward yet");
+    size_t n = (size_t)(l->L * l->B * l->H);
+    if (h_n) MB_TRY(mb__lstm_copy(l, h_n, l->hn, n));
+    if (c_n) MB_TRY(mb__lstm_copy(l, c_n, l->cn, n));
+    return MB_OK;
+}
+
+/* ---- backward ---- */
+
+/* Weight, bias and input gradients of the block of steps [t0, t0+nb) whose gate
+ * gradients are in gblk. d_in (T, B, in) receives rows t0.. (NULL: not needed). */
+static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb, float *d_in) {
+    int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = nb * B;
+    float *w[4], *dw[4];
+    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
+    MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
+    const float *x = mb__lstm_input(l, k) + t0 * B * in, *hp = l->layer[k].hs + t0 * B * H;
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, l->gblk, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, l->gblk, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
+    MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BIH], 4 * H));
+    MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BHH], 4 * H));
+    if (d_in) MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, l->gblk, 4 * H, w[MB__LSTM_WIH], in, 0.0f,
+                                   d_in + t0 * B * in, in));
+    return MB_OK;
+}
+
+/* Steps [s0, s1) of layer k backwards, given their gates g (rows from the block start of
+ * s0) and cells c (slot 0 = c_{s0}).
+ * dout (T, B, H): gradient w.r.t. the layer's outputs. */
+static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_t s1, const float *g,
+                                           const float *c, const float *dout, float *d_in) {
+    int64_t B = l->B, H = l->H, bh = B * H;
+    float *w[4];
+    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
+    int64_t a0 = mb__lstm_block0(l, s0);
+    for (int64_t t = s1 - 1; t >= s0; t--) {
+        int64_t t0 = mb__lstm_block0(l, t), nb = t0 + l->G < l->T ? l->G : l->T - t0;
+        float *dg = l->gblk + (t - t0) * B * 4 * H;
+        const float *ct = c + (t - s0) * bh;
+        MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
+        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dg, 4 * H, w[MB__LSTM_WHH], H, 0.0f, l->dh, H));
+        if (t == t0) MB_TRY(mb__lstm_flush_block(l, k, t0, nb, d_in));
+    }
+    return MB_OK;
+}
+
+static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {
+    mb__lstm_layer *y = &l->layer[k];
+    size_t bh = (size_t)(l->B * l->H);
+    MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
+    MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
+    if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);
+    int64_t nseg = (l->T + l->k - 1) / l->k;
+    for (int64_t s = nseg - 1; s >= 0; s--) {
+        int64_t s0 = s * l->k, s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
+        MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
+        MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+        MB_TRY(mb__lstm_segment_backward(l, k, s0, s1, l->seg_g, l->seg_c, dout, d_in));
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
+                                 float *dc0) {
+    if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_backward: NULL lstm");
+    if (!l->have_fwd) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "mb_lstm_backward: called before mb_lstm_forward");
+    int64_t B = l->B, T = l->T, H = l->H;
+    size_t bh = (size_t)(B * H);
+    float *dout = l->dA, *dnext = l->dB;
+    if (dout_seq) MB_TRY(mb__lstm_transpose(l, dout, dout_seq, B, T, H));
+    else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
+    if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
+    for (int k = l->L - 1; k >= 0; k--) {
+        float *d_in = k ? dnext : dx ? l->dxt : NULL;
+        MB_TRY(mb__lstm_layer_backward(l, k, dout, d_in));
+        if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + k * bh, l->dh, bh));
+        if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + k * bh, l->dc, bh));
+        float *tmp = dout; dout = dnext; dnext = tmp;
+    }
+    if (dx) MB_TRY(mb__lstm_transpose(l, dx, l->dxt, T, B, l->F));
+    return MB_OK;
+}
 
 // ---- end lstm ----
 

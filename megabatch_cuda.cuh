@@ -268,6 +268,80 @@ static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uin
 // ---- cuda end loader ----
 
 // ---- cuda lstm ----
+// The LSTM's elementwise kernels: fused gates (forward), gate gradients (backward), the
+// batch-major <-> time-major transpose, add and fill. The math is mb__lstm_cell_fwd/bwd
+// from megabatch.h, shared with the CPU; the gemms go through mb_gemm (cuBLAS).
+
+__global__ void mb__k_lstm_fwd_gates(int64_t B, int64_t H, float *g, const float *b_ih, const float *b_hh,
+                                     const float *c_prev, float *c, float *h) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < B * H; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = e / H, j = e % H;
+        mb__lstm_cell_fwd(g + b * 4 * H, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],
+                          b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j], c_prev[e], &c[e], &h[e]);
+    }
+}
+
+__global__ void mb__k_lstm_bwd_gates(int64_t B, int64_t H, const float *a, const float *c_prev, const float *c,
+                                     const float *dh_rec, const float *dout, float *dc, float *dg) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < B * H; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = e / H, j = e % H;
+        float dh = dh_rec[e] + (dout ? dout[e] : 0.0f);
+        mb__lstm_cell_bwd(a + b * 4 * H, H, j, c_prev[e], c[e], dh, &dc[e], dg + b * 4 * H);
+    }
+}
+
+__global__ void mb__k_lstm_transpose(float *dst, const float *src, int64_t n0, int64_t n1, int64_t d) {
+    int64_t n = n0 * n1 * d;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t q = e % d, r = e / d, b = r % n1, a = r / n1; /* src (a, b, q) */
+        dst[(b * n0 + a) * d + q] = src[e];
+    }
+}
+
+__global__ void mb__k_lstm_add(float *y, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
+}
+
+__global__ void mb__k_lstm_fill(float *y, float v, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = v;
+}
+
+static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
+                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c,
+                                         float *h) {
+    mb__k_lstm_fwd_gates<<<mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream)>>>(B, H, g, b_ih, b_hh, c_prev,
+                                                                                          c, h);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
+                                         const float *c_prev, const float *c, const float *dh_rec,
+                                         const float *dout, float *dc, float *dg) {
+    mb__k_lstm_bwd_gates<<<mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream)>>>(B, H, a, c_prev, c, dh_rec,
+                                                                                          dout, dc, dg);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+static mb_result mb__cuda_lstm_transpose(mb_device *dev, int stream, float *dst, const float *src, int64_t n0,
+                                         int64_t n1, int64_t d) {
+    mb__k_lstm_transpose<<<mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream)>>>(dst, src, n0, n1, d);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
+    mb__k_lstm_add<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, x, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
+    mb__k_lstm_fill<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, v, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
 
 // ---- cuda end lstm ----
 

@@ -1,0 +1,550 @@
+/* lstm (CPU backend): forward against a double-precision reference, gradients against
+ * finite differences of that reference (every parameter, the input, h0 and c0),
+ * checkpointed vs full storage bitwise, carry-over, gradient accumulation, shared
+ * params, memory query, bad input and allocation failure. */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include "testutil.h"
+
+typedef struct shape { int B, T, F, H, L; } shape;
+
+/* ---- double reference: loss = sum(out * r1) + sum(h_last * r2) ---- */
+
+static double sigm(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+/* p: flat params (double) with the layout of `params` under prefix ""; x (B,T,F);
+ * h0/c0 (L,B,H) or NULL. Writes out (B,T,H) and hn/cn (L,B,H) when not NULL. */
+static double ref_loss(mb_params *params, const shape *s, const double *p, const double *x, const double *h0,
+                       const double *c0, const double *r1, const double *r2, double *out, double *hn, double *cn) {
+    int B = s->B, T = s->T, H = s->H;
+    double *in = (double *)calloc((size_t)B * T * (s->F > H ? s->F : H), sizeof(double));
+    double *nxt = (double *)calloc((size_t)B * T * H, sizeof(double));
+    double *h = (double *)calloc((size_t)H, sizeof(double)), *c = (double *)calloc((size_t)H, sizeof(double));
+    double *z = (double *)calloc((size_t)4 * H, sizeof(double));
+    memcpy(in, x, (size_t)B * T * s->F * sizeof(double));
+    int width = s->F;
+    double loss = 0;
+    for (int k = 0; k < s->L; k++) {
+        char nm[4][32];
+        const double *w[4];
+        snprintf(nm[0], 32, "weight_ih_l%d", k); snprintf(nm[1], 32, "weight_hh_l%d", k);
+        snprintf(nm[2], 32, "bias_ih_l%d", k); snprintf(nm[3], 32, "bias_hh_l%d", k);
+        for (int i = 0; i < 4; i++) w[i] = p + mb_params_info(params, mb_params_find(params, nm[i]))->offset;
+        for (int b = 0; b < B; b++) {
+            for (int j = 0; j < H; j++) {
+                h[j] = h0 ? h0[((size_t)k * B + b) * H + j] : 0;
+                c[j] = c0 ? c0[((size_t)k * B + b) * H + j] : 0;
+            }
+            for (int t = 0; t < T; t++) {
+                const double *xt = in + ((size_t)b * T + t) * width;
+                for (int r = 0; r < 4 * H; r++) {
+                    double acc = w[2][r] + w[3][r];
+                    for (int q = 0; q < width; q++) acc += w[0][(size_t)r * width + q] * xt[q];
+                    for (int q = 0; q < H; q++) acc += w[1][(size_t)r * H + q] * h[q];
+                    z[r] = acc;
+                }
+                for (int j = 0; j < H; j++) {
+                    double ig = sigm(z[j]), fg = sigm(z[H + j]), gg = tanh(z[2 * H + j]), og = sigm(z[3 * H + j]);
+                    c[j] = fg * c[j] + ig * gg;
+                    h[j] = og * tanh(c[j]);
+                    nxt[((size_t)b * T + t) * H + j] = h[j];
+                }
+            }
+            for (int j = 0; j < H; j++) {
+                if (hn) hn[((size_t)k * B + b) * H + j] = h[j];
+                if (cn) cn[((size_t)k * B + b) * H + j] = c[j];
+                if (k == s->L - 1) loss += h[j] * r2[(size_t)b * H + j];
+            }
+        }
+        memcpy(in, nxt, (size_t)B * T * H * sizeof(double));
+        width = H;
+    }
+    for (size_t i = 0; i < (size_t)B * T * H; i++) {
+        loss += in[i] * r1[i];
+        if (out) out[i] = in[i];
+    }
+    free(in); free(nxt); free(h); free(c); free(z);
+    return loss;
+}
+
+static double *to_double(const float *x, size_t n) {
+    double *d = (double *)calloc(n ? n : 1, sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static mb_lstm_config make_cfg(const shape *s, int checkpoint) {
+    mb_lstm_config c;
+    memset(&c, 0, sizeof c);
+    c.input_size = s->F; c.hidden_size = s->H; c.layers = s->L;
+    c.checkpoint = checkpoint; c.max_steps = s->T; c.max_batch = s->B;
+    return c;
+}
+
+/* Analytic gradients (f32) vs central differences of the double reference. */
+static void gradcheck_one(const shape *s, int with_state, int checkpoint) {
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    mb_params *p;
+    mb_lstm *l;
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config cfg = make_cfg(s, checkpoint);
+    cfg.grad_block = tu_int(0, 1) ? tu_int(1, 4) : 0;
+    tu_ok(mb_lstm_create(&l, p, &cfg));
+    tu_ok(mb_params_finalize(p));
+    tu_ok(mb_params_init(p, tu_next()));
+    size_t np = mb_params_total(p), nx = (size_t)s->B * s->T * s->F, no = (size_t)s->B * s->T * s->H;
+    size_t ns = (size_t)s->L * s->B * s->H, nb = (size_t)s->B * s->H;
+    float *x = tu_alloc_f32(nx), *h0 = tu_alloc_f32(ns), *c0 = tu_alloc_f32(ns), *r1 = tu_alloc_f32(no);
+    float *r2 = tu_alloc_f32(nb), *out = tu_alloc_f32(no), *hl = tu_alloc_f32(nb), *dx = tu_alloc_f32(nx);
+    float *dh0 = tu_alloc_f32(ns), *dc0 = tu_alloc_f32(ns), *pf = tu_alloc_f32(np), *hn = tu_alloc_f32(ns);
+    float *cn = tu_alloc_f32(ns);
+    tu_fill(x, nx, -1, 1); tu_fill(h0, ns, -0.5f, 0.5f); tu_fill(c0, ns, -0.5f, 0.5f);
+    tu_fill(r1, no, -1, 1); tu_fill(r2, nb, -1, 1);
+    tu_ok(mb_lstm_forward(l, x, s->B, s->T, with_state ? h0 : NULL, with_state ? c0 : NULL, out, hl));
+    tu_ok(mb_lstm_final_state(l, hn, cn));
+    tu_ok(mb_lstm_backward(l, r2, r1, dx, dh0, dc0));
+    tu_ok(mb_params_get(p, pf));
+    double *pd = to_double(pf, np), *xd = to_double(x, nx), *h0d = to_double(h0, ns), *c0d = to_double(c0, ns);
+    double *r1d = to_double(r1, no), *r2d = to_double(r2, nb), *outd = (double *)calloc(no, sizeof(double));
+    double *hnd = (double *)calloc(ns, sizeof(double)), *cnd = (double *)calloc(ns, sizeof(double));
+    const double *H0 = with_state ? h0d : NULL, *C0 = with_state ? c0d : NULL;
+    ref_loss(p, s, pd, xd, H0, C0, r1d, r2d, outd, hnd, cnd);
+    float *of = tu_alloc_f32(no), *hnf = tu_alloc_f32(ns), *cnf = tu_alloc_f32(ns);
+    for (size_t i = 0; i < no; i++) of[i] = (float)outd[i];
+    for (size_t i = 0; i < ns; i++) { hnf[i] = (float)hnd[i]; cnf[i] = (float)cnd[i]; }
+    tu_assert_close(out, of, no, 2e-6, 1e-5, "out_seq vs double reference");
+    tu_assert_close(hn, hnf, ns, 2e-6, 1e-5, "h_n vs double reference");
+    tu_assert_close(cn, cnf, ns, 2e-6, 1e-5, "c_n vs double reference");
+    tu_assert_close(hl, hnf + (size_t)(s->L - 1) * nb, nb, 2e-6, 1e-5, "h_last vs double reference");
+    /* finite differences of every parameter, input element and initial state */
+    struct { double *v; size_t n; const float *got; const char *what; } sets[4] = {
+        {pd, np, mb_params_grad(p), "params grad"}, {xd, nx, dx, "dx"}, {h0d, ns, dh0, "dh0"}, {c0d, ns, dc0, "dc0"}};
+    const double eps = 1e-6;
+    for (int set = 0; set < (with_state ? 4 : 2); set++) {
+        float *num = tu_alloc_f32(sets[set].n);
+        for (size_t i = 0; i < sets[set].n; i++) {
+            double keep = sets[set].v[i];
+            sets[set].v[i] = keep + eps;
+            double lp = ref_loss(p, s, pd, xd, H0, C0, r1d, r2d, NULL, NULL, NULL);
+            sets[set].v[i] = keep - eps;
+            double lm = ref_loss(p, s, pd, xd, H0, C0, r1d, r2d, NULL, NULL, NULL);
+            sets[set].v[i] = keep;
+            num[i] = (float)((lp - lm) / (2 * eps));
+        }
+        tu_assert_close(sets[set].got, num, sets[set].n, 1e-4, 1e-3, sets[set].what);
+        free(num);
+    }
+    if (!with_state) { /* without h0/c0 the initial-state gradients still come back */
+        double *z = (double *)calloc(ns, sizeof(double));
+        for (size_t i = 0; i < 4; i++) {
+            double keep = z[i % ns];
+            z[i % ns] = keep + eps;
+            double lp = ref_loss(p, s, pd, xd, z, NULL, r1d, r2d, NULL, NULL, NULL);
+            z[i % ns] = keep - eps;
+            double lm = ref_loss(p, s, pd, xd, z, NULL, r1d, r2d, NULL, NULL, NULL);
+            z[i % ns] = keep;
+            float want = (float)((lp - lm) / (2 * eps));
+            tu_assert_close(&dh0[i % ns], &want, 1, 1e-4, 1e-3, "dh0 from zeros");
+        }
+        free(z);
+    }
+    free(x); free(h0); free(c0); free(r1); free(r2); free(out); free(hl); free(dx); free(dh0); free(dc0);
+    free(pf); free(hn); free(cn); free(pd); free(xd); free(h0d); free(c0d); free(r1d); free(r2d); free(outd);
+    free(hnd); free(cnd); free(of); free(hnf); free(cnf);
+    mb_lstm_destroy(l);
+    mb_params_destroy(p);
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
+    mb_device_close(dev);
+}
+
+static void test_gradcheck_shapes(void **state) {
+    (void)state;
+    shape fixed[] = {{1, 1, 1, 1, 1}, {2, 5, 3, 4, 1}, {3, 4, 2, 3, 2}, {2, 6, 4, 2, 3}};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        for (int st = 0; st < 2; st++) gradcheck_one(&fixed[i], st, st ? 2 : -1);
+    for (int i = 0; i < 4; i++) {
+        shape s = {tu_int(1, 3), tu_int(1, 7), tu_int(1, 5), tu_int(1, 5), tu_int(1, 3)};
+        gradcheck_one(&s, tu_int(0, 1), tu_int(-1, 3));
+    }
+}
+
+/* ---- checkpointed == full, bit for bit ---- */
+
+typedef struct run_out { float *out, *hl, *hn, *cn, *grad, *dx, *dh0, *dc0; size_t np; } run_out;
+
+static run_out run_model(const shape *s, int checkpoint, int grad_block, const float *pvals, const float *x,
+                         const float *h0, const float *c0, const float *r1, const float *r2) {
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    mb_params *p;
+    mb_lstm *l;
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config cfg = make_cfg(s, checkpoint);
+    cfg.grad_block = grad_block;
+    tu_ok(mb_lstm_create(&l, p, &cfg));
+    tu_ok(mb_params_finalize(p));
+    tu_ok(mb_params_set(p, pvals));
+    size_t nx = (size_t)s->B * s->T * s->F, no = (size_t)s->B * s->T * s->H, ns = (size_t)s->L * s->B * s->H;
+    run_out r;
+    r.np = mb_params_total(p);
+    r.out = tu_alloc_f32(no); r.hl = tu_alloc_f32((size_t)s->B * s->H); r.hn = tu_alloc_f32(ns);
+    r.cn = tu_alloc_f32(ns); r.grad = tu_alloc_f32(r.np); r.dx = tu_alloc_f32(nx);
+    r.dh0 = tu_alloc_f32(ns); r.dc0 = tu_alloc_f32(ns);
+    tu_ok(mb_lstm_forward(l, x, s->B, s->T, h0, c0, r.out, r.hl));
+    tu_ok(mb_lstm_final_state(l, r.hn, r.cn));
+    tu_ok(mb_lstm_backward(l, r2, r1, r.dx, r.dh0, r.dc0));
+    memcpy(r.grad, mb_params_grad(p), r.np * sizeof(float));
+    mb_lstm_destroy(l);
+    mb_params_destroy(p);
+    mb_device_close(dev);
+    return r;
+}
+
+static void free_run(run_out *r) {
+    free(r->out); free(r->hl); free(r->hn); free(r->cn); free(r->grad); free(r->dx); free(r->dh0); free(r->dc0);
+}
+
+static void test_checkpoint_bitwise(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 3; rep++) {
+        shape s = {tu_int(1, 5), tu_int(8, 40), tu_int(1, 9), tu_int(1, 12), tu_int(1, 3)};
+        int gb = tu_int(0, 1) ? tu_int(1, 9) : 0;
+        mb_device *dev;
+        mb_params *p;
+        mb_lstm *l;
+        tu_ok(mb_device_open(&dev, NULL));
+        tu_ok(mb_params_create(&p, dev));
+        mb_lstm_config cfg = make_cfg(&s, -1);
+        tu_ok(mb_lstm_create(&l, p, &cfg));
+        tu_ok(mb_params_finalize(p));
+        size_t np = mb_params_total(p), nx = (size_t)s.B * s.T * s.F, no = (size_t)s.B * s.T * s.H;
+        size_t ns = (size_t)s.L * s.B * s.H;
+        float *pv = tu_alloc_f32(np), *x = tu_alloc_f32(nx), *h0 = tu_alloc_f32(ns), *c0 = tu_alloc_f32(ns);
+        float *r1 = tu_alloc_f32(no), *r2 = tu_alloc_f32((size_t)s.B * s.H);
+        tu_ok(mb_params_init(p, tu_next()));
+        tu_ok(mb_params_get(p, pv));
+        mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
+        tu_fill(x, nx, -2, 2); tu_fill(h0, ns, -1, 1); tu_fill(c0, ns, -1, 1);
+        tu_fill(r1, no, -1, 1); tu_fill(r2, (size_t)s.B * s.H, -1, 1);
+        run_out full = run_model(&s, -1, gb, pv, x, h0, c0, r1, r2);
+        int ks[] = {1, 2, 7, s.T, 0};
+        for (int i = 0; i < 5; i++) {
+            run_out ck = run_model(&s, ks[i], gb, pv, x, h0, c0, r1, r2);
+            assert_memory_equal(ck.out, full.out, no * sizeof(float));
+            assert_memory_equal(ck.hl, full.hl, (size_t)s.B * s.H * sizeof(float));
+            assert_memory_equal(ck.hn, full.hn, ns * sizeof(float));
+            assert_memory_equal(ck.cn, full.cn, ns * sizeof(float));
+            assert_memory_equal(ck.grad, full.grad, np * sizeof(float));
+            assert_memory_equal(ck.dx, full.dx, nx * sizeof(float));
+            assert_memory_equal(ck.dh0, full.dh0, ns * sizeof(float));
+            assert_memory_equal(ck.dc0, full.dc0, ns * sizeof(float));
+            free_run(&ck);
+        }
+        free_run(&full);
+        free(pv); free(x); free(h0); free(c0); free(r1); free(r2);
+    }
+}
+
+/* ---- carry-over: two halves == one sequence; reset starts from zeros ---- */
+
+static void test_carry_over(void **state) {
+    (void)state;
+    shape s = {tu_int(1, 4), 2 * tu_int(2, 10), tu_int(1, 6), tu_int(1, 8), tu_int(1, 2)};
+    int T2 = s.T / 2;
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *whole, *half;
+    tu_ok(mb_device_open(&dev, NULL));
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config cfg = make_cfg(&s, tu_int(-1, 3));
+    cfg.prefix = "a.";
+    tu_ok(mb_lstm_create(&whole, p, &cfg));
+    cfg.prefix = "b.";
+    cfg.carry_state = 1;
+    cfg.max_steps = T2;
+    tu_ok(mb_lstm_create(&half, p, &cfg));
+    tu_ok(mb_params_finalize(p));
+    tu_ok(mb_params_init(p, tu_next()));
+    /* same weights for both: copy a.* over b.* */
+    for (int i = 0; i < 4 * s.L; i++) {
+        const mb_param_info *a = mb_params_info(p, i), *b = mb_params_info(p, i + 4 * s.L);
+        assert_int_equal(strncmp(a->name, "a.", 2), 0);
+        assert_string_equal(a->name + 2, b->name + 2);
+        memcpy(mb_params_tensor(p, i + 4 * s.L), mb_params_tensor(p, i), a->count * sizeof(float));
+    }
+    size_t nx = (size_t)s.B * s.T * s.F, no = (size_t)s.B * s.T * s.H, nb = (size_t)s.B * s.H;
+    float *x = tu_alloc_f32(nx), *xh = tu_alloc_f32(nx), *out = tu_alloc_f32(no), *o2 = tu_alloc_f32(no);
+    float *hl = tu_alloc_f32(nb), *hl2 = tu_alloc_f32(nb), *first = tu_alloc_f32(no);
+    tu_fill(x, nx, -1, 1);
+    tu_ok(mb_lstm_forward(whole, x, s.B, s.T, NULL, NULL, out, hl));
+    for (int half_i = 0; half_i < 2; half_i++) { /* (B, T2, F) halves */
+        for (int b = 0; b < s.B; b++)
+            memcpy(xh + (size_t)b * T2 * s.F, x + ((size_t)b * s.T + half_i * T2) * s.F, (size_t)T2 * s.F * sizeof(float));
+        tu_ok(mb_lstm_forward(half, xh, s.B, T2, NULL, NULL, o2, hl2));
+        if (half_i == 0) memcpy(first, o2, (size_t)s.B * T2 * s.H * sizeof(float));
+        for (int b = 0; b < s.B; b++)
+            tu_assert_close(o2 + (size_t)b * T2 * s.H, out + ((size_t)b * s.T + half_i * T2) * s.H, (size_t)T2 * s.H,
+                            1e-6, 1e-5, "carried half vs whole sequence");
+    }
+    tu_assert_close(hl2, hl, nb, 1e-6, 1e-5, "h_last after two halves");
+    /* reset: the first half again gives the first half's outputs exactly */
+    mb_lstm_reset_state(half);
+    for (int b = 0; b < s.B; b++)
+        memcpy(xh + (size_t)b * T2 * s.F, x + (size_t)b * s.T * s.F, (size_t)T2 * s.F * sizeof(float));
+    tu_ok(mb_lstm_forward(half, xh, s.B, T2, NULL, NULL, o2, NULL));
+    assert_memory_equal(o2, first, (size_t)s.B * T2 * s.H * sizeof(float));
+    /* carry with another batch size is an error */
+    if (s.B > 1)
+        tu_assert_error(mb_lstm_forward(half, xh, s.B - 1, T2, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG,
+                        "carried state has batch");
+    free(x); free(xh); free(out); free(o2); free(hl); free(hl2); free(first);
+    mb_lstm_destroy(whole); mb_lstm_destroy(half); mb_params_destroy(p);
+    mb_device_close(dev);
+}
+
+/* ---- gradients accumulate (beta = 1); backward may repeat ---- */
+
+static void test_grad_accumulates(void **state) {
+    (void)state;
+    shape s = {3, 9, 4, 5, 2};
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *l;
+    tu_ok(mb_device_open(&dev, NULL));
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config cfg = make_cfg(&s, 0);
+    tu_ok(mb_lstm_create(&l, p, &cfg));
+    tu_ok(mb_params_finalize(p));
+    tu_ok(mb_params_init(p, tu_next()));
+    size_t n = mb_params_total(p);
+    float *x = tu_alloc_f32(36 * 4), *dl = tu_alloc_f32(15), *g1 = tu_alloc_f32(n), *g2 = tu_alloc_f32(n);
+    tu_fill(x, 36 * 4, -1, 1); tu_fill(dl, 15, -1, 1);
+    tu_ok(mb_lstm_forward(l, x, 3, 9, NULL, NULL, NULL, NULL));
+    tu_ok(mb_lstm_backward(l, dl, NULL, NULL, NULL, NULL));
+    memcpy(g1, mb_params_grad(p), n * sizeof(float));
+    tu_ok(mb_lstm_backward(l, dl, NULL, NULL, NULL, NULL));
+    memcpy(g2, mb_params_grad(p), n * sizeof(float));
+    double nz = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(g2[i] == 2.0f * g1[i]); /* x + x is exact */
+        nz += fabs(g1[i]);
+    }
+    assert_true(nz > 0);
+    free(x); free(dl); free(g1); free(g2);
+    mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
+}
+
+/* ---- memory query ---- */
+
+static void test_memory_query(void **state) {
+    (void)state;
+    shape s = {128, 480, 128, 256, 1};
+    mb_lstm_config cfg = make_cfg(&s, 0);
+    size_t full = 0, ck = 0, f2 = 0, c2 = 0;
+    tu_ok(mb_lstm_memory(&cfg, 128, 480, &full, &ck));
+    assert_true(ck > 0 && ck * 3 <= full); /* the time-major input copy is kept in both modes */
+    /* full storage keeps gates + c + h per step: at least 6H floats per (b, t) */
+    assert_true(full >= (size_t)128 * 480 * 6 * 256 * 4);
+    cfg.checkpoint = -1;
+    tu_ok(mb_lstm_memory(&cfg, 128, 480, &f2, &c2));
+    assert_true(f2 == full && c2 == full);
+    /* the live device memory of an LSTM covers what the query says it keeps */
+    shape t = {4, 30, 3, 5, 2};
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *l;
+    tu_ok(mb_device_open(&dev, NULL));
+    tu_ok(mb_params_create(&p, dev));
+    for (int c = -1; c <= 6; c += 7) {
+        cfg = make_cfg(&t, c);
+        tu_ok(mb_lstm_memory(&cfg, t.B, t.T, &f2, &c2));
+        size_t before = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
+        cfg.prefix = c < 0 ? "f." : "c.";
+        tu_ok(mb_lstm_create(&l, p, &cfg));
+        size_t used = mb_device_mem_stats(dev).live[MB_MEM_DEVICE] - before;
+        assert_true(used >= c2 && (c < 0 || c2 < f2));
+        mb_lstm_destroy(l);
+        assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], before);
+    }
+    mb_params_destroy(p);
+    mb_device_close(dev);
+}
+
+static void test_checkpoint_steps(void **state) {
+    (void)state;
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *a, *b, *c;
+    tu_ok(mb_device_open(&dev, NULL));
+    tu_ok(mb_params_create(&p, dev));
+    shape s = {2, 100, 3, 4, 1};
+    mb_lstm_config cfg = make_cfg(&s, 0);
+    cfg.prefix = "a.";
+    tu_ok(mb_lstm_create(&a, p, &cfg));
+    cfg.checkpoint = 7; cfg.prefix = "b.";
+    tu_ok(mb_lstm_create(&b, p, &cfg));
+    cfg.checkpoint = -1; cfg.prefix = "c.";
+    tu_ok(mb_lstm_create(&c, p, &cfg));
+    for (int T = 1; T <= 100; T++) {
+        int64_t k = mb_lstm_checkpoint_steps(a, T);
+        assert_true(k * k >= T && (k - 1) * (k - 1) < T); /* ceil(sqrt(T)) */
+        assert_int_equal(mb_lstm_checkpoint_steps(b, T), T < 7 ? T : 7);
+        assert_int_equal(mb_lstm_checkpoint_steps(c, T), -1);
+    }
+    mb_lstm_destroy(a); mb_lstm_destroy(b); mb_lstm_destroy(c);
+    mb_params_destroy(p);
+    mb_device_close(dev);
+}
+
+/* ---- bad input ---- */
+
+typedef struct fixture { mb_device *dev; mb_params *p; mb_lstm *l; float *x, *y; } fixture;
+
+static fixture make_fixture(int finalize) {
+    fixture f;
+    tu_ok(mb_device_open(&f.dev, NULL));
+    tu_ok(mb_params_create(&f.p, f.dev));
+    shape s = {2, 5, 3, 4, 2};
+    mb_lstm_config cfg = make_cfg(&s, 0);
+    tu_ok(mb_lstm_create(&f.l, f.p, &cfg));
+    if (finalize) tu_ok(mb_params_finalize(f.p));
+    f.x = tu_alloc_f32(2 * 5 * 4 * 4);
+    f.y = tu_alloc_f32(2 * 5 * 4 * 4);
+    return f;
+}
+static void free_fixture(fixture *f) {
+    free(f->x); free(f->y);
+    mb_lstm_destroy(f->l); mb_params_destroy(f->p);
+    assert_int_equal(mb_device_mem_stats(f->dev).live[MB_MEM_DEVICE], 0);
+    mb_device_close(f->dev);
+}
+
+static void test_bad_config_sizes(void **state) {
+    (void)state;
+    fixture f = make_fixture(0);
+    mb_lstm *l = NULL;
+    shape s = {2, 5, 3, 4, 1};
+    mb_lstm_config c = make_cfg(&s, 0);
+    c.hidden_size = 0;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "hidden_size H=0");
+    assert_null(l);
+    c = make_cfg(&s, 0); c.input_size = 0;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "input_size F=0");
+    c = make_cfg(&s, 0); c.max_steps = 0;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "max_steps=0");
+    c = make_cfg(&s, 0); c.max_batch = -3;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "max_batch=-3");
+    c = make_cfg(&s, -2);
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "checkpoint=-2");
+    c = make_cfg(&s, 0); c.layers = -1;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "layers=-1");
+    c = make_cfg(&s, 0); c.carry_state = 2;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "carry_state=2");
+    c = make_cfg(&s, 0); c.stream = 5;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "stream 5 out of range");
+    tu_assert_error(mb_lstm_create(&l, f.p, NULL), MB_ERR_INVALID_ARG, "NULL argument");
+    free_fixture(&f);
+}
+
+static void test_bad_overflow(void **state) {
+    (void)state;
+    fixture f = make_fixture(0);
+    mb_lstm *l = NULL;
+    shape s = {2, 5, 3, 4, 1};
+    mb_lstm_config c = make_cfg(&s, 0);
+    c.max_steps = INT64_MAX / 2; c.max_batch = INT64_MAX / 2;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_OVERFLOW, "overflows");
+    c = make_cfg(&s, -1); c.hidden_size = (int64_t)1 << 40;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_OVERFLOW, "H=1099511627776");
+    size_t a, b;
+    c = make_cfg(&s, 0);
+    tu_assert_error(mb_lstm_memory(&c, (int64_t)1 << 40, (int64_t)1 << 40, &a, &b), MB_ERR_OVERFLOW, "overflows");
+    tu_assert_error(mb_lstm_memory(&c, 0, 5, &a, &b), MB_ERR_INVALID_ARG, "B=0");
+    assert_int_equal(mb_params_num_tensors(f.p), 8); /* failed creates registered nothing */
+    free_fixture(&f);
+}
+
+static void test_bad_duplicate_prefix(void **state) {
+    (void)state;
+    fixture f = make_fixture(0);
+    mb_lstm *l = NULL;
+    shape s = {2, 5, 3, 4, 1};
+    mb_lstm_config c = make_cfg(&s, 0);
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "'weight_ih_l0' registered twice");
+    assert_null(l);
+    free_fixture(&f);
+}
+
+static void test_bad_forward_shapes(void **state) {
+    (void)state;
+    fixture f = make_fixture(1);
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 0, 5, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "B=0");
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 2, 0, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "T=0");
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 3, 5, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "exceed max_batch=2");
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 2, 6, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "max_steps=5");
+    tu_assert_error(mb_lstm_forward(f.l, NULL, 2, 5, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "x is NULL");
+    tu_ok(mb_lstm_forward(f.l, f.x, 2, 5, NULL, NULL, f.y, NULL));
+    free_fixture(&f);
+}
+
+static void test_bad_backward_before_forward(void **state) {
+    (void)state;
+    fixture f = make_fixture(1);
+    tu_assert_error(mb_lstm_backward(f.l, f.x, NULL, NULL, NULL, NULL), MB_ERR_STATE, "before mb_lstm_forward");
+    tu_assert_error(mb_lstm_final_state(f.l, f.y, NULL), MB_ERR_STATE, "no forward yet");
+    /* a failed forward leaves no forward to differentiate */
+    tu_ok(mb_lstm_forward(f.l, f.x, 2, 5, NULL, NULL, NULL, NULL));
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 2, 9, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "max_steps");
+    tu_ok(mb_lstm_backward(f.l, f.x, NULL, NULL, NULL, NULL)); /* the earlier forward is intact */
+    free_fixture(&f);
+}
+
+static void test_bad_forward_unfinalized(void **state) {
+    (void)state;
+    fixture f = make_fixture(0);
+    tu_assert_error(mb_lstm_forward(f.l, f.x, 2, 5, NULL, NULL, NULL, NULL), MB_ERR_STATE, "not finalized");
+    free_fixture(&f);
+}
+
+static void test_alloc_failure_leaks_nothing(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    shape s = {2, 5, 3, 4, 2};
+    for (int ck = -1; ck <= 0; ck++)
+        for (uint64_t nth = 1; nth <= 20; nth++) {
+            mb_params *p;
+            mb_lstm *l = NULL;
+            tu_ok(mb_params_create(&p, dev));
+            mb_lstm_config c = make_cfg(&s, ck);
+            mb_device_fail_alloc(dev, MB_MEM_DEVICE, nth);
+            mb_result r = mb_lstm_create(&l, p, &c);
+            mb_device_fail_alloc(dev, MB_MEM_DEVICE, 0);
+            if (r == MB_OK) { mb_lstm_destroy(l); mb_params_destroy(p); break; }
+            assert_int_equal(r, MB_ERR_OUT_OF_MEMORY);
+            assert_null(l);
+            assert_int_equal(mb_params_num_tensors(p), 0);
+            assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
+            tu_ok(mb_lstm_create(&l, p, &c)); /* retry works */
+            mb_lstm_destroy(l);
+            mb_params_destroy(p);
+        }
+    mb_device_close(dev);
+}
+
+#include "test_lstm_golden.h"
+
+int main(void) {
+    tu_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradcheck_shapes),         cmocka_unit_test(test_checkpoint_bitwise),
+        cmocka_unit_test(test_carry_over),               cmocka_unit_test(test_grad_accumulates),
+        cmocka_unit_test(test_memory_query),             cmocka_unit_test(test_checkpoint_steps),
+        cmocka_unit_test(test_bad_config_sizes),         cmocka_unit_test(test_bad_overflow),
+        cmocka_unit_test(test_bad_duplicate_prefix),     cmocka_unit_test(test_bad_forward_shapes),
+        cmocka_unit_test(test_bad_backward_before_forward), cmocka_unit_test(test_bad_forward_unfinalized),
+        cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
+    };
+    return cmocka_run_group_tests_name("lstm", tests, NULL, NULL);
+}
