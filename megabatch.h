@@ -1303,14 +1303,16 @@ MBDEF mb_result mb_linear_init(mb_linear *l, mb_params *p, const char *prefix, i
     char name[MB_MAX_NAME];
     int64_t wshape[2] = {out, in}, bshape[1] = {out};
     float bound = (float)(1.0 / sqrt((double)in));
-    memset(l, 0, sizeof *l);
+    mb_linear r;   /* *l is written only on success */
+    memset(&r, 0, sizeof r);
     snprintf(name, sizeof name, "%s.weight", prefix);
-    MB_TRY(mb_params_add(p, name, 2, wshape, bound, &l->weight));
+    MB_TRY(mb_params_add(p, name, 2, wshape, bound, &r.weight));
     snprintf(name, sizeof name, "%s.bias", prefix);
-    MB_TRY(mb_params_add(p, name, 1, bshape, bound, &l->bias));
-    l->params = p;
-    l->in = in;
-    l->out = out;
+    MB_TRY(mb_params_add(p, name, 1, bshape, bound, &r.bias));
+    r.params = p;
+    r.in = in;
+    r.out = out;
+    *l = r;
     return MB_OK;
 }
 
