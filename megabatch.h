@@ -479,7 +479,7 @@ MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken);
 // -- optim --
 
 typedef struct mb_adamw_config {
-    float beta1, beta2;    /* 0.9, 0.999 */
+    double beta1, beta2;   /* 0.9, 0.999 (double, as torch: 1 - beta rounds like torch's) */
     float eps;             /* 1e-8 */
     float weight_decay;    /* 0.01 (torch.optim.AdamW), decoupled: p *= 1 - lr*wd */
     float max_grad_norm;   /* global L2 norm clip; 0 = off (the seeds use 1.0) */
@@ -1724,6 +1724,7 @@ MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken) {
 
 /* Host-computed constants of one step, passed by value to the kernels. */
 struct mb__adamw_hp {
+    double beta1_d, beta2_d;                        /* for the bias corrections */
     float lr, beta1, beta2, eps, max_norm;
     float one_minus_b1, one_minus_b2, decay_mul;   /* 1 - b1, 1 - b2, 1 - lr*wd (double, rounded) */
 };
@@ -1748,7 +1749,7 @@ struct mb_adamw {
 MBDEF mb_adamw_config mb_adamw_config_default(void) {
     mb_adamw_config c;
     memset(&c, 0, sizeof c);
-    c.beta1 = 0.9f; c.beta2 = 0.999f; c.eps = 1e-8f; c.weight_decay = 0.01f;
+    c.beta1 = 0.9; c.beta2 = 0.999; c.eps = 1e-8f; c.weight_decay = 0.01f;
     return c;
 }
 
@@ -1765,7 +1766,7 @@ static inline MB__HD void mb__adamw_finalize(mb__adamw_dev *dv, double sumsq, in
     dv->skipped = *found_inf != 0;
     if (dv->skipped) return;
     dv->step++;
-    double bc1 = 1.0 - pow((double)hp->beta1, (double)dv->step), bc2 = 1.0 - pow((double)hp->beta2, (double)dv->step);
+    double bc1 = 1.0 - pow(hp->beta1_d, (double)dv->step), bc2 = 1.0 - pow(hp->beta2_d, (double)dv->step);
     dv->step_size = (float)((double)hp->lr / bc1);
     dv->bc2_sqrt = (float)sqrt(bc2);
 }
@@ -1801,9 +1802,9 @@ static mb_result mb__adamw_decay_mask(mb_adamw *o) {
 }
 
 static mb_result mb__adamw_check_cfg(const mb_logger *lg, const mb_adamw_config *c) {
-    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+    if (!(c->beta1 >= 0.0 && c->beta1 < 1.0) || !(c->beta2 >= 0.0 && c->beta2 < 1.0))
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: beta1 %g and beta2 %g must be in [0, 1)",
-                       (double)c->beta1, (double)c->beta2);
+                       c->beta1, c->beta2);
     if (!(c->eps > 0.0f) || !mb__finite_f(c->eps))
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: eps %g must be finite and > 0", (double)c->eps);
     if (!(c->weight_decay >= 0.0f) || !mb__finite_f(c->weight_decay))
@@ -1858,10 +1859,11 @@ MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
     if (scaler && scaler->dev != dev)
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_step: scaler and params live on different devices");
     mb__adamw_hp hp;
-    hp.lr = lr; hp.beta1 = o->cfg.beta1; hp.beta2 = o->cfg.beta2; hp.eps = o->cfg.eps;
+    hp.beta1_d = o->cfg.beta1; hp.beta2_d = o->cfg.beta2;
+    hp.lr = lr; hp.beta1 = (float)o->cfg.beta1; hp.beta2 = (float)o->cfg.beta2; hp.eps = o->cfg.eps;
     hp.max_norm = o->cfg.max_grad_norm;
-    hp.one_minus_b1 = (float)(1.0 - (double)o->cfg.beta1);
-    hp.one_minus_b2 = (float)(1.0 - (double)o->cfg.beta2);
+    hp.one_minus_b1 = (float)(1.0 - o->cfg.beta1);
+    hp.one_minus_b2 = (float)(1.0 - o->cfg.beta2);
     hp.decay_mul = (float)(1.0 - (double)lr * (double)o->cfg.weight_decay);
     int32_t *found_inf = scaler ? &scaler->st->found_inf : &o->dv->own_found_inf;
     float *param = o->params->data;
