@@ -1737,6 +1737,8 @@ struct mb__adamw_dev {
     int32_t skipped;     /* the last call skipped its step */
 };
 
+#define MB__NORM_BLOCKS 1024 /* CUDA: fixed grid of the sum-of-squares pass (deterministic) */
+
 struct mb_adamw {
     mb_params *params;
     mb_adamw_config cfg;
@@ -1833,7 +1835,8 @@ MBDEF mb_result mb_adamw_create(mb_adamw **out, mb_params *p, const mb_adamw_con
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->m);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->v);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, sizeof dv, (void **)&o->dv);
-    if (r == MB_OK && dev->cfg.backend == MB_CUDA) r = mb_alloc(dev, MB_MEM_DEVICE, 1024 * sizeof(double), (void **)&o->partials);
+    if (r == MB_OK && dev->cfg.backend == MB_CUDA) r = mb_alloc(dev, MB_MEM_DEVICE, MB__NORM_BLOCKS * sizeof(double),
+                                                          (void **)&o->partials);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->m, bytes);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->v, bytes);
     if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv);

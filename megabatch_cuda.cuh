@@ -401,8 +401,6 @@ static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, con
 
 // -- optim --
 
-#define MB__NORM_BLOCKS 1024
-
 /* Pass 1: per-block sums of squares (double) over a fixed grid. */
 __global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partials) {
     double acc = 0.0;
