@@ -421,6 +421,191 @@ MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T);
 // ---- end lstm ----
 
 // ---- numerics ----
+// Training numerics on both backends: layers (linear, activations, concat, dropout),
+// losses (MSE, Huber), AdamW with global-norm clipping and LR schedules, the dynamic
+// loss scaler (torch GradScaler semantics, state on the device) and gradient
+// accumulation. The optimizer step, unscale and scaler update need no host sync.
+
+// -- layers --
+
+/* A linear layer y = x W^T + b, PyTorch layout: "<prefix>.weight" (out, in) and
+ * "<prefix>.bias" (out), registered into a caller's mb_params (before finalize) with
+ * init bound 1/sqrt(in) as torch.nn.Linear. A plain struct: copy it freely. */
+typedef struct mb_linear {
+    mb_params *params;
+    int weight, bias;   /* tensor indices in params */
+    int64_t in, out;
+} mb_linear;
+
+/* Register the layer's two tensors. prefix: 1..MB_MAX_NAME-8 bytes. */
+MBDEF mb_result mb_linear_init(mb_linear *l, mb_params *p, const char *prefix, int64_t in, int64_t out);
+/* y (B, out) = x (B, in) W^T + b. Device memory; params finalized. */
+MBDEF mb_result mb_linear_forward(const mb_linear *l, int stream, const float *x, int64_t B, float *y);
+/* Given dy (B, out): dW += dy^T x and db += sum_rows dy (gradients accumulate into the
+ * flat gradient buffer, beta = 1); dx (B, in) = dy W is overwritten (dx may be NULL). */
+MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *x, const float *dy, int64_t B,
+                                   float *dx);
+
+/* Elementwise activations. GELU is the tanh approximation (torch's
+ * gelu(approximate='tanh')): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+typedef enum mb_act { MB_ACT_IDENTITY = 0, MB_ACT_RELU = 1, MB_ACT_GELU = 2, MB_ACT_TANH = 3 } mb_act;
+MBDEF const char *mb_act_name(mb_act a);
+/* y[i] = f(x[i]), n elements (y may equal x). */
+MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n);
+/* dx[i] = f'(x[i]) dy[i] from the pre-activation x (dx may equal dy). */
+MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *dx,
+                                size_t n);
+
+/* Concatenate n inputs xs[i] (B, dims[i]) along features into y (B, sum dims): the
+ * multi-timeframe fusion of encoder outputs. Backward splits dy into dxs[i] (B, dims[i])
+ * (overwritten; a NULL dxs[i] is skipped). */
+MBDEF mb_result mb_concat_forward(mb_device *dev, int stream, int n, const float *const *xs, const int64_t *dims,
+                                  int64_t B, float *y);
+MBDEF mb_result mb_concat_backward(mb_device *dev, int stream, int n, const float *dy, const int64_t *dims,
+                                   int64_t B, float *const *dxs);
+
+/* Inverted dropout: element i is kept when mb_rng_uniform(seed, step, i) >= p and then
+ * scaled by 1/(1-p). The mask is a pure function of (seed, step, i): recompute and a
+ * resumed run reproduce it, and backward needs no stored mask. p in [0, 1). Use a seed
+ * other than the mb_params_init seed. */
+MBDEF mb_result mb_dropout_forward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                                   float *y, size_t n);
+MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
+                                    const float *dy, float *dx, size_t n);
+
+// -- loss --
+
+typedef enum mb_loss_kind { MB_LOSS_MSE = 0, MB_LOSS_HUBER = 1 } mb_loss_kind;
+typedef struct mb_loss_config {
+    mb_loss_kind kind;   /* MB_LOSS_MSE (default) */
+    float huber_delta;   /* Huber threshold; 0 = 1.0 (torch.nn.HuberLoss default) */
+} mb_loss_config;
+
+/* Loss of pred (B, K) against target (B, K), computed in fp32 (summed in double),
+ * reduced as the mean over B*K (torch reduction='mean').
+ *   loss_out: a device float; receives the (unscaled) mean loss; may be NULL.
+ *   dpred:    (B, K) receives scale * (*scale_dev if not NULL) * dLoss/dpred; may be NULL.
+ * scale carries the accumulation divisor (1/N); scale_dev the loss scale on the device
+ * (mb_scaler_scale_ptr), so no host sync is needed. cfg may be NULL (MSE). */
+MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, const float *pred,
+                        const float *target, int64_t B, int64_t K, float scale, const float *scale_dev,
+                        float *loss_out, float *dpred);
+/* Copy one device float to the host (syncs the stream): for logging the loss. */
+MBDEF mb_result mb_fetch_scalar(mb_device *dev, int stream, const float *dev_scalar, float *host);
+
+// -- amp --
+
+/* Dynamic loss scaler, torch.cuda.amp.GradScaler semantics and defaults. State (scale,
+ * growth tracker, found_inf) lives in device memory. Per optimizer step:
+ *   mb_loss(..., scale_dev = mb_scaler_scale_ptr(s), ...); backward;
+ *   mb_scaler_unscale(s, grads, n);    // grads *= 1/scale; found_inf on any inf/NaN
+ *   mb_adamw_step(opt, lr, s);         // skipped on the device when found_inf is set
+ *   mb_scaler_update(s);               // back off (found_inf) or grow, reset found_inf
+ * bf16 training needs no scaler: pass NULL to mb_adamw_step. All on MB_STREAM_COMPUTE. */
+typedef struct mb_scaler_config {
+    float init_scale;      /* 0 = 65536 (2^16) */
+    float growth_factor;   /* 0 = 2.0; must be > 1 and finite */
+    float backoff_factor;  /* 0 = 0.5; must be in (0, 1) */
+    int growth_interval;   /* clean steps before growing; 0 = 2000; must be >= 1 */
+    float min_scale;       /* floor after backoff; 0 = none */
+    float max_scale;       /* cap after growth; 0 = none (growth never goes to inf anyway) */
+} mb_scaler_config;
+
+/* The scaler state as the host sees it (for logs and checkpoints). */
+typedef struct mb_scaler_state {
+    float scale;
+    int32_t growth_tracker;  /* clean steps since the last growth or backoff */
+    int32_t found_inf;       /* inf/NaN seen since the last update (pending) */
+    int32_t last_found_inf;  /* the last update saw inf/NaN: that step was skipped */
+} mb_scaler_state;
+
+typedef struct mb_scaler mb_scaler;
+
+MBDEF mb_result mb_scaler_create(mb_scaler **out, mb_device *dev, const mb_scaler_config *cfg);
+MBDEF void mb_scaler_destroy(mb_scaler *s);
+/* The current scale as a device float (for mb_loss's scale_dev). */
+MBDEF const float *mb_scaler_scale_ptr(const mb_scaler *s);
+/* One pass over grad[0..n): multiply by 1/scale and set found_inf on any inf/NaN. */
+MBDEF mb_result mb_scaler_unscale(mb_scaler *s, float *grad, size_t n);
+/* After the optimizer step: on found_inf scale *= backoff (floored at min_scale) and the
+ * tracker resets; else after growth_interval clean steps scale *= growth when the result
+ * is finite (capped at max_scale). found_inf is then cleared for the next step. */
+MBDEF mb_result mb_scaler_update(mb_scaler *s);
+/* Read / restore the state (synchronises; outside the step). */
+MBDEF mb_result mb_scaler_get(mb_scaler *s, mb_scaler_state *st);
+MBDEF mb_result mb_scaler_set(mb_scaler *s, const mb_scaler_state *st);
+/* 1 when the last updated step was taken, 0 when it was skipped (synchronises). */
+MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken);
+
+// -- optim --
+
+typedef struct mb_adamw_config {
+    double beta1, beta2;   /* 0.9, 0.999 (double, as torch: 1 - beta rounds like torch's) */
+    float eps;             /* 1e-8 */
+    float weight_decay;    /* 0.01 (torch.optim.AdamW), decoupled: p *= 1 - lr*wd */
+    float max_grad_norm;   /* global L2 norm clip; 0 = off (the seeds use 1.0) */
+    int decay_all;         /* 0: tensors marked no_decay (biases) get no weight decay */
+} mb_adamw_config;
+/* The defaults above (weight decay and the betas have meaningful zeros). */
+MBDEF mb_adamw_config mb_adamw_config_default(void);
+
+typedef struct mb_adamw mb_adamw;
+
+/* An optimizer over the flat buffers of p (finalized), with its own moment buffers m, v
+ * (zeroed) and a device-side step counter. cfg NULL = defaults. */
+MBDEF mb_result mb_adamw_create(mb_adamw **out, mb_params *p, const mb_adamw_config *cfg);
+MBDEF void mb_adamw_destroy(mb_adamw *o);
+/* One step with learning rate lr (> 0, e.g. from mb_lr_at), on MB_STREAM_COMPUTE:
+ * a norm pass (global grad norm, clip coefficient, inf/NaN check), then one fused
+ * AdamW pass. If the scaler's found_inf is set, or any gradient is inf/NaN (checked on
+ * the final gradients, so corruption after unscale is caught too), the step is skipped
+ * on the device: params, moments and the step count stay untouched, and the scaler's
+ * found_inf is set so mb_scaler_update backs off. scaler may be NULL (bf16 / fp32). */
+MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler);
+/* Synchronising getters (outside the step): steps taken so far, whether the last call
+ * took its step, and the global gradient norm the last call saw (before clipping). */
+MBDEF mb_result mb_adamw_steps(mb_adamw *o, int64_t *steps);
+MBDEF mb_result mb_adamw_last_step_taken(mb_adamw *o, int *taken);
+MBDEF mb_result mb_adamw_grad_norm(mb_adamw *o, float *norm);
+/* The moment buffers (device memory, mb_params_total floats each) and the step count,
+ * for checkpoints. */
+MBDEF float *mb_adamw_m(mb_adamw *o);
+MBDEF float *mb_adamw_v(mb_adamw *o);
+MBDEF mb_result mb_adamw_set_steps(mb_adamw *o, int64_t steps);
+
+/* Learning-rate schedules: pure host functions of the step (0-based). */
+typedef enum mb_lr_kind { MB_LR_CONSTANT = 0, MB_LR_WARMUP_COSINE = 1, MB_LR_ONE_CYCLE = 2 } mb_lr_kind;
+typedef struct mb_lr_schedule {
+    mb_lr_kind kind;        /* MB_LR_CONSTANT (default) */
+    float lr;               /* base (constant), peak (cosine), max_lr (one-cycle); > 0 */
+    int64_t total_steps;    /* cosine, one-cycle: steps in the schedule; step must be < it */
+    int64_t warmup_steps;   /* cosine: linear ramp lr*(step+1)/warmup; 0 = none */
+    float min_lr;           /* cosine: final value, 0 <= min_lr < lr; default 0 */
+    float pct_start;        /* one-cycle: fraction of steps rising; 0 = 0.3 (torch) */
+    float div_factor;       /* one-cycle: initial lr = lr/div_factor; 0 = 25 (torch) */
+    float final_div_factor; /* one-cycle: final lr = initial/final_div_factor; 0 = 1e4 */
+} mb_lr_schedule;
+/* The learning rate at a step (validates the schedule and the step). */
+MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr);
+
+// -- accum --
+
+/* Gradient accumulation over n micro-batches: a plain struct (save its fields to resume
+ * in the middle of a window, restore with mb_accum_restore).
+ *   if (mb_accum_window_start(&a)) mb_params_zero_grad(p);
+ *   forward; mb_loss(..., scale = mb_accum_loss_scale(&a), ...); backward;
+ *   if (mb_accum_tick(&a)) { unscale; mb_adamw_step; mb_scaler_update; } */
+typedef struct mb_accum {
+    int n;            /* micro-batches per optimizer step */
+    int micro;        /* micro-batches done in the current window, 0..n-1 */
+    int64_t windows;  /* completed windows (optimizer steps attempted) */
+} mb_accum;
+MBDEF mb_result mb_accum_init(mb_accum *a, int n);
+MBDEF mb_result mb_accum_restore(mb_accum *a, int n, int micro, int64_t windows);
+MBDEF float mb_accum_loss_scale(const mb_accum *a);      /* 1/n */
+MBDEF int mb_accum_window_start(const mb_accum *a);      /* 1 before the first micro-batch of a window */
+/* Count one finished micro-batch; 1 when it completes the window (step now). */
+MBDEF int mb_accum_tick(mb_accum *a);
 
 // ---- end numerics ----
 
@@ -1674,6 +1859,751 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
 // ---- end lstm ----
 
 // ---- numerics ----
+
+typedef struct mb__adamw_hp mb__adamw_hp;
+typedef struct mb__adamw_dev mb__adamw_dev;
+typedef struct mb__scaler_hp mb__scaler_hp;
+#ifdef MEGABATCH_CUDA
+static mb_result mb__cuda_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols);
+static mb_result mb__cuda_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
+                                     int64_t cols);
+static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
+                              size_t n);
+static mb_result mb__cuda_copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                 int64_t rows, int64_t cols);
+static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                                  float *y, size_t n);
+static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
+                               const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
+                               float *dpred);
+static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
+static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
+static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
+                                float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
+                                double *partials);
+#endif
+
+/* Finite check by bits (no dependence on isfinite being a macro or a function). */
+static inline MB__HD int mb__finite_f(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return (v.u & 0x7f800000u) != 0x7f800000u;
+}
+static inline MB__HD int mb__finite_d(double x) {
+    union { double d; uint64_t u; } v;
+    v.d = x;
+    return (v.u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+static mb_result mb__check_dev_stream(mb_device *dev, int stream, const char *what) {
+    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL device", what);
+    return mb__check_stream(dev, stream, what);
+}
+
+// -- layers --
+
+MBDEF mb_result mb_linear_init(mb_linear *l, mb_params *p, const char *prefix, int64_t in, int64_t out) {
+    if (!l || !p || !prefix) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_linear_init: NULL argument");
+    const mb_logger *lg = &p->dev->cfg.log;
+    if (strlen(prefix) == 0 || strlen(prefix) > MB_MAX_NAME - 8)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_linear_init: prefix '%s' must be 1..%d bytes", prefix,
+                       MB_MAX_NAME - 8);
+    if (in < 1 || out < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_linear_init: '%s' in=%lld out=%lld must be >= 1", prefix,
+                       (long long)in, (long long)out);
+    char name[MB_MAX_NAME];
+    int64_t wshape[2] = {out, in}, bshape[1] = {out};
+    float bound = (float)(1.0 / sqrt((double)in));
+    mb_linear r;   /* *l is written only on success */
+    memset(&r, 0, sizeof r);
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    MB_TRY(mb_params_add(p, name, 2, wshape, bound, &r.weight));
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    MB_TRY(mb_params_add(p, name, 1, bshape, bound, &r.bias));
+    r.params = p;
+    r.in = in;
+    r.out = out;
+    *l = r;
+    return MB_OK;
+}
+
+static mb_result mb__linear_check(const mb_linear *l, int stream, int64_t B, const void *a, const void *b,
+                                  const char *what) {
+    if (!l || !l->params) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL or uninitialised layer", what);
+    MB_TRY(mb__params_ready(l->params, what));
+    mb_device *dev = l->params->dev;
+    MB_TRY(mb__check_stream(dev, stream, what));
+    if (B < 1 || !a || !b)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: '%s' batch %lld (must be >= 1) or NULL buffer", what,
+                       mb_params_info(l->params, l->weight)->name, (long long)B);
+    return MB_OK;
+}
+
+/* y (rows, cols) = b broadcast over rows. */
+static mb_result mb__fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_fill_rows(dev, stream, y, b, rows, cols);
+#endif
+    (void)dev;
+    (void)stream;
+    for (int64_t i = 0; i < rows; i++) memcpy(y + i * cols, b, (size_t)cols * sizeof(float));
+    return MB_OK;
+}
+
+/* db (cols) += sum over rows of dy (rows, cols), each column summed in row order. */
+static mb_result mb__colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows, int64_t cols) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_colsum_add(dev, stream, db, dy, rows, cols);
+#endif
+    (void)dev;
+    (void)stream;
+    for (int64_t j = 0; j < cols; j++) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < rows; i++) s += dy[i * cols + j];
+        db[j] += s;
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_linear_forward(const mb_linear *l, int stream, const float *x, int64_t B, float *y) {
+    MB_TRY(mb__linear_check(l, stream, B, x, y, "mb_linear_forward"));
+    mb_device *dev = l->params->dev;
+    MB_TRY(mb__fill_rows(dev, stream, y, mb_params_tensor(l->params, l->bias), B, l->out));
+    mb_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.trans_b = 1;                       /* y (B, out) += x (B, in) @ W^T, W (out, in) */
+    g.m = B; g.n = l->out; g.k = l->in;
+    g.alpha = 1.0f; g.beta = 1.0f;
+    g.a = x; g.lda = l->in;
+    g.b = mb_params_tensor(l->params, l->weight); g.ldb = l->in;
+    g.c = y; g.ldc = l->out;
+    g.stream = stream;
+    return mb_gemm(dev, &g);
+}
+
+MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *x, const float *dy, int64_t B,
+                                   float *dx) {
+    MB_TRY(mb__linear_check(l, stream, B, x, dy, "mb_linear_backward"));
+    mb_device *dev = l->params->dev;
+    mb_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.trans_a = 1;                       /* dW (out, in) += dy^T (out, B) @ x (B, in) */
+    g.m = l->out; g.n = l->in; g.k = B;
+    g.alpha = 1.0f; g.beta = 1.0f;
+    g.a = dy; g.lda = l->out;
+    g.b = x; g.ldb = l->in;
+    g.c = mb_params_tensor_grad(l->params, l->weight); g.ldc = l->in;
+    g.stream = stream;
+    MB_TRY(mb_gemm(dev, &g));
+    MB_TRY(mb__colsum_add(dev, stream, mb_params_tensor_grad(l->params, l->bias), dy, B, l->out));
+    if (!dx) return MB_OK;
+    memset(&g, 0, sizeof g);             /* dx (B, in) = dy (B, out) @ W (out, in) */
+    g.m = B; g.n = l->in; g.k = l->out;
+    g.alpha = 1.0f; g.beta = 0.0f;
+    g.a = dy; g.lda = l->out;
+    g.b = mb_params_tensor(l->params, l->weight); g.ldb = l->in;
+    g.c = dx; g.ldc = l->in;
+    g.stream = stream;
+    return mb_gemm(dev, &g);
+}
+
+MBDEF const char *mb_act_name(mb_act a) {
+    return a == MB_ACT_IDENTITY ? "identity" : a == MB_ACT_RELU ? "relu" : a == MB_ACT_GELU ? "gelu" :
+           a == MB_ACT_TANH ? "tanh" : "unknown";
+}
+
+#define MB__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+static inline MB__HD float mb__act_f(mb_act a, float x) {
+    switch (a) {
+    case MB_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case MB_ACT_GELU: return 0.5f * x * (1.0f + tanhf(MB__GELU_C * (x + 0.044715f * x * x * x)));
+    case MB_ACT_TANH: return tanhf(x);
+    default: return x;
+    }
+}
+static inline MB__HD float mb__act_df(mb_act a, float x) {
+    switch (a) {
+    case MB_ACT_RELU: return x > 0.0f ? 1.0f : 0.0f;
+    case MB_ACT_GELU: {
+        float t = tanhf(MB__GELU_C * (x + 0.044715f * x * x * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MB__GELU_C * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case MB_ACT_TANH: { float t = tanhf(x); return 1.0f - t * t; }
+    default: return 1.0f;
+    }
+}
+
+static mb_result mb__act_check(mb_device *dev, int stream, mb_act a, const void *x, const void *y, size_t n,
+                               const char *what) {
+    MB_TRY(mb__check_dev_stream(dev, stream, what));
+    if ((unsigned)a > (unsigned)MB_ACT_TANH)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: unknown activation %d", what, (int)a);
+    if (n && (!x || !y)) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", what, n);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n) {
+    MB_TRY(mb__act_check(dev, stream, a, x, y, n, "mb_act_forward"));
+    if (n == 0) return MB_OK;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_act(dev, stream, a, x, NULL, y, n);
+#endif
+    for (size_t i = 0; i < n; i++) y[i] = mb__act_f(a, x[i]);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *dx,
+                                size_t n) {
+    MB_TRY(mb__act_check(dev, stream, a, x, dx, n, "mb_act_backward"));
+    if (n && !dy) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_act_backward: NULL dy");
+    if (n == 0) return MB_OK;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_act(dev, stream, a, x, dy, dx, n);
+#endif
+    for (size_t i = 0; i < n; i++) dx[i] = mb__act_df(a, x[i]) * dy[i];
+    return MB_OK;
+}
+
+/* Copy a (rows, cols) block between row-major matrices with leading dims ldd, lds. */
+static mb_result mb__copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
+                            int64_t rows, int64_t cols) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy2d(dev, stream, dst, ldd, src, lds, rows, cols);
+#endif
+    (void)dev;
+    (void)stream;
+    for (int64_t i = 0; i < rows; i++) memcpy(dst + i * ldd, src + i * lds, (size_t)cols * sizeof(float));
+    return MB_OK;
+}
+
+static mb_result mb__concat_check(mb_device *dev, int stream, int n, const void *list, const int64_t *dims,
+                                  int64_t B, const void *y, int64_t *total, const char *what) {
+    MB_TRY(mb__check_dev_stream(dev, stream, what));
+    const mb_logger *lg = &dev->cfg.log;
+    if (n < 1 || !list || !dims || !y || B < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: n=%d inputs and batch %lld must be >= 1, buffers non-NULL", what,
+                       n, (long long)B);
+    *total = 0;
+    for (int i = 0; i < n; i++) {
+        if (dims[i] < 1 || dims[i] > INT64_MAX / 2 - *total)
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: input %d has %lld features, must be >= 1", what, i,
+                           (long long)dims[i]);
+        *total += dims[i];
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_concat_forward(mb_device *dev, int stream, int n, const float *const *xs, const int64_t *dims,
+                                  int64_t B, float *y) {
+    int64_t total, col = 0;
+    MB_TRY(mb__concat_check(dev, stream, n, xs, dims, B, y, &total, "mb_concat_forward"));
+    for (int i = 0; i < n; i++)
+        if (!xs[i]) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_concat_forward: input %d is NULL", i);
+    for (int i = 0; i < n; col += dims[i], i++) MB_TRY(mb__copy2d(dev, stream, y + col, total, xs[i], dims[i], B, dims[i]));
+    return MB_OK;
+}
+
+MBDEF mb_result mb_concat_backward(mb_device *dev, int stream, int n, const float *dy, const int64_t *dims,
+                                   int64_t B, float *const *dxs) {
+    int64_t total, col = 0;
+    MB_TRY(mb__concat_check(dev, stream, n, dxs, dims, B, dy, &total, "mb_concat_backward"));
+    for (int i = 0; i < n; col += dims[i], i++)
+        if (dxs[i]) MB_TRY(mb__copy2d(dev, stream, dxs[i], dims[i], dy + col, total, B, dims[i]));
+    return MB_OK;
+}
+
+static inline MB__HD float mb__dropout_elem(float p, float keep_scale, uint64_t seed, uint64_t step, size_t i,
+                                            float x) {
+    return mb_rng_uniform(seed, step, (uint64_t)i) >= p ? x * keep_scale : 0.0f;
+}
+
+static mb_result mb__dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                             float *y, size_t n, const char *what) {
+    MB_TRY(mb__check_dev_stream(dev, stream, what));
+    if (!(p >= 0.0f && p < 1.0f))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: probability %g must be in [0, 1)", what, (double)p);
+    if (n && (!x || !y)) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", what, n);
+    if (n == 0) return MB_OK;
+    if (p == 0.0f) return x == y ? MB_OK : mb_copy(dev, stream, y, x, n * sizeof(float));
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_dropout(dev, stream, p, seed, step, x, y, n);
+#endif
+    float ks = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) y[i] = mb__dropout_elem(p, ks, seed, step, i, x[i]);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_dropout_forward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                                   float *y, size_t n) {
+    return mb__dropout(dev, stream, p, seed, step, x, y, n, "mb_dropout_forward");
+}
+MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
+                                    const float *dy, float *dx, size_t n) {
+    return mb__dropout(dev, stream, p, seed, step, dy, dx, n, "mb_dropout_backward");
+}
+
+// -- loss --
+
+/* Elementwise loss and its derivative (before the 1/(B K) of the mean). */
+static inline MB__HD float mb__loss_elem(int huber, float delta, float p, float t, float *grad) {
+    float d = p - t;
+    if (!huber) { *grad = 2.0f * d; return d * d; }
+    float a = d < 0.0f ? -d : d;
+    if (a <= delta) { *grad = d; return 0.5f * d * d; }
+    *grad = d < 0.0f ? -delta : delta;
+    return delta * (a - 0.5f * delta);
+}
+/* The factor on dLoss/dpred: scale * scale_dev / (B K), computed the same way everywhere. */
+static inline MB__HD float mb__loss_coef(float scale, const float *scale_dev, size_t n) {
+    return (float)((double)scale * (scale_dev ? (double)*scale_dev : 1.0) / (double)n);
+}
+
+MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, const float *pred,
+                        const float *target, int64_t B, int64_t K, float scale, const float *scale_dev,
+                        float *loss_out, float *dpred) {
+    MB_TRY(mb__check_dev_stream(dev, stream, "mb_loss"));
+    const mb_logger *lg = &dev->cfg.log;
+    mb_loss_config c;
+    memset(&c, 0, sizeof c);
+    if (cfg) c = *cfg;
+    if (c.kind != MB_LOSS_MSE && c.kind != MB_LOSS_HUBER)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: unknown loss kind %d", (int)c.kind);
+    if (c.huber_delta == 0.0f) c.huber_delta = 1.0f;
+    if (!(c.huber_delta > 0.0f) || !mb__finite_f(c.huber_delta))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: huber_delta %g must be finite and > 0", (double)c.huber_delta);
+    if (B < 1 || K < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: shape (%lld, %lld) must be >= 1 each", (long long)B,
+                       (long long)K);
+    if (!pred || !target || (!loss_out && !dpred))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: NULL pred/target, or neither loss_out nor dpred given");
+    if (!mb__finite_f(scale)) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: scale %g is not finite", (double)scale);
+    size_t n;
+    if (!mb_size_mul((size_t)B, (size_t)K, &n)) return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_loss: B*K overflows");
+    int huber = c.kind == MB_LOSS_HUBER;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA)
+        return mb__cuda_loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred);
+#endif
+    float coef = mb__loss_coef(scale, scale_dev, n), g;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        sum += (double)mb__loss_elem(huber, c.huber_delta, pred[i], target[i], &g);
+        if (dpred) dpred[i] = g * coef;
+    }
+    if (loss_out) *loss_out = (float)(sum / (double)n);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_fetch_scalar(mb_device *dev, int stream, const float *dev_scalar, float *host) {
+    MB_TRY(mb__check_dev_stream(dev, stream, "mb_fetch_scalar"));
+    if (!dev_scalar || !host) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_fetch_scalar: NULL pointer");
+    MB_TRY(mb_copy(dev, stream, host, dev_scalar, sizeof(float)));
+    return mb_sync(dev, stream);
+}
+
+// -- amp --
+
+struct mb__scaler_hp { float growth, backoff, min_scale, max_scale; int32_t interval; };
+
+struct mb_scaler {
+    mb_device *dev;
+    mb__scaler_hp hp;
+    mb_scaler_state *st;  /* device memory */
+};
+
+/* The GradScaler update rule (torch's _amp_update_scale_) plus the optional floor/cap. */
+static inline MB__HD void mb__scaler_update_state(mb_scaler_state *st, const mb__scaler_hp *hp) {
+    if (st->found_inf) {
+        float s = st->scale * hp->backoff;
+        if (hp->min_scale > 0.0f && s < hp->min_scale) s = hp->min_scale;
+        st->scale = s;
+        st->growth_tracker = 0;
+    } else if (st->growth_tracker + 1 >= hp->interval) {
+        float s = st->scale * hp->growth;
+        if (mb__finite_f(s)) st->scale = (hp->max_scale > 0.0f && s > hp->max_scale) ? hp->max_scale : s;
+        st->growth_tracker = 0;
+    } else {
+        st->growth_tracker++;
+    }
+    st->last_found_inf = st->found_inf;
+    st->found_inf = 0;
+}
+
+static mb_result mb__scaler_put(mb_scaler *s, const mb_scaler_state *st) {
+    MB_TRY(mb_copy(s->dev, MB_STREAM_COMPUTE, s->st, st, sizeof *st));
+    return mb_sync(s->dev, MB_STREAM_COMPUTE);
+}
+
+MBDEF mb_result mb_scaler_create(mb_scaler **out, mb_device *dev, const mb_scaler_config *cfg) {
+    if (!out || !dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_create: NULL argument");
+    *out = NULL;
+    const mb_logger *lg = &dev->cfg.log;
+    mb_scaler_config c;
+    memset(&c, 0, sizeof c);
+    if (cfg) c = *cfg;
+    if (c.init_scale == 0.0f) c.init_scale = 65536.0f;
+    if (c.growth_factor == 0.0f) c.growth_factor = 2.0f;
+    if (c.backoff_factor == 0.0f) c.backoff_factor = 0.5f;
+    if (c.growth_interval == 0) c.growth_interval = 2000;
+    if (!(c.init_scale > 0.0f) || !mb__finite_f(c.init_scale))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_scaler_create: init_scale %g must be finite and > 0", (double)c.init_scale);
+    if (!(c.growth_factor > 1.0f) || !mb__finite_f(c.growth_factor))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_scaler_create: growth_factor %g must be finite and > 1",
+                       (double)c.growth_factor);
+    if (!(c.backoff_factor > 0.0f && c.backoff_factor < 1.0f))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_scaler_create: backoff_factor %g must be in (0, 1)",
+                       (double)c.backoff_factor);
+    if (c.growth_interval < 1)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_scaler_create: growth_interval %d must be >= 1", c.growth_interval);
+    if (!(c.min_scale >= 0.0f) || !(c.max_scale >= 0.0f) || !mb__finite_f(c.min_scale) || !mb__finite_f(c.max_scale) ||
+        (c.max_scale > 0.0f && c.max_scale < c.min_scale))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_scaler_create: min_scale %g / max_scale %g must be finite, >= 0, "
+                       "min <= max", (double)c.min_scale, (double)c.max_scale);
+    mb_scaler *s = (mb_scaler *)mb__host_calloc(1, sizeof *s);
+    if (!s) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_scaler_create: no host memory");
+    s->dev = dev;
+    s->hp.growth = c.growth_factor; s->hp.backoff = c.backoff_factor;
+    s->hp.min_scale = c.min_scale; s->hp.max_scale = c.max_scale; s->hp.interval = c.growth_interval;
+    mb_scaler_state st;
+    memset(&st, 0, sizeof st);
+    st.scale = c.init_scale;
+    mb_result r = mb_alloc(dev, MB_MEM_DEVICE, sizeof st, (void **)&s->st);
+    if (r == MB_OK) r = mb__scaler_put(s, &st);
+    if (r != MB_OK) { mb_scaler_destroy(s); return r; }
+    *out = s;
+    return MB_OK;
+}
+
+MBDEF void mb_scaler_destroy(mb_scaler *s) {
+    if (!s) return;
+    mb_free(s->dev, s->st);
+    MB_FREE(s);
+}
+
+MBDEF const float *mb_scaler_scale_ptr(const mb_scaler *s) { return s ? &s->st->scale : NULL; }
+
+MBDEF mb_result mb_scaler_unscale(mb_scaler *s, float *grad, size_t n) {
+    if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL scaler");
+    if (n && !grad) return MB_FAIL(&s->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL gradients");
+    if (n == 0) return MB_OK;
+#ifdef MEGABATCH_CUDA
+    if (s->dev->cfg.backend == MB_CUDA) return mb__cuda_unscale(s->dev, s->st, grad, n);
+#endif
+    float inv = (float)(1.0 / (double)s->st->scale);
+    int32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad |= !mb__finite_f(grad[i]);
+        grad[i] *= inv;
+    }
+    if (bad) s->st->found_inf = 1;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_scaler_update(mb_scaler *s) {
+    if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_update: NULL scaler");
+#ifdef MEGABATCH_CUDA
+    if (s->dev->cfg.backend == MB_CUDA) return mb__cuda_scaler_update(s->dev, s->st, &s->hp);
+#endif
+    mb__scaler_update_state(s->st, &s->hp);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_scaler_get(mb_scaler *s, mb_scaler_state *st) {
+    if (!s || !st) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_get: NULL argument");
+    MB_TRY(mb_copy(s->dev, MB_STREAM_COMPUTE, st, s->st, sizeof *st));
+    return mb_sync(s->dev, MB_STREAM_COMPUTE);
+}
+
+MBDEF mb_result mb_scaler_set(mb_scaler *s, const mb_scaler_state *st) {
+    if (!s || !st) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_set: NULL argument");
+    if (!(st->scale > 0.0f) || !mb__finite_f(st->scale) || st->growth_tracker < 0 ||
+        st->growth_tracker >= s->hp.interval)
+        return MB_FAIL(&s->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_scaler_set: scale %g must be finite > 0 and "
+                       "growth_tracker %d in 0..%d", (double)st->scale, (int)st->growth_tracker, (int)s->hp.interval - 1);
+    return mb__scaler_put(s, st);
+}
+
+MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken) {
+    mb_scaler_state st;
+    if (!taken) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_step_taken: NULL argument");
+    MB_TRY(mb_scaler_get(s, &st));
+    *taken = !st.last_found_inf;
+    return MB_OK;
+}
+
+// -- optim --
+
+/* Host-computed constants of one step, passed by value to the kernels. */
+struct mb__adamw_hp {
+    double beta1_d, beta2_d;                        /* for the bias corrections */
+    float lr, beta1, beta2, eps, max_norm;
+    float one_minus_b1, one_minus_b2, decay_mul;   /* 1 - b1, 1 - b2, 1 - lr*wd (double, rounded) */
+};
+/* Device-side optimizer state, written by the norm pass and read by the update pass. */
+struct mb__adamw_dev {
+    int64_t step;        /* steps taken */
+    double sumsq;        /* sum of squared gradients seen by the last call */
+    float norm, clip_coef, step_size, bc2_sqrt;
+    int32_t own_found_inf; /* found_inf flag when no scaler is given */
+    int32_t skipped;     /* the last call skipped its step */
+};
+
+#define MB__NORM_BLOCKS 1024 /* CUDA: fixed grid of the sum-of-squares pass (deterministic) */
+
+struct mb_adamw {
+    mb_params *params;
+    mb_adamw_config cfg;
+    float *m, *v;         /* (total) moments, device */
+    uint8_t *decay;       /* (total/64) 1 where weight decay applies, device */
+    mb__adamw_dev *dv;    /* device */
+    double *partials;     /* CUDA norm partial sums, device */
+};
+
+MBDEF mb_adamw_config mb_adamw_config_default(void) {
+    mb_adamw_config c;
+    memset(&c, 0, sizeof c);
+    c.beta1 = 0.9; c.beta2 = 0.999; c.eps = 1e-8f; c.weight_decay = 0.01f;
+    return c;
+}
+
+/* After the sum of squares: norm, clip coefficient, the inf check, bias corrections. */
+static inline MB__HD void mb__adamw_finalize(mb__adamw_dev *dv, double sumsq, int32_t *found_inf,
+                                             const mb__adamw_hp *hp) {
+    dv->sumsq = sumsq;
+    float norm = (float)sqrt(sumsq);
+    dv->norm = norm;
+    float coef = 1.0f;
+    if (hp->max_norm > 0.0f) { coef = hp->max_norm / (norm + 1e-6f); coef = coef < 1.0f ? coef : 1.0f; }
+    dv->clip_coef = coef;
+    if (!mb__finite_d(sumsq)) *found_inf = 1;
+    dv->skipped = *found_inf != 0;
+    if (dv->skipped) return;
+    dv->step++;
+    double bc1 = 1.0 - pow(hp->beta1_d, (double)dv->step), bc2 = 1.0 - pow(hp->beta2_d, (double)dv->step);
+    dv->step_size = (float)((double)hp->lr / bc1);
+    dv->bc2_sqrt = (float)sqrt(bc2);
+}
+
+/* One element of AdamW, in torch's order of operations (_single_tensor_adamw). */
+static inline MB__HD void mb__adamw_elem(const mb__adamw_hp *hp, const mb__adamw_dev *dv, int decay, float *param,
+                                         float grad, float *m, float *v) {
+    float g = grad * dv->clip_coef, p = *param, mi = *m, w = hp->one_minus_b1;
+    if (decay) p *= hp->decay_mul;
+    mi = w < 0.5f ? mi + w * (g - mi) : g - (g - mi) * (1.0f - w);   /* lerp(m, g, 1 - b1) */
+    float vi = *v * hp->beta2 + hp->one_minus_b2 * g * g;
+    float denom = sqrtf(vi) / dv->bc2_sqrt + hp->eps;
+    *param = p + -dv->step_size * mi / denom;
+    *m = mi;
+    *v = vi;
+}
+
+static mb_result mb__adamw_decay_mask(mb_adamw *o) {
+    mb_params *p = o->params;
+    size_t nb = p->total / 64;
+    uint8_t *h = (uint8_t *)mb__host_calloc(nb ? nb : 1, 1);
+    if (!h) return MB_FAIL(&p->dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_adamw_create: no host memory for the mask");
+    for (int t = 0; t < p->n; t++) {
+        const mb_param_info *in = &p->info[t];
+        uint8_t d = (uint8_t)(o->cfg.decay_all || !in->no_decay);
+        for (size_t b = in->offset / 64; b < (in->offset + in->count + 63) / 64; b++) h[b] = d;
+    }
+    mb_result r = mb_alloc(p->dev, MB_MEM_DEVICE, nb, (void **)&o->decay);
+    if (r == MB_OK) r = mb_copy(p->dev, MB_STREAM_COMPUTE, o->decay, h, nb);
+    if (r == MB_OK) r = mb_sync(p->dev, MB_STREAM_COMPUTE);
+    MB_FREE(h);
+    return r;
+}
+
+static mb_result mb__adamw_check_cfg(const mb_logger *lg, const mb_adamw_config *c) {
+    if (!(c->beta1 >= 0.0 && c->beta1 < 1.0) || !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: beta1 %g and beta2 %g must be in [0, 1)",
+                       c->beta1, c->beta2);
+    if (!(c->eps > 0.0f) || !mb__finite_f(c->eps))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: eps %g must be finite and > 0", (double)c->eps);
+    if (!(c->weight_decay >= 0.0f) || !mb__finite_f(c->weight_decay))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: weight_decay %g must be finite and >= 0",
+                       (double)c->weight_decay);
+    if (!(c->max_grad_norm >= 0.0f) || !mb__finite_f(c->max_grad_norm))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_adamw_create: max_grad_norm %g must be finite and >= 0 (0 = off)",
+                       (double)c->max_grad_norm);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_adamw_create(mb_adamw **out, mb_params *p, const mb_adamw_config *cfg) {
+    if (!out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_create: NULL out");
+    *out = NULL;
+    MB_TRY(mb__params_ready(p, "mb_adamw_create"));
+    mb_adamw_config c = cfg ? *cfg : mb_adamw_config_default();
+    MB_TRY(mb__adamw_check_cfg(&p->dev->cfg.log, &c));
+    mb_adamw *o = (mb_adamw *)mb__host_calloc(1, sizeof *o);
+    if (!o) return MB_FAIL(&p->dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_adamw_create: no host memory");
+    o->params = p;
+    o->cfg = c;
+    size_t bytes = p->total * sizeof(float);
+    mb__adamw_dev dv;
+    memset(&dv, 0, sizeof dv);
+    mb_device *dev = p->dev;
+    mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->m);
+    if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->v);
+    if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, sizeof dv, (void **)&o->dv);
+    if (r == MB_OK && dev->cfg.backend == MB_CUDA) r = mb_alloc(dev, MB_MEM_DEVICE, MB__NORM_BLOCKS * sizeof(double),
+                                                          (void **)&o->partials);
+    if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->m, bytes);
+    if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->v, bytes);
+    if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv);
+    if (r == MB_OK) r = mb__adamw_decay_mask(o);
+    if (r != MB_OK) { mb_adamw_destroy(o); return r; }
+    *out = o;
+    return MB_OK;
+}
+
+MBDEF void mb_adamw_destroy(mb_adamw *o) {
+    if (!o) return;
+    mb_device *dev = o->params->dev;
+    mb_free(dev, o->m); mb_free(dev, o->v); mb_free(dev, o->decay); mb_free(dev, o->dv); mb_free(dev, o->partials);
+    MB_FREE(o);
+}
+
+MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
+    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_step: NULL optimizer");
+    mb_device *dev = o->params->dev;
+    if (!(lr > 0.0f) || !mb__finite_f(lr))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_step: learning rate %g must be finite and > 0",
+                       (double)lr);
+    if (scaler && scaler->dev != dev)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_step: scaler and params live on different devices");
+    mb__adamw_hp hp;
+    hp.beta1_d = o->cfg.beta1; hp.beta2_d = o->cfg.beta2;
+    hp.lr = lr; hp.beta1 = (float)o->cfg.beta1; hp.beta2 = (float)o->cfg.beta2; hp.eps = o->cfg.eps;
+    hp.max_norm = o->cfg.max_grad_norm;
+    hp.one_minus_b1 = (float)(1.0 - o->cfg.beta1);
+    hp.one_minus_b2 = (float)(1.0 - o->cfg.beta2);
+    hp.decay_mul = (float)(1.0 - (double)lr * (double)o->cfg.weight_decay);
+    int32_t *found_inf = scaler ? &scaler->st->found_inf : &o->dv->own_found_inf;
+    float *param = o->params->data;
+    const float *grad = o->params->grad;
+    size_t n = o->params->total;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA)
+        return mb__cuda_adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
+#endif
+    double sumsq = 0.0;
+    for (size_t i = 0; i < n; i++) sumsq += (double)grad[i] * (double)grad[i];
+    if (!scaler) *found_inf = 0;   /* the own flag covers this call only */
+    mb__adamw_finalize(o->dv, sumsq, found_inf, &hp);
+    if (o->dv->skipped) return MB_OK;
+    for (size_t i = 0; i < n; i++) mb__adamw_elem(&hp, o->dv, o->decay[i / 64], &param[i], grad[i], &o->m[i], &o->v[i]);
+    return MB_OK;
+}
+
+static mb_result mb__adamw_fetch(mb_adamw *o, mb__adamw_dev *dv, const char *what) {
+    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL optimizer", what);
+    MB_TRY(mb_copy(o->params->dev, MB_STREAM_COMPUTE, dv, o->dv, sizeof *dv));
+    return mb_sync(o->params->dev, MB_STREAM_COMPUTE);
+}
+
+MBDEF mb_result mb_adamw_steps(mb_adamw *o, int64_t *steps) {
+    mb__adamw_dev dv;
+    if (!steps) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_steps: NULL argument");
+    MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_steps"));
+    *steps = dv.step;
+    return MB_OK;
+}
+MBDEF mb_result mb_adamw_last_step_taken(mb_adamw *o, int *taken) {
+    mb__adamw_dev dv;
+    if (!taken) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_last_step_taken: NULL argument");
+    MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_last_step_taken"));
+    *taken = !dv.skipped;
+    return MB_OK;
+}
+MBDEF mb_result mb_adamw_grad_norm(mb_adamw *o, float *norm) {
+    mb__adamw_dev dv;
+    if (!norm) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_grad_norm: NULL argument");
+    MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_grad_norm"));
+    *norm = dv.norm;
+    return MB_OK;
+}
+MBDEF float *mb_adamw_m(mb_adamw *o) { return o ? o->m : NULL; }
+MBDEF float *mb_adamw_v(mb_adamw *o) { return o ? o->v : NULL; }
+MBDEF mb_result mb_adamw_set_steps(mb_adamw *o, int64_t steps) {
+    mb__adamw_dev dv;
+    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_set_steps: NULL optimizer");
+    if (steps < 0) return MB_FAIL(&o->params->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_set_steps: %lld < 0", (long long)steps);
+    MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_set_steps"));
+    dv.step = steps;
+    MB_TRY(mb_copy(o->params->dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv));
+    return mb_sync(o->params->dev, MB_STREAM_COMPUTE);
+}
+
+static mb_result mb__lr_check(const mb_lr_schedule *s, int64_t step) {
+    if (!(s->lr > 0.0f) || !mb__finite_f(s->lr))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: lr %g must be finite and > 0", (double)s->lr);
+    if (step < 0) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: step %lld < 0", (long long)step);
+    if (s->kind == MB_LR_CONSTANT) return MB_OK;
+    if (s->kind != MB_LR_WARMUP_COSINE && s->kind != MB_LR_ONE_CYCLE)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: unknown schedule kind %d", (int)s->kind);
+    if (s->total_steps < 2 || step >= s->total_steps)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: step %lld outside the schedule's total_steps %lld "
+                       "(which must be >= 2)", (long long)step, (long long)s->total_steps);
+    if (s->kind == MB_LR_WARMUP_COSINE &&
+        (s->warmup_steps < 0 || s->warmup_steps >= s->total_steps || !(s->min_lr >= 0.0f && s->min_lr < s->lr)))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: warmup_steps %lld must be in [0, total_steps) and "
+                       "min_lr %g in [0, lr)", (long long)s->warmup_steps, (double)s->min_lr);
+    if (s->kind == MB_LR_ONE_CYCLE && (!(s->pct_start >= 0.0f && s->pct_start < 1.0f) || !(s->div_factor >= 0.0f) ||
+                                       !(s->final_div_factor >= 0.0f)))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: one-cycle pct_start %g must be in [0, 1), div factors "
+                       ">= 0 (0 = default)", (double)s->pct_start);
+    return MB_OK;
+}
+
+static double mb__cos_anneal(double start, double end, double pct) {
+    return end + (start - end) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0);
+}
+
+MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr) {
+    if (!s || !lr) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: NULL argument");
+    MB_TRY(mb__lr_check(s, step));
+    double base = s->lr, v = base;
+    if (s->kind == MB_LR_WARMUP_COSINE) {
+        if (step < s->warmup_steps) v = base * (double)(step + 1) / (double)s->warmup_steps;
+        else v = mb__cos_anneal(base, s->min_lr, (double)(step - s->warmup_steps) /
+                                                     (double)(s->total_steps - s->warmup_steps));
+    } else if (s->kind == MB_LR_ONE_CYCLE) {   /* torch.optim.lr_scheduler.OneCycleLR, cos, two phases */
+        double pct = s->pct_start > 0.0f ? s->pct_start : 0.3, div = s->div_factor > 0.0f ? s->div_factor : 25.0;
+        double fdiv = s->final_div_factor > 0.0f ? s->final_div_factor : 1e4;
+        double initial = base / div, final_lr = initial / fdiv;
+        double end1 = pct * (double)s->total_steps - 1.0, end2 = (double)s->total_steps - 1.0;
+        if ((double)step <= end1) v = mb__cos_anneal(initial, base, end1 > 0 ? (double)step / end1 : 1.0);
+        else v = mb__cos_anneal(base, final_lr, (double)step - end1 > 0 ? ((double)step - end1) / (end2 - end1) : 1.0);
+    }
+    *lr = (float)v;
+    return MB_OK;
+}
+
+// -- accum --
+
+MBDEF mb_result mb_accum_init(mb_accum *a, int n) { return mb_accum_restore(a, n, 0, 0); }
+
+MBDEF mb_result mb_accum_restore(mb_accum *a, int n, int micro, int64_t windows) {
+    if (!a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_accum: NULL state");
+    if (n < 1) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_accum: n = %d micro-batches per step, must be >= 1", n);
+    if (micro < 0 || micro >= n || windows < 0)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_accum: micro %d must be in 0..%d and windows %lld >= 0", micro,
+                       n - 1, (long long)windows);
+    a->n = n;
+    a->micro = micro;
+    a->windows = windows;
+    return MB_OK;
+}
+
+MBDEF float mb_accum_loss_scale(const mb_accum *a) { return 1.0f / (float)a->n; }
+MBDEF int mb_accum_window_start(const mb_accum *a) { return a->micro == 0; }
+MBDEF int mb_accum_tick(mb_accum *a) {
+    if (++a->micro < a->n) return 0;
+    a->micro = 0;
+    a->windows++;
+    return 1;
+}
 
 // ---- end numerics ----
 

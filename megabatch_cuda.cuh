@@ -346,6 +346,183 @@ static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float 
 // ---- cuda end lstm ----
 
 // ---- cuda numerics ----
+// Kernels of the numerics section. Element math is shared with the CPU path (the
+// MB__HD helpers in megabatch.h); reductions are deterministic (fixed grids, no float
+// atomics), so repeated runs give the same bits.
+
+// -- layers --
+
+__global__ void mb__k_fill_rows(float *y, const float *b, int64_t rows, int64_t cols) {
+    size_t n = (size_t)rows * (size_t)cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = b[i % (size_t)cols];
+}
+
+static mb_result mb__cuda_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
+    size_t n = (size_t)rows * (size_t)cols;
+    mb__k_fill_rows<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, b, rows, cols);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+/* One thread per column, rows summed in order (the CPU's order: same bits). */
+__global__ void mb__k_colsum_add(float *db, const float *dy, int64_t rows, int64_t cols) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < cols; j += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < rows; i++) s += dy[i * cols + j];
+        db[j] += s;
+    }
+}
+
+static mb_result mb__cuda_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
+                                     int64_t cols) {
+    mb__k_colsum_add<<<mb__grid((size_t)cols, 128), 128, 0, mb__st(dev, stream)>>>(db, dy, rows, cols);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+/* dy NULL: out = f(x); else out = f'(x) dy. */
+__global__ void mb__k_act(mb_act a, const float *x, const float *dy, float *out, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = dy ? mb__act_df(a, x[i]) * dy[i] : mb__act_f(a, x[i]);
+}
+
+static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
+                              size_t n) {
+    mb__k_act<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(a, x, dy, out, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+static mb_result mb__cuda_copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                 int64_t rows, int64_t cols) {
+    MB_CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)ldd * sizeof(float), src, (size_t)lds * sizeof(float),
+                                  (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDefault, mb__st(dev, stream)));
+    return MB_OK;
+}
+
+__global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, const float *x, float *y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = mb__dropout_elem(p, ks, seed, step, i, x[i]);
+}
+
+static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                                  float *y, size_t n) {
+    mb__k_dropout<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(p, 1.0f / (1.0f - p), seed, step, x, y, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+// -- loss --
+
+#define MB__RED_THREADS 256
+
+/* Block-wide sum of one double per thread (blockDim.x == MB__RED_THREADS); result in
+ * thread 0. Fixed tree: deterministic. */
+__device__ double mb__block_sum(double v) {
+    __shared__ double sh[MB__RED_THREADS];
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = MB__RED_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+/* One block: the loss is small (B x K), and one block keeps the sum deterministic. */
+__global__ void mb__k_loss(int huber, float delta, const float *pred, const float *target, size_t n, float scale,
+                           const float *scale_dev, float *loss_out, float *dpred) {
+    float coef = mb__loss_coef(scale, scale_dev, n), g;
+    double acc = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+        acc += (double)mb__loss_elem(huber, delta, pred[i], target[i], &g);
+        if (dpred) dpred[i] = g * coef;
+    }
+    double sum = mb__block_sum(acc);
+    if (threadIdx.x == 0 && loss_out) *loss_out = (float)(sum / (double)n);
+}
+
+static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
+                               const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
+                               float *dpred) {
+    mb__k_loss<<<1, MB__RED_THREADS, 0, mb__st(dev, stream)>>>(huber, delta, pred, target, n, scale, scale_dev,
+                                                               loss_out, dpred);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+// -- amp --
+
+__global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
+    float inv = (float)(1.0 / (double)st->scale);
+    int bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i];
+        bad |= !mb__finite_f(g);
+        grad[i] = g * inv;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) st->found_inf = 1; /* every writer writes 1 */
+}
+
+static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
+    mb__k_unscale<<<mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(st, grad, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+__global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb__scaler_update_state(st, &hp); }
+
+static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp) {
+    mb__k_scaler_update<<<1, 1, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(st, *hp);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
+
+// -- optim --
+
+/* Pass 1: per-block sums of squares (double) over a fixed grid. */
+__global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partials) {
+    double acc = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += (double)grad[i] * (double)grad[i];
+    double s = mb__block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+/* Pass 2 (one block): total, norm, clip coefficient, inf check, step count, bias
+ * corrections. reset_own: clear the optimizer's own found_inf first (no scaler). */
+__global__ void mb__k_adamw_finalize(const double *partials, mb__adamw_dev *dv, int32_t *found_inf, int reset_own,
+                                     mb__adamw_hp hp) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < MB__NORM_BLOCKS; i += blockDim.x) acc += partials[i];
+    double s = mb__block_sum(acc);
+    if (threadIdx.x != 0) return;
+    if (reset_own) *found_inf = 0;
+    mb__adamw_finalize(dv, s, found_inf, &hp);
+}
+
+/* Pass 3: the fused AdamW update; a no-op when the step was skipped. */
+__global__ void mb__k_adamw(mb__adamw_hp hp, const mb__adamw_dev *dvp, float *param, const float *grad, float *m,
+                            float *v, const uint8_t *decay, size_t n) {
+    if (dvp->skipped) return;
+    mb__adamw_dev dv = *dvp;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        mb__adamw_elem(&hp, &dv, decay[i / 64], &param[i], grad[i], &m[i], &v[i]);
+}
+
+static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
+                                float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
+                                double *partials) {
+    cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
+    mb__k_sumsq_partial<<<MB__NORM_BLOCKS, MB__RED_THREADS, 0, st>>>(grad, n, partials);
+    MB_CUDA_LAUNCHED();
+    mb__k_adamw_finalize<<<1, MB__RED_THREADS, 0, st>>>(partials, dv, found_inf, found_inf == &dv->own_found_inf, *hp);
+    MB_CUDA_LAUNCHED();
+    mb__k_adamw<<<mb__grid(n, 256), 256, 0, st>>>(*hp, dv, param, grad, m, v, decay, n);
+    MB_CUDA_LAUNCHED();
+    return MB_OK;
+}
 
 // ---- cuda end numerics ----
 
