@@ -609,6 +609,10 @@ MBDEF int mb_accum_tick(mb_accum *a);
 
 // ---- end numerics ----
 
+// ---- checkpoint ----
+
+// ---- end checkpoint ----
+
 #ifdef __cplusplus
 }
 #endif
@@ -2606,6 +2610,10 @@ MBDEF int mb_accum_tick(mb_accum *a) {
 }
 
 // ---- end numerics ----
+
+// ---- checkpoint ----
+
+// ---- end checkpoint ----
 
 #ifdef __cplusplus
 }
