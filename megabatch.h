@@ -1297,7 +1297,7 @@ MBDEF mb_result mb_dataset_open_memory(mb_dataset **out, const float *features, 
     if (!out || !features || !targets)
         return MB_FAIL(cfg ? &cfg->log : NULL, MB_ERR_INVALID_ARG, "mb_dataset_open_memory: NULL argument");
     *out = NULL;
-    mb_dataset *ds;
+    mb_dataset *ds = NULL;
     MB_TRY(mb__ds_new(&ds, "memory", cfg));
     ds->meta.n = n; ds->meta.t = t; ds->meta.f = f; ds->meta.k = k;
     strcpy(ds->meta.features_type, "float32");
@@ -1536,7 +1536,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     FILE *fp = fopen(path, "rb");
     if (!fp) return MB_FAIL(lg, MB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     fclose(fp);
-    mb_dataset *ds;
+    mb_dataset *ds = NULL;
     MB_TRY(mb__ds_new(&ds, path, cfg));
     mb__h5quiet q = mb__h5_quiet();
     char st[512];
@@ -1626,6 +1626,539 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
 // ---- end dataset ----
 
 // ---- loader ----
+
+#ifndef MEGABATCH_NO_THREADS
+#ifdef __cplusplus
+}
+#endif
+#include <pthread.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#endif
+#include <time.h>
+
+#ifdef MEGABATCH_CUDA
+static void mb__cuda_loader_thread_init(mb_device *dev);
+#endif
+
+static double mb__seconds(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seeded Fisher-Yates permutation of 0..n-1 from Philox (key seed, stream). */
+static void mb__permutation(uint64_t seed, uint64_t stream, int64_t n, int64_t *p) {
+    for (int64_t i = 0; i < n; i++) p[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        mb_u32x4 r = mb_philox(seed, stream, (uint64_t)i);
+        int64_t j = (int64_t)((((uint64_t)r.v[0] << 32) | r.v[1]) % (uint64_t)(i + 1));
+        int64_t t = p[i]; p[i] = p[j]; p[j] = t;
+    }
+}
+static uint64_t mb__shuffle_stream(int64_t epoch, uint64_t chunk) { return ((uint64_t)epoch << 32) | (chunk & 0xffffffffu); }
+
+MBDEF mb_result mb_loader_plan(int64_t n, int64_t t, int64_t f, int64_t k, const mb_loader_config *cfg,
+                               size_t free_bytes, mb_chunk_plan *out) {
+    if (!cfg || !out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: NULL argument");
+    memset(out, 0, sizeof *out);
+    size_t s = mb_dtype_size(cfg->dtype), bps, tf;
+    double frac = cfg->chunk_fraction == 0 ? 0.75 : cfg->chunk_fraction;
+    if (cfg->batch < 1) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: batch = %lld, must be >= 1", (long long)cfg->batch);
+    if (n < 1 || t < 1 || f < 1 || k < 1)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: shape N=%lld T=%lld F=%lld K=%lld must be >= 1",
+                       (long long)n, (long long)t, (long long)f, (long long)k);
+    if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: unknown dtype %d", (int)cfg->dtype);
+    if (!(frac > 0 && frac <= 1))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: chunk_fraction = %g, must be in (0, 1]", frac);
+    int64_t dims[2] = {t, f};
+    if (!mb_size_product(dims, 2, s, &tf) || (uint64_t)k > SIZE_MAX / 16 || !mb_size_add(tf, (size_t)k * s, &bps))
+        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mb_loader_plan: bytes per sample of T=%lld F=%lld K=%lld overflow",
+                       (long long)t, (long long)f, (long long)k);
+    size_t budget = cfg->chunk_bytes ? cfg->chunk_bytes : (size_t)((double)free_bytes * frac), total;
+    int fits = mb_size_mul(bps, (size_t)n, &total) && total <= budget;
+    int64_t spc = n, b = cfg->batch;
+    if (!fits) {
+        spc = (int64_t)((budget / 2) / bps);
+        spc = spc >= b ? spc - spc % b : b;
+        if (spc > n) spc = n;
+    }
+    out->bytes_per_sample = bps;
+    out->budget_bytes = budget;
+    out->samples_per_chunk = spc;
+    out->buffers = spc >= n ? 1 : 2;
+    out->chunk_bytes = (size_t)spc * bps;
+    out->chunks = (n + spc - 1) / spc;
+    int64_t last = n - (out->chunks - 1) * spc, per = cfg->drop_last ? spc / b : (spc + b - 1) / b;
+    out->batches = (out->chunks - 1) * per + (cfg->drop_last ? last / b : (last + b - 1) / b);
+    return MB_OK;
+}
+
+typedef struct mb__chunk_buf {
+    void *mem;            /* device: features (cap, t, f) then targets (cap, k) */
+    char *feat, *targ;
+    int64_t rows;         /* rows loaded (fewer than planned when samples were skipped) */
+    int64_t epoch, chunk; /* the item held (epoch, index in that epoch's order); epoch -1: none */
+    int64_t *cur;         /* cur[i]: chunk-local sample at row i (for in-place shuffles) */
+} mb__chunk_buf;
+
+typedef struct mb__job { int buf; int64_t epoch, chunk, fid; } mb__job;
+
+struct mb_loader {
+    mb_device *dev;
+    mb_dataset *ds;
+    const mb_logger *lg;
+    mb_loader_config cfg;
+    mb_chunk_plan plan;
+    int64_t cap;                  /* rows per device chunk */
+    size_t row_f, row_t;          /* bytes of one sample's features / targets (f32) */
+    mb__chunk_buf buf[2];
+    int cur_buf;                  /* buffer of the last batch returned; -1 none */
+    void *slab[2];                /* staging: features (slab_rows, t, f) then targets */
+    int64_t slab_rows;
+    void *tmp_row;                /* device: one sample, for in-place shuffles */
+    int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
+    unsigned char *seen;
+    int64_t order_epoch;
+    int64_t epoch, chunk, batch, index; /* position of the next batch */
+    /* reader thread: one job at a time. state 0 idle, 1 queued/running, 2 done */
+    int state, quit, started;
+    mb__job job;
+    mb_result job_result;
+    char job_msg[MB_MAX_ERROR];
+    mb_loader_stats stats;
+#ifndef MEGABATCH_NO_THREADS
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+#endif
+};
+
+static int64_t mb__ld_fid(mb_loader *ld, int64_t epoch, int64_t chunk) {
+    if (!ld->cfg.shuffle || ld->plan.chunks == 1) return chunk;
+    if (ld->order_epoch != epoch) {
+        mb__permutation(ld->cfg.seed, mb__shuffle_stream(epoch, 0xffffffffu), ld->plan.chunks, ld->order);
+        ld->order_epoch = epoch;
+    }
+    return ld->order[chunk];
+}
+
+/* Put buffer b's rows in the order of permutation (epoch, fid): in place, following
+ * cycles, one row copy per moved row on the copy stream (through tmp_row). */
+static mb_result mb__ld_permute(mb_loader *ld, int b, int64_t epoch, int64_t fid) {
+    mb__chunk_buf *cb = &ld->buf[b];
+    int64_t n = cb->rows, *p = ld->perm, *inv = ld->inv;
+    if (n <= 0) return MB_OK;
+    mb__permutation(ld->cfg.seed, mb__shuffle_stream(epoch, (uint64_t)fid), n, p);
+    for (int64_t i = 0; i < n; i++) inv[cb->cur[i]] = i;
+    memset(ld->seen, 0, (size_t)n);
+    mb_device *dev = ld->dev;
+    char *tf = (char *)ld->tmp_row, *tt = tf + ld->row_f;
+    size_t rf = ld->row_f, rt = ld->row_t;
+    for (int64_t s = 0; s < n; s++) {
+        if (ld->seen[s]) continue;
+        ld->seen[s] = 1;
+        int64_t j = s, src = inv[p[s]];
+        if (src == s) continue;
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, tf, cb->feat + (size_t)s * rf, rf));
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, tt, cb->targ + (size_t)s * rt, rt));
+        while (src != s) {
+            MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->feat + (size_t)j * rf, cb->feat + (size_t)src * rf, rf));
+            MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->targ + (size_t)j * rt, cb->targ + (size_t)src * rt, rt));
+            j = src;
+            ld->seen[j] = 1;
+            src = inv[p[j]];
+        }
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->feat + (size_t)j * rf, tf, rf));
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->targ + (size_t)j * rt, tt, rt));
+    }
+    memcpy(cb->cur, p, (size_t)n * sizeof *p);
+    return MB_OK;
+}
+
+/* The reader's job: file chunk fid into buffer b, slab by slab; the read of slab i
+ * overlaps the copy of slab i-1 (the copy stream is synced before reusing a slab). */
+static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
+    mb__chunk_buf *cb = &ld->buf[j->buf];
+    mb_device *dev = ld->dev;
+    int64_t start = j->fid * ld->plan.samples_per_chunk, end = start + ld->plan.samples_per_chunk, rows = 0;
+    if (end > mb_dataset_info(ld->ds)->n) end = mb_dataset_info(ld->ds)->n;
+    int s = 0;
+    for (int64_t p = start; p < end; p += ld->slab_rows, s ^= 1) {
+        int64_t e = p + ld->slab_rows < end ? p + ld->slab_rows : end, got = 0;
+        float *sf = (float *)ld->slab[s], *stg = (float *)((char *)ld->slab[s] + (size_t)ld->slab_rows * ld->row_f);
+        double t0 = mb__seconds();
+        MB_TRY(mb_dataset_read(ld->ds, p, e, sf, stg, &got));
+        double t1 = mb__seconds();
+        st->read_seconds += t1 - t0;
+        st->bytes_read += (uint64_t)(e - p) * (ld->row_f + ld->row_t);
+        MB_TRY(mb_sync(dev, MB_STREAM_COPY)); /* the copy out of slab s (two reads ago) is done */
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->feat + (size_t)rows * ld->row_f, sf, (size_t)got * ld->row_f));
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->targ + (size_t)rows * ld->row_t, stg, (size_t)got * ld->row_t));
+        rows += got;
+        st->copy_seconds += mb__seconds() - t1;
+    }
+    double t2 = mb__seconds();
+    MB_TRY(mb_sync(dev, MB_STREAM_COPY));
+    st->copy_seconds += mb__seconds() - t2;
+    cb->rows = rows;
+    for (int64_t i = 0; i < rows; i++) cb->cur[i] = i;
+    if (ld->cfg.shuffle) {
+        MB_TRY(mb__ld_permute(ld, j->buf, j->epoch, j->fid));
+        MB_TRY(mb_sync(dev, MB_STREAM_COPY));
+    }
+    st->chunk_loads++;
+    cb->epoch = j->epoch;
+    cb->chunk = j->chunk;
+    return MB_OK;
+}
+
+/* Run the queued job (reader thread, or inline without threads); keep its message. */
+static void mb__ld_run(mb_loader *ld, mb_loader_stats *st) {
+    mb__job j = ld->job;
+    mb_result r = mb__ld_load(ld, &j, st);
+    if (r != MB_OK) snprintf(ld->job_msg, sizeof ld->job_msg, "%s", mb_last_error());
+    ld->job_result = r;
+}
+
+static void mb__ld_merge(mb_loader_stats *a, const mb_loader_stats *b) {
+    a->bytes_read += b->bytes_read;
+    a->read_seconds += b->read_seconds;
+    a->copy_seconds += b->copy_seconds;
+    a->chunk_loads += b->chunk_loads;
+}
+
+#ifndef MEGABATCH_NO_THREADS
+static void *mb__ld_thread(void *arg) {
+    mb_loader *ld = (mb_loader *)arg;
+#ifdef MEGABATCH_CUDA
+    if (ld->dev->cfg.backend == MB_CUDA) mb__cuda_loader_thread_init(ld->dev);
+#endif
+    pthread_mutex_lock(&ld->mu);
+    for (;;) {
+        while (!ld->quit && ld->state != 1) pthread_cond_wait(&ld->cv, &ld->mu);
+        if (ld->quit) break;
+        pthread_mutex_unlock(&ld->mu);
+        mb_loader_stats st;
+        memset(&st, 0, sizeof st);
+        mb__ld_run(ld, &st);
+        pthread_mutex_lock(&ld->mu);
+        mb__ld_merge(&ld->stats, &st);
+        ld->state = 2;
+        pthread_cond_broadcast(&ld->cv);
+    }
+    pthread_mutex_unlock(&ld->mu);
+    return NULL;
+}
+#endif
+
+/* Queue a load of item (epoch, chunk) into buffer b. The copy stream first waits for
+ * the compute work queued so far (it may still read the buffer's old contents). */
+static mb_result mb__ld_kick(mb_loader *ld, int b, int64_t epoch, int64_t chunk) {
+    MB_TRY(mb_stream_wait(ld->dev, MB_STREAM_COPY, MB_STREAM_COMPUTE));
+    ld->buf[b].epoch = -1;
+    ld->job.buf = b;
+    ld->job.epoch = epoch;
+    ld->job.chunk = chunk;
+    ld->job.fid = mb__ld_fid(ld, epoch, chunk);
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_lock(&ld->mu);
+    ld->state = 1;
+    pthread_cond_broadcast(&ld->cv);
+    pthread_mutex_unlock(&ld->mu);
+#else
+    ld->state = 1;
+#endif
+    return MB_OK;
+}
+
+/* Wait for the queued job; its failure becomes ours (report = 0: discard it). */
+static mb_result mb__ld_wait(mb_loader *ld, int report) {
+    if (ld->state == 0) return MB_OK;
+    double t0 = mb__seconds();
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_lock(&ld->mu);
+    while (ld->state != 2) pthread_cond_wait(&ld->cv, &ld->mu);
+    ld->state = 0;
+    ld->stats.wait_seconds += mb__seconds() - t0;
+    pthread_mutex_unlock(&ld->mu);
+#else
+    mb_loader_stats st;
+    memset(&st, 0, sizeof st);
+    mb__ld_run(ld, &st);
+    mb__ld_merge(&ld->stats, &st);
+    ld->stats.wait_seconds += mb__seconds() - t0;
+    ld->state = 0;
+#endif
+    if (ld->job_result != MB_OK && report) return MB_FAIL(ld->lg, ld->job_result, "%s", ld->job_msg);
+    return MB_OK;
+}
+
+/* Make item (epoch, chunk) present in a buffer; *out gets the buffer. */
+static mb_result mb__ld_acquire(mb_loader *ld, int64_t epoch, int64_t chunk, int *out) {
+    if (ld->plan.buffers == 1) {
+        mb__chunk_buf *cb = &ld->buf[0];
+        *out = 0;
+        if (cb->epoch < 0) {
+            MB_TRY(mb__ld_kick(ld, 0, epoch, 0));
+            return mb__ld_wait(ld, 1);
+        }
+        if (ld->cfg.shuffle && cb->epoch != epoch) { /* resident: reshuffle in place */
+            MB_TRY(mb_stream_wait(ld->dev, MB_STREAM_COPY, MB_STREAM_COMPUTE));
+            MB_TRY(mb__ld_permute(ld, 0, epoch, 0));
+            MB_TRY(mb_stream_wait(ld->dev, MB_STREAM_COMPUTE, MB_STREAM_COPY));
+            cb->epoch = epoch;
+        }
+        return MB_OK;
+    }
+    for (int b = 0; b < 2; b++)
+        if (ld->buf[b].epoch == epoch && ld->buf[b].chunk == chunk) { *out = b; return MB_OK; }
+    if (ld->state != 0) {
+        if (ld->job.epoch == epoch && ld->job.chunk == chunk) {
+            *out = ld->job.buf;
+            return mb__ld_wait(ld, 1);
+        }
+        MB_TRY(mb__ld_wait(ld, 0)); /* a prefetch we no longer need */
+    }
+    int b = ld->cur_buf >= 0 ? 1 - ld->cur_buf : 0;
+    MB_TRY(mb__ld_kick(ld, b, epoch, chunk));
+    *out = b;
+    return mb__ld_wait(ld, 1);
+}
+
+/* Start loading the item after (epoch, chunk) into the other buffer, if idle. */
+static mb_result mb__ld_prefetch(mb_loader *ld, int b) {
+    if (ld->plan.buffers == 1 || ld->state != 0) return MB_OK;
+    int64_t e = ld->epoch, c = ld->chunk + 1;
+    if (c == ld->plan.chunks) { e++; c = 0; }
+    if (ld->buf[1 - b].epoch == e && ld->buf[1 - b].chunk == c) return MB_OK;
+    return mb__ld_kick(ld, 1 - b, e, c);
+}
+
+MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
+    if (!ld || !out) return MB_FAIL(ld ? ld->lg : NULL, MB_ERR_INVALID_ARG, "mb_loader_next: NULL argument");
+    memset(out, 0, sizeof *out);
+    int64_t B = ld->cfg.batch;
+    for (;;) {
+        if (ld->chunk >= ld->plan.chunks) {
+            out->epoch = ld->epoch;
+            out->index = ld->index;
+            out->end_of_epoch = 1;
+            ld->epoch++;
+            ld->chunk = ld->batch = ld->index = 0;
+            return MB_OK;
+        }
+        int b;
+        MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
+        mb__chunk_buf *cb = &ld->buf[b];
+        int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
+        if (count <= 0 || (ld->cfg.drop_last && count < B)) {
+            ld->chunk++;
+            ld->batch = 0;
+            continue;
+        }
+        ld->cur_buf = b;
+        MB_TRY(mb__ld_prefetch(ld, b));
+        out->features = cb->feat + (size_t)first * ld->row_f;
+        out->targets = cb->targ + (size_t)first * ld->row_t;
+        out->count = count;
+        out->epoch = ld->epoch;
+        out->index = ld->index++;
+        ld->batch++;
+        return MB_OK;
+    }
+}
+
+MBDEF mb_loader_pos mb_loader_position(const mb_loader *ld) {
+    mb_loader_pos p;
+    p.epoch = ld->epoch;
+    p.chunk = ld->chunk;
+    p.batch = ld->batch;
+    return p;
+}
+
+/* Planned batches of the chunk at position `chunk` of `epoch`. */
+static int64_t mb__ld_chunk_batches(mb_loader *ld, int64_t epoch, int64_t chunk) {
+    int64_t spc = ld->plan.samples_per_chunk, n = mb_dataset_info(ld->ds)->n, B = ld->cfg.batch;
+    int64_t start = mb__ld_fid(ld, epoch, chunk) * spc, rows = n - start < spc ? n - start : spc;
+    return ld->cfg.drop_last ? rows / B : (rows + B - 1) / B;
+}
+
+MBDEF mb_result mb_loader_set_position(mb_loader *ld, mb_loader_pos pos) {
+    if (!ld) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_set_position: NULL loader");
+    if (pos.epoch < 0 || pos.chunk < 0 || pos.chunk >= ld->plan.chunks || pos.batch < 0 ||
+        pos.batch > mb__ld_chunk_batches(ld, pos.epoch, pos.chunk))
+        return MB_FAIL(ld->lg, MB_ERR_INVALID_ARG, "mb_loader_set_position: epoch %lld chunk %lld batch %lld outside "
+                       "the plan (%lld chunks)", (long long)pos.epoch, (long long)pos.chunk, (long long)pos.batch,
+                       (long long)ld->plan.chunks);
+    ld->epoch = pos.epoch;
+    ld->chunk = pos.chunk;
+    ld->batch = pos.batch;
+    ld->index = pos.batch;
+    for (int64_t c = 0; c < pos.chunk; c++) ld->index += mb__ld_chunk_batches(ld, pos.epoch, c);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_loader_reset_epoch(mb_loader *ld) {
+    if (!ld) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_reset_epoch: NULL loader");
+    mb_loader_pos p;
+    p.epoch = ld->epoch;
+    p.chunk = p.batch = 0;
+    return mb_loader_set_position(ld, p);
+}
+
+MBDEF const mb_chunk_plan *mb_loader_get_plan(const mb_loader *ld) { return ld ? &ld->plan : NULL; }
+
+MBDEF mb_loader_stats mb_loader_get_stats(const mb_loader *ld) {
+    mb_loader_stats s;
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_lock((pthread_mutex_t *)&ld->mu);
+    s = ld->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&ld->mu);
+#else
+    s = ld->stats;
+#endif
+    return s;
+}
+
+/* Device chunk buffers for the current plan; on out-of-memory retry with 0.8x the
+ * budget (0.75 -> 0.60 -> 0.48 of free memory), error below one batch. */
+static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, size_t free_bytes) {
+    double frac = ld->cfg.chunk_fraction == 0 ? 0.75 : ld->cfg.chunk_fraction;
+    for (;;) {
+        mb_result r = MB_OK;
+        ld->cap = ld->plan.samples_per_chunk;
+        for (int b = 0; b < ld->plan.buffers && r == MB_OK; b++) {
+            r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cap * (ld->row_f + ld->row_t), &ld->buf[b].mem);
+            ld->buf[b].feat = (char *)ld->buf[b].mem;
+            ld->buf[b].targ = ld->buf[b].feat + (size_t)ld->cap * ld->row_f;
+        }
+        if (r == MB_OK) return MB_OK;
+        for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); ld->buf[b].mem = NULL; }
+        if (r != MB_ERR_OUT_OF_MEMORY) return r;
+        size_t failed = ld->plan.budget_bytes, next = (size_t)((double)failed * 0.8);
+        size_t need = ld->plan.bytes_per_sample * (size_t)(ld->cfg.batch < m->n ? ld->cfg.batch : m->n);
+        if (next < need)
+            return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: %s: no device memory for a chunk: %zu bytes "
+                           "failed and %zu bytes are below one batch of %lld samples (%zu bytes)", m->source, failed,
+                           next, (long long)ld->cfg.batch, need);
+        frac *= 0.8;
+        MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: device chunk budget of %zu bytes failed; retrying with %zu "
+               "bytes (fraction %.2f)", failed, next, frac);
+        mb_loader_config c = ld->cfg;
+        c.chunk_bytes = next;
+        MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, &c, free_bytes, &ld->plan));
+    }
+}
+
+/* Two staging slabs: pinned; on failure up to 4 halvings, then pageable at full size. */
+static mb_result mb__ld_alloc_slabs(mb_loader *ld) {
+    size_t bps = ld->row_f + ld->row_t, want = ld->cfg.slab_bytes ? ld->cfg.slab_bytes : ((size_t)256 << 20);
+    int64_t full = (int64_t)(want / bps);
+    if (full < 1) full = 1;
+    if (full > ld->cap) full = ld->cap;
+    int64_t rows = full;
+    mb_mem_kind kind = MB_MEM_PINNED;
+    for (int tries = 0;; tries++) {
+        mb_result r = mb_alloc(ld->dev, kind, (size_t)rows * bps, &ld->slab[0]);
+        if (r == MB_OK) r = mb_alloc(ld->dev, kind, (size_t)rows * bps, &ld->slab[1]);
+        if (r == MB_OK) break;
+        mb_free(ld->dev, ld->slab[0]);
+        ld->slab[0] = ld->slab[1] = NULL;
+        if (r != MB_ERR_OUT_OF_MEMORY || kind == MB_MEM_HOST) return r;
+        if (tries < 4 && rows > 1) {
+            rows = (rows + 1) / 2;
+            MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: pinned slabs failed; trying 2 x %zu bytes", (size_t)rows * bps);
+        } else {
+            kind = MB_MEM_HOST;
+            rows = full;
+            MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: no pinned memory; staging through pageable 2 x %zu bytes "
+                   "(slower copies, same data)", (size_t)rows * bps);
+        }
+    }
+    ld->slab_rows = rows;
+    return MB_OK;
+}
+
+static mb_result mb__ld_alloc_host(mb_loader *ld) {
+    size_t cap = (size_t)ld->cap;
+    ld->perm = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
+    ld->inv = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
+    ld->seen = (unsigned char *)mb__host_calloc(cap, 1);
+    ld->order = (int64_t *)mb__host_calloc((size_t)ld->plan.chunks, sizeof(int64_t));
+    ld->buf[0].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
+    ld->buf[1].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
+    if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->buf[0].cur || !ld->buf[1].cur)
+        return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for %zu-row index arrays", cap);
+    if (ld->cfg.shuffle) return mb_alloc(ld->dev, MB_MEM_DEVICE, ld->row_f + ld->row_t, &ld->tmp_row);
+    return MB_OK;
+}
+
+MBDEF void mb_loader_close(mb_loader *ld) {
+    if (!ld) return;
+#ifndef MEGABATCH_NO_THREADS
+    if (ld->started) {
+        pthread_mutex_lock(&ld->mu);
+        ld->quit = 1;
+        pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+        pthread_join(ld->thread, NULL);
+    }
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+#endif
+    mb_sync(ld->dev, MB_STREAM_COPY);
+    for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); MB_FREE(ld->buf[b].cur); }
+    mb_free(ld->dev, ld->slab[0]);
+    mb_free(ld->dev, ld->slab[1]);
+    mb_free(ld->dev, ld->tmp_row);
+    MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order);
+    MB_FREE(ld);
+}
+
+MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg) {
+    if (!out || !dev || !ds || !cfg) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_loader_open: NULL argument");
+    *out = NULL;
+    const mb_logger *lg = &dev->cfg.log;
+    const mb_dataset_meta *m = mb_dataset_info(ds);
+    if (cfg->dtype != MB_F32)
+        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_loader_open: device dtype %s: the loader fills f32 chunks only "
+                       "(convert batches with mb_convert)", mb_dtype_name(cfg->dtype));
+    size_t free_bytes = 0;
+    if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
+    mb_chunk_plan plan;
+    MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, cfg, free_bytes, &plan));
+    mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
+    if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
+    ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
+    ld->row_f = (size_t)(m->t * m->f) * sizeof(float);
+    ld->row_t = (size_t)m->k * sizeof(float);
+    ld->buf[0].epoch = ld->buf[1].epoch = -1;
+    ld->cur_buf = -1;
+    ld->order_epoch = -1;
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->cv, NULL);
+#endif
+    mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
+    if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
+    if (r == MB_OK) r = mb__ld_alloc_host(ld);
+#ifndef MEGABATCH_NO_THREADS
+    if (r == MB_OK) {
+        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
+            r = MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
+        else ld->started = 1;
+    }
+#endif
+    if (r != MB_OK) { mb_loader_close(ld); return r; }
+    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
+           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples", m->source, (long long)m->n,
+           plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
+           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows);
+    *out = ld;
+    return MB_OK;
+}
 
 // ---- end loader ----
 
