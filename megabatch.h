@@ -2038,10 +2038,11 @@ static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, si
         for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); ld->buf[b].mem = NULL; }
         if (r != MB_ERR_OUT_OF_MEMORY) return r;
         size_t failed = ld->plan.budget_bytes, next = (size_t)((double)failed * 0.8);
-        size_t need = ld->plan.bytes_per_sample * (size_t)(ld->cfg.batch < m->n ? ld->cfg.batch : m->n);
+        /* the least that works: one batch per buffer (two buffers unless one batch is all) */
+        size_t need = ld->plan.bytes_per_sample * (size_t)(ld->cfg.batch < m->n ? 2 * ld->cfg.batch : m->n);
         if (next < need)
             return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: %s: no device memory for a chunk: %zu bytes "
-                           "failed and %zu bytes are below one batch of %lld samples (%zu bytes)", m->source, failed,
+                           "failed and %zu bytes are below one batch of %lld samples per buffer (%zu bytes)", m->source, failed,
                            next, (long long)ld->cfg.batch, need);
         frac *= 0.8;
         MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: device chunk budget of %zu bytes failed; retrying with %zu "
