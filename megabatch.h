@@ -1723,7 +1723,8 @@ struct mb_loader {
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
     /* reader thread: one job at a time. state 0 idle, 1 queued/running, 2 done */
-    int state, quit, started;
+    int state, quit, started;     /* state and quit: shared, under mu */
+    int pending;                  /* main thread only: a job was queued and not yet waited for */
     mb__job job;
     mb_result job_result;
     char job_msg[MB_MAX_ERROR];
@@ -1862,6 +1863,7 @@ static mb_result mb__ld_kick(mb_loader *ld, int b, int64_t epoch, int64_t chunk)
     ld->job.epoch = epoch;
     ld->job.chunk = chunk;
     ld->job.fid = mb__ld_fid(ld, epoch, chunk);
+    ld->pending = 1;
 #ifndef MEGABATCH_NO_THREADS
     pthread_mutex_lock(&ld->mu);
     ld->state = 1;
@@ -1875,7 +1877,7 @@ static mb_result mb__ld_kick(mb_loader *ld, int b, int64_t epoch, int64_t chunk)
 
 /* Wait for the queued job; its failure becomes ours (report = 0: discard it). */
 static mb_result mb__ld_wait(mb_loader *ld, int report) {
-    if (ld->state == 0) return MB_OK;
+    if (!ld->pending) return MB_OK;
     double t0 = mb__seconds();
 #ifndef MEGABATCH_NO_THREADS
     pthread_mutex_lock(&ld->mu);
@@ -1883,6 +1885,7 @@ static mb_result mb__ld_wait(mb_loader *ld, int report) {
     ld->state = 0;
     ld->stats.wait_seconds += mb__seconds() - t0;
     pthread_mutex_unlock(&ld->mu);
+    ld->pending = 0;
 #else
     mb_loader_stats st;
     memset(&st, 0, sizeof st);
@@ -1890,6 +1893,7 @@ static mb_result mb__ld_wait(mb_loader *ld, int report) {
     mb__ld_merge(&ld->stats, &st);
     ld->stats.wait_seconds += mb__seconds() - t0;
     ld->state = 0;
+    ld->pending = 0;
 #endif
     if (ld->job_result != MB_OK && report) return MB_FAIL(ld->lg, ld->job_result, "%s", ld->job_msg);
     return MB_OK;
@@ -1912,9 +1916,12 @@ static mb_result mb__ld_acquire(mb_loader *ld, int64_t epoch, int64_t chunk, int
         }
         return MB_OK;
     }
-    for (int b = 0; b < 2; b++)
-        if (ld->buf[b].epoch == epoch && ld->buf[b].chunk == chunk) { *out = b; return MB_OK; }
-    if (ld->state != 0) {
+    for (int b = 0; b < 2; b++) /* (the buffer of a queued job belongs to the reader) */
+        if (!(ld->pending && b == ld->job.buf) && ld->buf[b].epoch == epoch && ld->buf[b].chunk == chunk) {
+            *out = b;
+            return MB_OK;
+        }
+    if (ld->pending) {
         if (ld->job.epoch == epoch && ld->job.chunk == chunk) {
             *out = ld->job.buf;
             return mb__ld_wait(ld, 1);
@@ -1929,7 +1936,7 @@ static mb_result mb__ld_acquire(mb_loader *ld, int64_t epoch, int64_t chunk, int
 
 /* Start loading the item after (epoch, chunk) into the other buffer, if idle. */
 static mb_result mb__ld_prefetch(mb_loader *ld, int b) {
-    if (ld->plan.buffers == 1 || ld->state != 0) return MB_OK;
+    if (ld->plan.buffers == 1 || ld->pending) return MB_OK;
     int64_t e = ld->epoch, c = ld->chunk + 1;
     if (c == ld->plan.chunks) { e++; c = 0; }
     if (ld->buf[1 - b].epoch == e && ld->buf[1 - b].chunk == c) return MB_OK;
