@@ -264,6 +264,12 @@ static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uin
 // ---- cuda end dataset ----
 
 // ---- cuda loader ----
+// The reader thread issues copies on this device's streams: make it current there.
+
+static void mb__cuda_loader_thread_init(mb_device *dev) {
+    cudaSetDevice(dev->cuda_index);
+    cudaGetLastError();
+}
 
 // ---- cuda end loader ----
 

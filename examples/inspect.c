@@ -1,0 +1,85 @@
+/* inspect - validate an HDF5 training file and print its shape and the chunk plan.
+ *
+ *   build/inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16]
+ *
+ * Prints N, T, F, K, segments, bytes per sample, dataset size and the loader's chunk
+ * plan for a GPU with GB gigabytes free (default 16; 1 GB = 1e9 bytes, as in the seeds).
+ * Exit 0 for a valid file; exit 2 with one line "error: ..." on stderr otherwise. */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int usage_error(const char *msg, const char *arg) {
+    fprintf(stderr, "error: %s%s%s (usage: inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16])\n", msg,
+            arg ? ": " : "", arg ? arg : "");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    double gb = 16;
+    long long batch = 128;
+    mb_dtype dtype = MB_F32;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "--gpu-mem") || !strcmp(a, "--batch") || !strcmp(a, "--dtype")) {
+            if (!v) return usage_error("missing value for", a);
+            i++;
+            if (!strcmp(a, "--gpu-mem")) {
+                gb = strtod(v, &end);
+                if (*end || !(gb > 0 && gb < 1e6)) return usage_error("--gpu-mem wants a positive number of GB", v);
+            } else if (!strcmp(a, "--batch")) {
+                batch = strtoll(v, &end, 10);
+                if (*end || batch < 1 || batch > 100000000) return usage_error("--batch wants a positive integer", v);
+            } else if (!strcmp(v, "f32")) dtype = MB_F32;
+            else if (!strcmp(v, "bf16")) dtype = MB_BF16;
+            else return usage_error("--dtype wants f32 or bf16", v);
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("unknown option", a);
+        } else if (path) {
+            return usage_error("more than one file", a);
+        } else {
+            path = a;
+        }
+    }
+    if (!path) return usage_error("no file given", NULL);
+    mb_dataset *ds = NULL;
+    if (mb_dataset_open_file(&ds, path, NULL) != MB_OK) {
+        fprintf(stderr, "error: %s\n", mb_last_error());
+        return 2;
+    }
+    const mb_dataset_meta *m = mb_dataset_info(ds);
+    mb_loader_config c;
+    memset(&c, 0, sizeof c);
+    c.batch = batch;
+    c.dtype = dtype;
+    mb_chunk_plan p;
+    if (mb_loader_plan(m->n, m->t, m->f, m->k, &c, (size_t)(gb * 1e9), &p) != MB_OK) {
+        fprintf(stderr, "error: %s\n", mb_last_error());
+        mb_dataset_close(ds);
+        return 2;
+    }
+    printf("file:             %s\n", m->source);
+    printf("samples N:        %lld\n", (long long)m->n);
+    printf("time steps T:     %lld\n", (long long)m->t);
+    printf("features F:       %lld (%s on disk)\n", (long long)m->f, m->features_type);
+    printf("targets K:        %lld (%s on disk)\n", (long long)m->k, m->targets_type);
+    printf("segments:         ");
+    if (!m->segments) printf("none");
+    for (int i = 0; i < m->segments; i++)
+        printf("%s%s%s%lld", i ? ", " : "", m->segment_name[i], m->segment_name[i][0] ? "=" : "",
+               (long long)m->segment_len[i]);
+    printf("\n");
+    printf("bytes/sample:     %zu (%s on the device)\n", p.bytes_per_sample, mb_dtype_name(dtype));
+    printf("dataset size:     %.3f GB (%zu bytes as float32)\n", (double)m->total_bytes / 1e9, m->total_bytes);
+    printf("plan for %.1f GB: budget %.3f GB (75%%), %s\n", gb, (double)p.budget_bytes / 1e9,
+           p.buffers == 1 ? "resident (loaded once)" : "2 chunk buffers (double-buffered)");
+    printf("chunks:           %lld of %lld samples (%.3f GB each)\n", (long long)p.chunks,
+           (long long)p.samples_per_chunk, (double)p.chunk_bytes / 1e9);
+    printf("batches/epoch:    %lld of %lld\n", (long long)p.batches, batch);
+    mb_dataset_close(ds);
+    return 0;
+}

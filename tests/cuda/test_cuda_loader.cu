@@ -1,0 +1,116 @@
+/* CUDA loader: the same batches as the CPU loader (copied back from device memory), for
+ * resident and double-buffered chunks, with and without shuffle, and with the pinned
+ * slabs replaced by pageable ones. Without a GPU every test skips after checking the
+ * no-GPU error. */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch_cuda.cuh"
+#include "testutil.h"
+
+enum { N = 301, T = 7, F = 5, K = 3, ROW = T * F };
+static float g_feat[N * ROW], g_targ[N * K];
+
+static mb_device *open_cuda_or_skip(int tf32) {
+    mb_device_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.backend = MB_CUDA;
+    cfg.streams = 4;
+    cfg.tf32 = tf32;
+    mb_device *dev = NULL;
+    mb_result r = mb_device_open(&dev, &cfg);
+    if (r == MB_ERR_NO_DEVICE) {
+        assert_null(dev);
+        assert_non_null(strstr(mb_last_error(), "CUDA"));
+        skip();
+    }
+    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
+    return dev;
+}
+
+/* Two epochs of batches as host arrays (features then targets, batch after batch). */
+static size_t collect(mb_device *dev, const mb_loader_config *c, float *out, size_t cap) {
+    mb_dataset *ds;
+    tu_ok(mb_dataset_open_memory(&ds, g_feat, g_targ, N, T, F, K, NULL));
+    mb_loader *ld;
+    tu_ok(mb_loader_open(&ld, dev, ds, c));
+    size_t used = 0;
+    mb_batch b;
+    for (int e = 0; e < 2;) {
+        tu_ok(mb_loader_next(ld, &b));
+        if (b.end_of_epoch) { e++; continue; }
+        size_t nf = (size_t)b.count * ROW, nk = (size_t)b.count * K;
+        assert_true(used + nf + nk <= cap);
+        /* the batch is used on the compute stream, as a training step would */
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used, b.features, nf * sizeof(float)));
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used + nf, b.targets, nk * sizeof(float)));
+        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+        used += nf + nk;
+    }
+    mb_loader_close(ld);
+    mb_dataset_close(ds);
+    return used;
+}
+
+static void compare_with_cpu(mb_device *gpu, mb_loader_config c) {
+    size_t cap = 2 * (size_t)N * (ROW + K);
+    float *a = tu_alloc_f32(cap), *b = tu_alloc_f32(cap);
+    mb_device *cpu;
+    tu_ok(mb_device_open(&cpu, NULL));
+    size_t na = collect(cpu, &c, a, cap), nb = collect(gpu, &c, b, cap);
+    assert_int_equal(na, nb);
+    assert_true(na > 0);
+    assert_memory_equal(a, b, na * sizeof(float));
+    mb_device_close(cpu);
+    free(a);
+    free(b);
+}
+
+static void test_cuda_loader_matches_cpu(void **state) {
+    (void)state;
+    mb_device *dev = open_cuda_or_skip(0);
+    const size_t bps = (ROW + K) * sizeof(float);
+    const size_t chunks[] = {N, 100, 37};
+    for (int ci = 0; ci < 3; ci++)
+        for (int sh = 0; sh < 2; sh++)
+            for (int dl = 0; dl < 2; dl++) {
+                mb_loader_config c;
+                memset(&c, 0, sizeof c);
+                c.batch = 8;
+                c.chunk_bytes = chunks[ci] * bps;
+                c.slab_bytes = 11 * bps;
+                c.shuffle = sh;
+                c.seed = 99;
+                c.drop_last = dl;
+                compare_with_cpu(dev, c);
+            }
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
+    mb_device_close(dev);
+}
+
+static void test_cuda_loader_pageable_fallback(void **state) {
+    (void)state;
+    mb_device *dev = open_cuda_or_skip(0);
+    mb_loader_config c;
+    memset(&c, 0, sizeof c);
+    c.batch = 16;
+    c.chunk_bytes = 90 * (ROW + K) * sizeof(float);
+    c.slab_bytes = 1; /* one-sample slabs: a pinned failure goes straight to pageable */
+    mb_device_fail_alloc(dev, MB_MEM_PINNED, 1);
+    compare_with_cpu(dev, c);
+    mb_device_fail_alloc(dev, MB_MEM_DEVICE, 1); /* first chunk buffer: retry smaller */
+    compare_with_cpu(dev, c);
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
+    mb_device_close(dev);
+}
+
+int main(void) {
+    for (size_t i = 0; i < N; i++) {
+        for (size_t j = 0; j < ROW; j++) g_feat[i * ROW + j] = (float)i + tu_uniform(0.0f, 0.5f);
+        for (size_t j = 0; j < K; j++) g_targ[i * K + j] = -(float)i - tu_uniform(0.0f, 0.5f);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_loader_matches_cpu),
+        cmocka_unit_test(test_cuda_loader_pageable_fallback),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
