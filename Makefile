@@ -94,7 +94,7 @@ $(BUILD)/tests/% : tests/%.c $(HEADERS)
 # the plain C gemm fallback, checked by the same tests
 $(BUILD)/tests/test_gemm_nocblas: tests/test_gemm.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ $< $(CMOCKA_LIBS) -lpthread -lm
+	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ $< $(CMOCKA_LIBS) $(HDF5_LIBS) -lpthread -lm
 
 $(BUILD)/asan/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
