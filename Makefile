@@ -1,5 +1,6 @@
 # megabatch - build, test, CUDA compile checks, sanitizers, install.
 #
+#   make run         the multi-timeframe example: synthetic data, then training
 #   make test        CPU tests (+ CUDA test binaries when nvcc exists; they skip without a GPU)
 #   make build       everything buildable on this machine
 #   make cuda        every CUDA source through nvcc -Werror (sm_90 + sm_80)
@@ -68,7 +69,7 @@ ifneq ($(NVCC),)
 CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o
 endif
 
-.PHONY: all build test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan install deps clean
+.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan install deps clean
 all: build
 
 check-deps:
@@ -173,11 +174,20 @@ install:
 	@echo "✓ installed megabatch.h, megabatch_cuda.cuh and megabatch.pc under $(DESTDIR)$(PREFIX)"
 
 deps:
-	@if [ "$$(id -u)" = 0 ]; then \
-	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
-	  echo "✓ Debian packages present: $(DEB_PACKAGES)"; \
-	else echo "run as root: apt-get install -y $(DEB_PACKAGES)"; fi
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "✓ Debian packages present: $(DEB_PACKAGES)"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "✗ missing Debian packages; run as root: apt-get install -y $$missing"; exit 1; fi
+
+# The multi-timeframe example end to end: synthetic data, then training (GPU when there
+# is one and nvcc built the CUDA program, else the CPU; about a minute on 2 cores).
+RUN_DATA  := --synthetic --bars 150000 --features 8 --stride 30
+RUN_TRAIN := --epochs 4 --batch 32 --hidden 16 --head 32 --metrics data/metrics.csv
+run: deps
+	@$(MAKE) --no-print-directory check-deps $(BUILD)/prepare $(BUILD)/train_multitf $(if $(NVCC),$(BUILD)/train_multitf_cuda)
+	@[ -f data/train.h5 ] && [ -f data/val.h5 ] || $(BUILD)/prepare $(RUN_DATA)
+	@if [ -x $(BUILD)/train_multitf_cuda ] && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BUILD)/train_multitf_cuda $(RUN_TRAIN); else $(BUILD)/train_multitf $(RUN_TRAIN); fi
 
 clean:
 	rm -rf $(BUILD)

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 // ---- bars ----
 // A bar series (M1 or aggregated): start time in seconds since 1970 (UTC), OHLC, volume.
@@ -394,9 +395,20 @@ static int h5_attr_floats(hid_t obj, const char *name, const float *v, hsize_t r
     return e < 0 ? prep_fail("cannot write attribute %s", name) : 0;
 }
 
+/* Create the parent directory of path if it is missing (one level, e.g. data/). */
+static void make_parent_dir(const char *path) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return;
+    *slash = 0;
+    mkdir(dir, 0777); /* an error shows up as H5Fcreate's */
+}
+
 static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const float *mean, const float *std,
                      float target_scale) {
     memset(o, 0, sizeof *o);
+    make_parent_dir(path);
     o->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (o->file < 0) return prep_fail("cannot create '%s'", path);
     hsize_t fd[3] = {n, 1104, (hsize_t)nf}, td[2] = {n, (hsize_t)k}, nd[1] = {n};

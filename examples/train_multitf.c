@@ -1,0 +1,414 @@
+/* train_multitf.c - the whole multi-timeframe training loop in one file.
+ *
+ * Model: five LSTM encoders, one per timeframe segment of a sample (M1 480 bars, M5 288,
+ * M15 192, H1 96, H4 48: the `segments` attribute of the file), each reading its segment
+ * and handing on its last hidden state; the five states are concatenated (fusion) and a
+ * two-layer head predicts the K targets. Loss: MSE (or Huber). Optimiser: AdamW with
+ * gradient clipping, a learning-rate schedule and gradient accumulation.
+ *
+ *   build/train_multitf      --train data/train.h5 --val data/val.h5     (CPU, cc)
+ *   build/train_multitf_cuda --train data/train.h5 --val data/val.h5     (GPU, nvcc)
+ *
+ * The same source is the CUDA program: nvcc compiles it with megabatch_cuda.cuh.
+ * Flags (defaults in brackets; see usage()): --epochs [3] --batch [128] --hidden [32]
+ * --head [64] --layers [1] --lr [2e-3] --schedule constant|cosine|onecycle [cosine]
+ * --warmup [20] --accum [1] --clip [1.0] --weight-decay [0.01] --loss mse|huber [mse]
+ * --chunk-fraction [0.75] --checkpoint-k [0: auto] --carry --seed [1] --threads [0]
+ * --metrics FILE [none] --max-batches N [0: all] --quiet.
+ * Last line, for scripts:
+ *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=..
+ * Exit 2 with `error: ...` on bad flags or data.
+ */
+#define MEGABATCH_IMPLEMENTATION
+#ifdef __CUDACC__
+#include "megabatch_cuda.cuh"
+#define BACKEND MB_CUDA
+#else
+#include "megabatch.h"
+#define BACKEND MB_CPU
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// ---- options ----
+
+typedef struct options {
+    const char *train, *val, *metrics;
+    int epochs, layers, accum, threads, carry, quiet, checkpoint_k;
+    int64_t batch, hidden, head, max_batches;
+    float lr, clip, weight_decay, chunk_fraction;
+    int warmup;
+    mb_lr_kind schedule;
+    mb_loss_kind loss;
+    uint64_t seed;
+} options;
+
+static options default_options(void) {
+    options o;
+    memset(&o, 0, sizeof o);
+    o.train = "data/train.h5"; o.val = "data/val.h5";
+    o.epochs = 3; o.layers = 1; o.accum = 1;
+    o.batch = 128; o.hidden = 32; o.head = 64;
+    o.lr = 2e-3f; o.clip = 1.0f; o.weight_decay = 0.01f; o.chunk_fraction = 0.75f;
+    o.warmup = 20; o.schedule = MB_LR_WARMUP_COSINE; o.loss = MB_LOSS_MSE; o.seed = 1;
+    return o;
+}
+
+static int bad_flag(const char *flag, const char *value, const char *want) {
+    fprintf(stderr, "error: %s '%s': %s\n", flag, value ? value : "", want);
+    return 0;
+}
+
+static int num(const char *flag, const char *v, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end || errno || !(x >= lo && x <= hi)) {
+        char want[96];
+        snprintf(want, sizeof want, "expected a number in [%g, %g]", lo, hi);
+        return bad_flag(flag, v, want);
+    }
+    *out = x;
+    return 1;
+}
+
+/* Returns 1 when the flags are good; prints `error: ...` and returns 0 otherwise. */
+static int parse_options(int argc, char **argv, options *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x = 0;
+        int used = 1;
+        if (!strcmp(a, "--carry")) { o->carry = 1; used = 0; }
+        else if (!strcmp(a, "--quiet")) { o->quiet = 1; used = 0; }
+        else if (!strcmp(a, "--train")) { if (!v) return bad_flag(a, v, "needs a file"); o->train = v; }
+        else if (!strcmp(a, "--val")) { if (!v) return bad_flag(a, v, "needs a file"); o->val = v; }
+        else if (!strcmp(a, "--metrics")) { if (!v) return bad_flag(a, v, "needs a file"); o->metrics = v; }
+        else if (!strcmp(a, "--epochs")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->epochs = (int)x; }
+        else if (!strcmp(a, "--batch")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->batch = (int64_t)x; }
+        else if (!strcmp(a, "--hidden")) { if (!num(a, v, 1, 1e5, &x)) return 0; o->hidden = (int64_t)x; }
+        else if (!strcmp(a, "--head")) { if (!num(a, v, 1, 1e5, &x)) return 0; o->head = (int64_t)x; }
+        else if (!strcmp(a, "--layers")) { if (!num(a, v, 1, 16, &x)) return 0; o->layers = (int)x; }
+        else if (!strcmp(a, "--accum")) { if (!num(a, v, 1, 1e4, &x)) return 0; o->accum = (int)x; }
+        else if (!strcmp(a, "--threads")) { if (!num(a, v, 0, 1024, &x)) return 0; o->threads = (int)x; }
+        else if (!strcmp(a, "--checkpoint-k")) { if (!num(a, v, -1, 1e6, &x)) return 0; o->checkpoint_k = (int)x; }
+        else if (!strcmp(a, "--max-batches")) { if (!num(a, v, 0, 1e12, &x)) return 0; o->max_batches = (int64_t)x; }
+        else if (!strcmp(a, "--warmup")) { if (!num(a, v, 0, 1e9, &x)) return 0; o->warmup = (int)x; }
+        else if (!strcmp(a, "--seed")) { if (!num(a, v, 0, 4e9, &x)) return 0; o->seed = (uint64_t)x; }
+        else if (!strcmp(a, "--lr")) { if (!num(a, v, 1e-9, 10, &x)) return 0; o->lr = (float)x; }
+        else if (!strcmp(a, "--clip")) { if (!num(a, v, 0, 1e9, &x)) return 0; o->clip = (float)x; }
+        else if (!strcmp(a, "--weight-decay")) { if (!num(a, v, 0, 1, &x)) return 0; o->weight_decay = (float)x; }
+        else if (!strcmp(a, "--chunk-fraction")) { if (!num(a, v, 0.01, 0.95, &x)) return 0; o->chunk_fraction = (float)x; }
+        else if (!strcmp(a, "--schedule")) {
+            if (v && !strcmp(v, "constant")) o->schedule = MB_LR_CONSTANT;
+            else if (v && !strcmp(v, "cosine")) o->schedule = MB_LR_WARMUP_COSINE;
+            else if (v && !strcmp(v, "onecycle")) o->schedule = MB_LR_ONE_CYCLE;
+            else return bad_flag(a, v, "expected constant, cosine or onecycle");
+        } else if (!strcmp(a, "--loss")) {
+            if (v && !strcmp(v, "mse")) o->loss = MB_LOSS_MSE;
+            else if (v && !strcmp(v, "huber")) o->loss = MB_LOSS_HUBER;
+            else return bad_flag(a, v, "expected mse or huber");
+        } else return bad_flag("flag", a, "unknown (see the comment at the top of examples/train_multitf.c)");
+        i += used;
+    }
+    return 1;
+}
+
+// ---- model ----
+// enc[s]: LSTM over segment s (B, T_s, F) -> h_last (B, H); fused (B, S*H) ->
+// fc1 -> GELU -> fc2 -> pred (B, K). Encoder s runs on device stream 2+s, so on a GPU
+// the five encoders overlap and the critical path is the longest one (M1, 480 steps).
+
+enum { MAX_SEG = 5 };
+
+typedef struct model {
+    mb_device *dev;
+    mb_params *params;
+    int nseg;
+    int64_t T, F, K, H, head, maxB, seg_off[MAX_SEG], seg_len[MAX_SEG];
+    mb_lstm *enc[MAX_SEG];
+    mb_linear fc1, fc2;
+    mb_loss_config loss_cfg;
+    float *xseg[MAX_SEG], *hlast[MAX_SEG], *dh[MAX_SEG]; /* (B, T_s, F), (B, H), (B, H) */
+    float *fused, *dfused;                               /* (B, S*H) */
+    float *z1, *a1, *da1;                                /* (B, head) */
+    float *pred, *dpred, *zeros;                         /* (B, K) */
+    float *loss;                                         /* one device float */
+} model;
+
+static mb_result alloc_f32(mb_device *dev, float **p, int64_t n) {
+    return mb_alloc(dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)p);
+}
+
+static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *meta, const options *o) {
+    memset(m, 0, sizeof *m);
+    m->dev = dev; m->T = meta->t; m->F = meta->f; m->K = meta->k; m->H = o->hidden; m->head = o->head;
+    m->maxB = o->batch;
+    m->nseg = meta->segments ? meta->segments : 1;
+    if (m->nseg > MAX_SEG) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: %d segments, this example handles at most %d",
+                                          meta->source, m->nseg, MAX_SEG);
+    for (int s = 0, off = 0; s < m->nseg; s++) {
+        m->seg_len[s] = meta->segments ? meta->segment_len[s] : meta->t;
+        m->seg_off[s] = off;
+        off += (int)m->seg_len[s];
+    }
+    m->loss_cfg.kind = o->loss;
+    MB_TRY(mb_params_create(&m->params, dev));
+    for (int s = 0; s < m->nseg; s++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "enc%d.", s);
+        mb_lstm_config lc;
+        memset(&lc, 0, sizeof lc);
+        lc.input_size = m->F; lc.hidden_size = m->H; lc.layers = o->layers; lc.prefix = prefix;
+        lc.checkpoint = o->checkpoint_k; lc.max_steps = m->seg_len[s]; lc.max_batch = m->maxB;
+        lc.carry_state = o->carry; lc.stream = 2 + s;
+        MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
+    }
+    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", m->nseg * m->H, m->head));
+    MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", m->head, m->K));
+    MB_TRY(mb_params_finalize(m->params));
+    MB_TRY(mb_params_init(m->params, o->seed));
+    for (int s = 0; s < m->nseg; s++) {
+        MB_TRY(alloc_f32(dev, &m->xseg[s], m->maxB * m->seg_len[s] * m->F));
+        MB_TRY(alloc_f32(dev, &m->hlast[s], m->maxB * m->H));
+        MB_TRY(alloc_f32(dev, &m->dh[s], m->maxB * m->H));
+    }
+    MB_TRY(alloc_f32(dev, &m->fused, m->maxB * m->nseg * m->H));
+    MB_TRY(alloc_f32(dev, &m->dfused, m->maxB * m->nseg * m->H));
+    MB_TRY(alloc_f32(dev, &m->z1, m->maxB * m->head));
+    MB_TRY(alloc_f32(dev, &m->a1, m->maxB * m->head));
+    MB_TRY(alloc_f32(dev, &m->da1, m->maxB * m->head));
+    MB_TRY(alloc_f32(dev, &m->pred, m->maxB * m->K));
+    MB_TRY(alloc_f32(dev, &m->dpred, m->maxB * m->K));
+    MB_TRY(alloc_f32(dev, &m->zeros, m->maxB * m->K));
+    MB_TRY(alloc_f32(dev, &m->loss, 1));
+    return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, (size_t)(m->maxB * m->K) * sizeof(float));
+}
+
+static void model_destroy(model *m) {
+    float *bufs[] = {m->fused, m->dfused, m->z1, m->a1, m->da1, m->pred, m->dpred, m->zeros, m->loss};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
+    for (int s = 0; s < m->nseg; s++) {
+        mb_lstm_destroy(m->enc[s]);
+        mb_free(m->dev, m->xseg[s]); mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
+    }
+    mb_params_destroy(m->params);
+}
+
+/* Forward of B samples x (B, T, F) against y (B, K): loss into m->loss and, when
+ * grad_scale > 0, dLoss/dpred * grad_scale into m->dpred. */
+static mb_result model_forward(model *m, const float *x, const float *y, int64_t B, float grad_scale) {
+    mb_device *dev = m->dev;
+    size_t row = (size_t)(m->T * m->F) * sizeof(float);
+    int64_t dims[MAX_SEG];
+    const float *hs[MAX_SEG];
+    for (int s = 0; s < m->nseg; s++) {
+        int st = 2 + s;
+        size_t seg = (size_t)(m->seg_len[s] * m->F) * sizeof(float);
+        MB_TRY(mb_stream_wait(dev, st, MB_STREAM_COMPUTE));              /* the batch is ready */
+        MB_TRY(mb_copy_2d(dev, st, m->xseg[s], seg, x + m->seg_off[s] * m->F, row, seg, (size_t)B));
+        MB_TRY(mb_lstm_forward(m->enc[s], m->xseg[s], B, m->seg_len[s], NULL, NULL, NULL, m->hlast[s]));
+        MB_TRY(mb_stream_wait(dev, MB_STREAM_COMPUTE, st));              /* join */
+        dims[s] = m->H;
+        hs[s] = m->hlast[s];
+    }
+    MB_TRY(mb_concat_forward(dev, MB_STREAM_COMPUTE, m->nseg, hs, dims, B, m->fused)); /* (B, S*H) */
+    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));         /* (B, head) */
+    MB_TRY(mb_act_forward(dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * m->head)));
+    MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));          /* (B, K) */
+    return mb_loss(dev, MB_STREAM_COMPUTE, &m->loss_cfg, m->pred, y, B, m->K, grad_scale, NULL, m->loss,
+                   grad_scale > 0 ? m->dpred : NULL);
+}
+
+/* Backward of the last forward: gradients accumulate into the flat gradient buffer. */
+static mb_result model_backward(model *m, int64_t B) {
+    mb_device *dev = m->dev;
+    int64_t dims[MAX_SEG];
+    float *dhs[MAX_SEG];
+    MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
+    MB_TRY(mb_act_backward(dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * m->head)));
+    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
+    for (int s = 0; s < m->nseg; s++) { dims[s] = m->H; dhs[s] = m->dh[s]; }
+    MB_TRY(mb_concat_backward(dev, MB_STREAM_COMPUTE, m->nseg, m->dfused, dims, B, dhs));
+    for (int s = 0; s < m->nseg; s++) {
+        MB_TRY(mb_stream_wait(dev, 2 + s, MB_STREAM_COMPUTE));
+        MB_TRY(mb_lstm_backward(m->enc[s], m->dh[s], NULL, NULL, NULL, NULL));
+        MB_TRY(mb_stream_wait(dev, MB_STREAM_COMPUTE, 2 + s));
+    }
+    return MB_OK;
+}
+
+// ---- evaluation ----
+
+/* Mean validation loss of the model and of the naive baseline (predict 0 return). */
+static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline) {
+    double sum = 0, base = 0;
+    int64_t n = 0;
+    mb_batch b;
+    for (int s = 0; s < m->nseg; s++) mb_lstm_reset_state(m->enc[s]);
+    for (;;) {
+        MB_TRY(mb_loader_next(val, &b));
+        if (b.count == 0) break;
+        float l, z;
+        MB_TRY(model_forward(m, (const float *)b.features, (const float *)b.targets, b.count, 0.0f));
+        MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
+        MB_TRY(mb_loss(m->dev, MB_STREAM_COMPUTE, &m->loss_cfg, m->zeros, (const float *)b.targets, b.count, m->K,
+                       0.0f, NULL, m->loss, NULL));
+        MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &z));
+        sum += (double)l * (double)b.count;
+        base += (double)z * (double)b.count;
+        n += b.count;
+    }
+    for (int s = 0; s < m->nseg; s++) mb_lstm_reset_state(m->enc[s]);
+    *loss = n ? sum / (double)n : 0;
+    *baseline = n ? base / (double)n : 0;
+    return MB_OK;
+}
+
+// ---- training ----
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct run_state {
+    int64_t step, samples, batches;
+    double train_loss, val_loss, baseline, seconds;
+} run_state;
+
+/* One epoch over the training loader: accumulation, clipping (inside AdamW), schedule. */
+static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr_schedule *sched, mb_accum *acc,
+                             const options *o, int epoch, run_state *rs) {
+    double loss_sum = 0, t0 = now_seconds();
+    int64_t loss_n = 0, nb = 0;
+    mb_batch b;
+    for (;;) {
+        MB_TRY(mb_loader_next(tr, &b));
+        if (b.count == 0 || (o->max_batches && nb >= o->max_batches)) break;
+        if (mb_accum_window_start(acc)) MB_TRY(mb_params_zero_grad(m->params));
+        MB_TRY(model_forward(m, (const float *)b.features, (const float *)b.targets, b.count, mb_accum_loss_scale(acc)));
+        MB_TRY(model_backward(m, b.count));
+        if (mb_accum_tick(acc)) {
+            float lr;
+            MB_TRY(mb_lr_at(sched, rs->step, &lr));
+            MB_TRY(mb_adamw_step(opt, lr, NULL)); /* f32: no loss scaler */
+            rs->step++;
+        }
+        nb++;
+        rs->samples += b.count;
+        { /* fetching the loss waits for the batch: one host sync per batch, after its step */
+            float l;
+            MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
+            loss_sum += (double)l * (double)b.count; loss_n += b.count;
+            if (!o->quiet)
+                fprintf(stderr, "\repoch %d batch %lld loss %.4f  %.0f samples/s   ", epoch, (long long)nb, (double)l,
+                        (double)rs->samples / (rs->seconds + now_seconds() - t0));
+        }
+    }
+    if (!o->quiet) fputc('\n', stderr);
+    MB_TRY(mb_sync(m->dev, -1));
+    rs->seconds += now_seconds() - t0;
+    rs->batches += nb;
+    rs->train_loss = loss_n ? loss_sum / (double)loss_n : 0; /* mean over the epoch's samples */
+    return MB_OK;
+}
+
+/* Warnings and info from the library go to stderr; errors are printed once, by main. */
+static void log_warnings(mb_log_level level, const char *msg, const char *file, int line, void *user) {
+    if (level != MB_LOG_ERROR) mb_log_stderr(level, msg, file, line, user);
+}
+
+static mb_result open_data(mb_device *dev, const char *path, const options *o, int shuffle, mb_dataset **ds,
+                           mb_loader **ld) {
+    mb_dataset_config dc;
+    memset(&dc, 0, sizeof dc);
+    MB_TRY(mb_dataset_open_file(ds, path, &dc));
+    mb_loader_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.batch = o->batch; lc.shuffle = shuffle; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
+    return mb_loader_open(ld, dev, *ds, &lc);
+}
+
+static mb_result run(const options *o, run_state *rs) {
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.backend = BACKEND; dc.streams = 2 + MAX_SEG; dc.threads = o->threads;
+    dc.log.fn = log_warnings; dc.log.max = MB_LOG_WARN;
+    mb_device *dev = NULL;
+    mb_dataset *dtr = NULL, *dva = NULL;
+    mb_loader *tr = NULL, *va = NULL;
+    mb_adamw *opt = NULL;
+    model m;
+    memset(&m, 0, sizeof m);
+    FILE *csv = NULL;
+    mb_result r = mb_device_open(&dev, &dc);
+    if (r == MB_OK) r = open_data(dev, o->train, o, 0, &dtr, &tr);
+    if (r == MB_OK) r = open_data(dev, o->val, o, 0, &dva, &va);
+    const mb_dataset_meta *mt = dtr ? mb_dataset_info(dtr) : NULL, *mv = dva ? mb_dataset_info(dva) : NULL;
+    if (r == MB_OK && (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k))
+        r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
+    if (r == MB_OK) r = model_create(&m, dev, mt, o);
+    mb_adamw_config ac = mb_adamw_config_default();
+    ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
+    if (r == MB_OK) r = mb_adamw_create(&opt, m.params, &ac);
+    if (r == MB_OK && o->metrics && !(csv = fopen(o->metrics, "w")))
+        r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->metrics, strerror(errno));
+    if (r == MB_OK && !o->quiet)
+        printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
+               mb_device_name(dev), o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
+               (long long)mt->k, m.nseg, mb_params_total(m.params));
+    mb_accum acc;
+    mb_lr_schedule sched;
+    memset(&sched, 0, sizeof sched);
+    if (r == MB_OK) r = mb_accum_init(&acc, o->accum);
+    sched.kind = o->schedule; sched.lr = o->lr;
+    if (r == MB_OK) { /* optimizer steps in the whole run: the schedule's length */
+        int64_t nb = mb_loader_get_plan(tr)->batches;
+        if (o->max_batches && o->max_batches < nb) nb = o->max_batches;
+        sched.total_steps = (int64_t)o->epochs * ((nb + o->accum - 1) / o->accum);
+        if (sched.total_steps < 2) sched.total_steps = 2;
+        sched.warmup_steps = o->warmup < sched.total_steps ? o->warmup : sched.total_steps / 2;
+    }
+    if (csv) fprintf(csv, "epoch,steps,train_loss,val_loss,baseline_val_loss,samples_per_s,device_bytes\n");
+    size_t live0 = mb_device_mem_stats(dev ? dev : NULL).live[MB_MEM_DEVICE];
+    for (int e = 1; r == MB_OK && e <= o->epochs; e++) {
+        r = train_epoch(&m, tr, opt, &sched, &acc, o, e, rs);
+        if (r == MB_OK) r = evaluate(&m, va, &rs->val_loss, &rs->baseline);
+        if (r != MB_OK) break;
+        size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
+        printf("epoch %d: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %.1f MB\n",
+               e, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, (double)rs->samples / rs->seconds,
+               (double)live / 1e6);
+        if (live > live0 + (size_t)100e6) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
+        live0 = live;
+        if (csv) fprintf(csv, "%d,%lld,%.6f,%.6f,%.6f,%.1f,%zu\n", e, (long long)rs->step, rs->train_loss, rs->val_loss,
+                         rs->baseline, (double)rs->samples / rs->seconds, live);
+    }
+    if (csv) fclose(csv);
+    mb_adamw_destroy(opt);
+    mb_loader_close(tr); mb_loader_close(va);
+    mb_dataset_close(dtr); mb_dataset_close(dva);
+    if (m.params) model_destroy(&m);
+    mb_device_close(dev);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    options o = default_options();
+    if (!parse_options(argc, argv, &o)) return 2;
+    run_state rs;
+    memset(&rs, 0, sizeof rs);
+    mb_result r = run(&o, &rs);
+    if (r != MB_OK) {
+        fprintf(stderr, "error: %s\n", mb_last_error());
+        return 2;
+    }
+    printf("summary: epochs=%d steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f\n",
+           o.epochs, (long long)rs.step, rs.train_loss, rs.val_loss, rs.baseline,
+           rs.seconds > 0 ? (double)rs.samples / rs.seconds : 0.0);
+    return 0;
+}
