@@ -737,6 +737,73 @@ MBDEF int mb_accum_tick(mb_accum *a);
 // ---- end numerics ----
 
 // ---- checkpoint ----
+// Crash-safe checkpoints: one file of named byte sections with a CRC32 over everything,
+// written to `path.tmp`, fsynced, renamed over `path`, and the directory fsynced, so a
+// crash at any moment leaves either the previous or the new checkpoint, never a mix.
+//
+// File layout (integers little-endian):
+//   "MBCKPT01" | u32 version (1) | u32 section count | u64 file size
+//   per section: u32 name length | name (no NUL) | u64 payload bytes | payload
+//   u32 CRC-32 (IEEE, as zlib's crc32) of every byte before it
+// Payloads are stored as given (native byte order: little-endian on every supported
+// platform).
+//
+//   mb_ckpt_writer *w;
+//   mb_ckpt_writer_create(&w, dev);
+//   mb_ckpt_add_params(w, params); mb_ckpt_add_adamw(w, opt); mb_ckpt_add_scaler(w, sc);
+//   mb_ckpt_add(w, "step", &step, sizeof step);             // any named blob
+//   mb_ckpt_write(w, "run/ckpt.mb"); mb_ckpt_writer_destroy(w);
+//   ...
+//   mb_ckpt_reader *r;
+//   mb_ckpt_read(&r, dev, "run/ckpt.mb");                     // checks everything first
+//   mb_ckpt_load_params(r, params); mb_ckpt_load_adamw(r, opt); mb_ckpt_load_scaler(r, sc);
+//   mb_ckpt_get(r, "step", &step, sizeof step);
+//   mb_ckpt_close(r);
+
+#define MB_CKPT_VERSION 1
+
+typedef struct mb_ckpt_writer mb_ckpt_writer;
+typedef struct mb_ckpt_reader mb_ckpt_reader;
+
+/* A writer collecting sections in host memory. dev: the device whose memory the added
+ * data may live in (copies go through mb_copy on MB_STREAM_COMPUTE, then mb_sync), and
+ * whose allocator (tracked, failure injection) and logger are used; NULL: host data only. */
+MBDEF mb_result mb_ckpt_writer_create(mb_ckpt_writer **out, mb_device *dev);
+MBDEF void mb_ckpt_writer_destroy(mb_ckpt_writer *w); /* NULL is fine */
+/* Snapshot `bytes` bytes at data (host or device memory of the writer's device) as
+ * section `name` (1..MB_MAX_NAME-1 bytes, unique within the writer). bytes may be 0. */
+MBDEF mb_result mb_ckpt_add(mb_ckpt_writer *w, const char *name, const void *data, size_t bytes);
+/* Write all sections to path crash-safely (path.tmp, fsync, rename, fsync of the
+ * directory). On any failure (unwritable directory, disk full, ...) MB_ERR_IO naming the
+ * file and the system's reason; path.tmp is removed and a previous file at path is left
+ * untouched. May be called again (e.g. to another path). */
+MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path);
+
+/* Read and verify a whole checkpoint file: magic, file size against the header (a
+ * truncated or extended file), the CRC-32, then the version and every section's bounds,
+ * all before anything is used. Failures: MB_ERR_IO (cannot open/read), MB_ERR_CORRUPT
+ * (naming the path and the check that failed), MB_ERR_UNSUPPORTED (intact file of
+ * another version). dev as for the writer (NULL: host destinations only). */
+MBDEF mb_result mb_ckpt_read(mb_ckpt_reader **out, mb_device *dev, const char *path);
+MBDEF void mb_ckpt_close(mb_ckpt_reader *r); /* NULL is fine */
+/* 1 when section `name` exists (its size into *bytes when not NULL), else 0. */
+MBDEF int mb_ckpt_has(const mb_ckpt_reader *r, const char *name, size_t *bytes);
+/* Copy section `name` into dst (host or device memory of the reader's device).
+ * MB_ERR_FORMAT when the section is missing or holds a different number of bytes (both
+ * sizes in the message); dst is then untouched. */
+MBDEF mb_result mb_ckpt_get(mb_ckpt_reader *r, const char *name, void *dst, size_t bytes);
+
+/* Helpers for the training state. Sections: "params" (the flat f32 buffer) and
+ * "params.layout" (text, one line per tensor: name and shape); "adamw.m", "adamw.v"
+ * (flat f32) and "adamw.steps" (int64); "scaler" (mb_scaler_state). The loaders check
+ * everything they need before changing anything: a model of another layout is refused
+ * with MB_ERR_FORMAT naming the first tensor that differs and both shapes. */
+MBDEF mb_result mb_ckpt_add_params(mb_ckpt_writer *w, mb_params *p);
+MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
+MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
+MBDEF mb_result mb_ckpt_load_params(mb_ckpt_reader *r, mb_params *p);
+MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o);
+MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
 // ---- end checkpoint ----
 
@@ -3724,6 +3791,484 @@ MBDEF int mb_accum_tick(mb_accum *a) {
 // ---- end numerics ----
 
 // ---- checkpoint ----
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#define MB__CKPT_MAGIC "MBCKPT01"
+#define MB__CKPT_HEADER 24u   /* magic 8, version 4, count 4, file size 8 */
+#define MB__CKPT_PATH 4096    /* bytes of a checkpoint path, with the NUL */
+
+typedef struct mb__ckpt_blob { char name[MB_MAX_NAME]; size_t bytes; unsigned char *data; size_t off; } mb__ckpt_blob;
+
+struct mb_ckpt_writer {
+    mb_device *dev;
+    mb__ckpt_blob *sec;
+    int n, cap;
+};
+
+struct mb_ckpt_reader {
+    mb_device *dev;
+    char path[256];          /* for messages (truncated) */
+    unsigned char *buf;      /* the whole file */
+    size_t size;
+    mb__ckpt_blob *sec;      /* data points into buf */
+    int n;
+};
+
+static const mb_logger *mb__ckpt_log(mb_device *dev) { return dev ? &dev->cfg.log : NULL; }
+
+/* Host memory: tracked through the device when there is one (failure injection). */
+static mb_result mb__ckpt_alloc(mb_device *dev, size_t bytes, void **out) {
+    if (dev) return mb_alloc(dev, MB_MEM_HOST, bytes, out);
+    if (!(*out = mb__host_alloc(bytes)))
+        return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "checkpoint: no host memory for %zu bytes", bytes);
+    return MB_OK;
+}
+static void mb__ckpt_free(mb_device *dev, void *p) {
+    if (dev) mb_free(dev, p);
+    else MB_FREE(p);
+}
+
+/* CRC-32 (IEEE 802.3, reflected 0xEDB88320; the value zlib's crc32 gives). */
+typedef struct mb__crc32 { uint32_t table[256]; uint32_t crc; } mb__crc32;
+static void mb__crc32_init(mb__crc32 *c) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t v = i;
+        for (int k = 0; k < 8; k++) v = (v >> 1) ^ (0xEDB88320u & (0u - (v & 1u)));
+        c->table[i] = v;
+    }
+    c->crc = 0xFFFFFFFFu;
+}
+static void mb__crc32_update(mb__crc32 *c, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint32_t v = c->crc;
+    for (size_t i = 0; i < n; i++) v = c->table[(v ^ p[i]) & 0xFFu] ^ (v >> 8);
+    c->crc = v;
+}
+static uint32_t mb__crc32_final(const mb__crc32 *c) { return c->crc ^ 0xFFFFFFFFu; }
+
+static void mb__put_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t mb__get_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static mb_result mb__ckpt_check_name(const mb_logger *lg, const char *name, const char *what) {
+    if (!name || !name[0] || strlen(name) >= MB_MAX_NAME)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: section name '%s' must be 1..%d bytes", what,
+                       name ? name : "(null)", MB_MAX_NAME - 1);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_writer_create(mb_ckpt_writer **out, mb_device *dev) {
+    if (!out) return MB_FAIL(mb__ckpt_log(dev), MB_ERR_INVALID_ARG, "mb_ckpt_writer_create: out is NULL");
+    *out = NULL;
+    mb_ckpt_writer *w = NULL;
+    MB_TRY(mb__ckpt_alloc(dev, sizeof *w, (void **)&w));
+    memset(w, 0, sizeof *w);
+    w->dev = dev;
+    *out = w;
+    return MB_OK;
+}
+
+MBDEF void mb_ckpt_writer_destroy(mb_ckpt_writer *w) {
+    if (!w) return;
+    for (int i = 0; i < w->n; i++) mb__ckpt_free(w->dev, w->sec[i].data);
+    mb__ckpt_free(w->dev, w->sec);
+    mb__ckpt_free(w->dev, w);
+}
+
+static mb_result mb__ckpt_grow(mb_ckpt_writer *w) {
+    if (w->n < w->cap) return MB_OK;
+    int cap = w->cap ? w->cap * 2 : 16;
+    mb__ckpt_blob *s = NULL;
+    MB_TRY(mb__ckpt_alloc(w->dev, (size_t)cap * sizeof *s, (void **)&s));
+    if (w->n) memcpy(s, w->sec, (size_t)w->n * sizeof *s);
+    mb__ckpt_free(w->dev, w->sec);
+    w->sec = s;
+    w->cap = cap;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_add(mb_ckpt_writer *w, const char *name, const void *data, size_t bytes) {
+    if (!w) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add: writer is NULL");
+    const mb_logger *lg = mb__ckpt_log(w->dev);
+    MB_TRY(mb__ckpt_check_name(lg, name, "mb_ckpt_add"));
+    if (bytes && !data) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_add: '%s': NULL data for %zu bytes", name, bytes);
+    for (int i = 0; i < w->n; i++)
+        if (strcmp(w->sec[i].name, name) == 0)
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_add: section '%s' added twice", name);
+    MB_TRY(mb__ckpt_grow(w));
+    unsigned char *copy = NULL;
+    MB_TRY(mb__ckpt_alloc(w->dev, bytes, (void **)&copy));
+    mb_result r = MB_OK;
+    if (w->dev) {
+        r = mb_copy(w->dev, MB_STREAM_COMPUTE, copy, data, bytes);
+        if (r == MB_OK) r = mb_sync(w->dev, MB_STREAM_COMPUTE);
+    } else if (bytes) {
+        memcpy(copy, data, bytes);
+    }
+    if (r != MB_OK) { mb__ckpt_free(w->dev, copy); return r; }
+    mb__ckpt_blob *s = &w->sec[w->n++];
+    memset(s, 0, sizeof *s);
+    strcpy(s->name, name);
+    s->bytes = bytes;
+    s->data = copy;
+    return MB_OK;
+}
+
+/* write(2) all of it (retrying short writes and EINTR), feeding the CRC. 0 on success. */
+static int mb__ckpt_write_all(int fd, const void *data, size_t n, mb__crc32 *crc) {
+    const unsigned char *p = (const unsigned char *)data;
+    if (crc) mb__crc32_update(crc, data, n);
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t k = write(fd, p, chunk);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) { errno = EIO; return -1; }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int mb__ckpt_write_file(mb_ckpt_writer *w, int fd, uint64_t total) {
+    mb__crc32 crc;
+    unsigned char hdr[MB__CKPT_HEADER], sh[12];
+    mb__crc32_init(&crc);
+    memcpy(hdr, MB__CKPT_MAGIC, 8);
+    mb__put_le(hdr + 8, MB_CKPT_VERSION, 4);
+    mb__put_le(hdr + 12, (uint64_t)w->n, 4);
+    mb__put_le(hdr + 16, total, 8);
+    if (mb__ckpt_write_all(fd, hdr, sizeof hdr, &crc)) return -1;
+    for (int i = 0; i < w->n; i++) {
+        size_t len = strlen(w->sec[i].name);
+        mb__put_le(sh, len, 4);
+        if (mb__ckpt_write_all(fd, sh, 4, &crc) || mb__ckpt_write_all(fd, w->sec[i].name, len, &crc)) return -1;
+        mb__put_le(sh, w->sec[i].bytes, 8);
+        if (mb__ckpt_write_all(fd, sh, 8, &crc) || mb__ckpt_write_all(fd, w->sec[i].data, w->sec[i].bytes, &crc))
+            return -1;
+    }
+    mb__put_le(sh, mb__crc32_final(&crc), 4);
+    if (mb__ckpt_write_all(fd, sh, 4, NULL)) return -1;
+    return fsync(fd);
+}
+
+/* fsync the directory holding path, so the rename itself is durable. */
+static int mb__ckpt_sync_dir(const char *path) {
+    char dir[MB__CKPT_PATH];
+    const char *slash = strrchr(path, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* directories that cannot be synced */
+    close(fd);
+    return rc;
+}
+
+MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path) {
+    if (!w || !path || !path[0]) return MB_FAIL(w ? mb__ckpt_log(w->dev) : NULL, MB_ERR_INVALID_ARG,
+                                                "mb_ckpt_write: NULL writer or empty path");
+    const mb_logger *lg = mb__ckpt_log(w->dev);
+    char tmp[MB__CKPT_PATH];
+    if (strlen(path) + 5 > sizeof tmp)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_write: path of %zu bytes is too long", strlen(path));
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    uint64_t total = MB__CKPT_HEADER + 4;
+    for (int i = 0; i < w->n; i++) total += 12 + strlen(w->sec[i].name) + (uint64_t)w->sec[i].bytes;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: cannot create '%s': %s", tmp, strerror(errno));
+    int rc = mb__ckpt_write_file(w, fd, total), err = errno;
+    if (close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
+    if (rc != 0) {
+        unlink(tmp);
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: writing %llu bytes to '%s' failed: %s (previous '%s' "
+                       "left untouched)", (unsigned long long)total, tmp, strerror(err), path);
+    }
+    if (rename(tmp, path) != 0) {
+        err = errno;
+        unlink(tmp);
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: cannot rename '%s' to '%s': %s", tmp, path, strerror(err));
+    }
+    if (mb__ckpt_sync_dir(path) != 0)
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: '%s' written but syncing its directory failed: %s", path,
+                       strerror(errno));
+    return MB_OK;
+}
+
+/* Read the whole file into r->buf. */
+static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+        close(fd);
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: '%s' is not a regular file of a readable size", path);
+    }
+    r->size = (size_t)st.st_size;
+    mb_result res = mb__ckpt_alloc(r->dev, r->size, (void **)&r->buf);
+    for (size_t got = 0; res == MB_OK && got < r->size;) {
+        ssize_t k = read(fd, r->buf + got, r->size - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            res = MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: reading '%s' failed at byte %zu of %zu: %s", path, got,
+                          r->size, k < 0 ? strerror(errno) : "file shrank");
+        else got += (size_t)k;
+    }
+    close(fd);
+    return res;
+}
+
+/* Magic, size, CRC, version: before any section is looked at. */
+static mb_result mb__ckpt_verify(mb_ckpt_reader *r, const char *path) {
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    const unsigned char *b = r->buf;
+    if (r->size < MB__CKPT_HEADER + 4)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' is truncated: %zu bytes, less than a header",
+                       path, r->size);
+    if (memcmp(b, MB__CKPT_MAGIC, 8) != 0)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' has a bad magic (not a megabatch checkpoint)", path);
+    uint64_t want = mb__get_le(b + 16, 8);
+    if (want != (uint64_t)r->size)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' is %zu bytes but its header says %llu (%s)", path,
+                       r->size, (unsigned long long)want, want > r->size ? "truncated" : "bad size field");
+    mb__crc32 crc;
+    mb__crc32_init(&crc);
+    mb__crc32_update(&crc, b, r->size - 4);
+    uint32_t got = mb__crc32_final(&crc), stored = (uint32_t)mb__get_le(b + r->size - 4, 4);
+    if (got != stored)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' fails its checksum (CRC-32 %08x, stored %08x)", path,
+                       (unsigned)got, (unsigned)stored);
+    uint32_t version = (uint32_t)mb__get_le(b + 8, 4);
+    if (version != MB_CKPT_VERSION)
+        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_ckpt_read: '%s' has format version %u, this build reads %d",
+                       path, (unsigned)version, MB_CKPT_VERSION);
+    return MB_OK;
+}
+
+/* Walk the sections, checking every bound (a file with a valid CRC may still lie). */
+static mb_result mb__ckpt_parse(mb_ckpt_reader *r, const char *path) {
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    size_t end = r->size - 4, pos = MB__CKPT_HEADER;
+    uint64_t count = mb__get_le(r->buf + 12, 4);
+    if (count > (end - pos) / 13)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' claims %llu sections in %zu bytes", path,
+                       (unsigned long long)count, r->size);
+    MB_TRY(mb__ckpt_alloc(r->dev, (size_t)count * sizeof *r->sec, (void **)&r->sec));
+    for (uint64_t i = 0; i < count; i++) {
+        mb__ckpt_blob *s = &r->sec[i];
+        uint64_t len = end - pos >= 4 ? mb__get_le(r->buf + pos, 4) : UINT64_MAX;
+        if (len == 0 || len >= MB_MAX_NAME || len + 12 > end - pos)
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': section %llu has a bad name length", path,
+                           (unsigned long long)i);
+        memcpy(s->name, r->buf + pos + 4, (size_t)len);
+        s->name[len] = 0;
+        uint64_t bytes = mb__get_le(r->buf + pos + 4 + len, 8);
+        pos += 12 + (size_t)len;
+        if (bytes > end - pos)
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': section '%s' of %llu bytes runs past the end",
+                           path, s->name, (unsigned long long)bytes);
+        s->bytes = (size_t)bytes;
+        s->data = r->buf + pos;
+        pos += (size_t)bytes;
+        r->n = (int)i + 1;
+    }
+    if (pos != end)
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': %zu stray bytes after the last section", path, end - pos);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_read(mb_ckpt_reader **out, mb_device *dev, const char *path) {
+    const mb_logger *lg = mb__ckpt_log(dev);
+    if (!out || !path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_read: NULL argument");
+    *out = NULL;
+    mb_ckpt_reader *r = NULL;
+    MB_TRY(mb__ckpt_alloc(dev, sizeof *r, (void **)&r));
+    memset(r, 0, sizeof *r);
+    r->dev = dev;
+    snprintf(r->path, sizeof r->path, "%s", path);
+    mb_result res = mb__ckpt_slurp(r, path);
+    if (res == MB_OK) res = mb__ckpt_verify(r, path);
+    if (res == MB_OK) res = mb__ckpt_parse(r, path);
+    if (res != MB_OK) { mb_ckpt_close(r); return res; }
+    *out = r;
+    return MB_OK;
+}
+
+MBDEF void mb_ckpt_close(mb_ckpt_reader *r) {
+    if (!r) return;
+    mb__ckpt_free(r->dev, r->sec);
+    mb__ckpt_free(r->dev, r->buf);
+    mb__ckpt_free(r->dev, r);
+}
+
+static const mb__ckpt_blob *mb__ckpt_find(const mb_ckpt_reader *r, const char *name) {
+    for (int i = 0; name && i < r->n; i++)
+        if (strcmp(r->sec[i].name, name) == 0) return &r->sec[i];
+    return NULL;
+}
+
+MBDEF int mb_ckpt_has(const mb_ckpt_reader *r, const char *name, size_t *bytes) {
+    const mb__ckpt_blob *s = r ? mb__ckpt_find(r, name) : NULL;
+    if (s && bytes) *bytes = s->bytes;
+    return s != NULL;
+}
+
+/* The section, checked to hold exactly `bytes` bytes. */
+static mb_result mb__ckpt_section(mb_ckpt_reader *r, const char *name, size_t bytes, const mb__ckpt_blob **out) {
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    const mb__ckpt_blob *s = mb__ckpt_find(r, name);
+    if (!s) return MB_FAIL(lg, MB_ERR_FORMAT, "mb_ckpt_get: '%s' has no section '%s'", r->path, name ? name : "(null)");
+    if (s->bytes != bytes)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "mb_ckpt_get: section '%s' of '%s' holds %zu bytes, the caller expects %zu",
+                       name, r->path, s->bytes, bytes);
+    *out = s;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_get(mb_ckpt_reader *r, const char *name, void *dst, size_t bytes) {
+    if (!r) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_get: reader is NULL");
+    const mb__ckpt_blob *s;
+    MB_TRY(mb__ckpt_section(r, name, bytes, &s));
+    if (bytes && !dst) return MB_FAIL(mb__ckpt_log(r->dev), MB_ERR_INVALID_ARG, "mb_ckpt_get: '%s': NULL dst", name);
+    if (!r->dev) { if (bytes) memcpy(dst, s->data, bytes); return MB_OK; }
+    MB_TRY(mb_copy(r->dev, MB_STREAM_COMPUTE, dst, s->data, bytes));
+    return mb_sync(r->dev, MB_STREAM_COMPUTE);
+}
+
+/* -- training-state helpers -- */
+
+/* One line per tensor, "name [d0,d1]\n"; into buf (NULL: just the length). */
+static size_t mb__ckpt_layout_line(const mb_param_info *t, char *buf, size_t cap) {
+    char line[MB_MAX_NAME + 32 * MB_MAX_RANK + 8];
+    int k = snprintf(line, sizeof line, "%s [", t->name);
+    for (int d = 0; d < t->rank; d++) k += snprintf(line + k, sizeof line - (size_t)k, "%s%lld", d ? "," : "",
+                                                    (long long)t->shape[d]);
+    k += snprintf(line + k, sizeof line - (size_t)k, "]\n");
+    if (buf && (size_t)k <= cap) memcpy(buf, line, (size_t)k);
+    return (size_t)k;
+}
+
+static mb_result mb__ckpt_layout(mb_params *p, char **out, size_t *len) {
+    size_t n = 0;
+    for (int i = 0; i < mb_params_num_tensors(p); i++) n += mb__ckpt_layout_line(mb_params_info(p, i), NULL, 0);
+    MB_TRY(mb__ckpt_alloc(p->dev, n + 1, (void **)out));
+    size_t k = 0;
+    for (int i = 0; i < mb_params_num_tensors(p); i++) k += mb__ckpt_layout_line(mb_params_info(p, i), *out + k, n - k);
+    (*out)[n] = 0;
+    *len = n;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_add_params(mb_ckpt_writer *w, mb_params *p) {
+    if (!w) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add_params: writer is NULL");
+    MB_TRY(mb__params_ready(p, "mb_ckpt_add_params"));
+    char *layout;
+    size_t len;
+    MB_TRY(mb__ckpt_layout(p, &layout, &len));
+    mb_result r = mb_ckpt_add(w, "params.layout", layout, len);
+    mb__ckpt_free(p->dev, layout);
+    MB_TRY(r);
+    return mb_ckpt_add(w, "params", mb_params_data(p), mb_params_total(p) * sizeof(float));
+}
+
+/* Line `i` (0-based) of a layout text, as a NUL-terminated copy ("(none)" past the end). */
+static void mb__ckpt_nth_line(const char *text, size_t len, int i, char *out, size_t cap) {
+    size_t pos = 0;
+    for (int k = 0; k < i && pos < len; pos++)
+        if (text[pos] == '\n') k++;
+    size_t e = pos;
+    while (e < len && text[e] != '\n') e++;
+    if (pos >= len) { snprintf(out, cap, "(none)"); return; }
+    snprintf(out, cap, "%.*s", (int)(e - pos), text + pos);
+}
+
+MBDEF mb_result mb_ckpt_load_params(mb_ckpt_reader *r, mb_params *p) {
+    if (!r) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_load_params: reader is NULL");
+    MB_TRY(mb__params_ready(p, "mb_ckpt_load_params"));
+    const mb__ckpt_blob *saved;
+    size_t have;
+    if (!mb_ckpt_has(r, "params.layout", &have))
+        return MB_FAIL(&p->dev->cfg.log, MB_ERR_FORMAT, "mb_ckpt_load_params: '%s' has no section 'params.layout'",
+                       r->path);
+    MB_TRY(mb__ckpt_section(r, "params.layout", have, &saved));
+    char *layout;
+    size_t len;
+    MB_TRY(mb__ckpt_layout(p, &layout, &len));
+    if (len != saved->bytes || memcmp(layout, saved->data, len) != 0) {
+        int line = 0;
+        size_t i = 0;
+        while (i < len && i < saved->bytes && layout[i] == (char)saved->data[i]) line += layout[i++] == '\n';
+        char a[MB_MAX_NAME + 160], b[MB_MAX_NAME + 160];
+        mb__ckpt_nth_line((const char *)saved->data, saved->bytes, line, a, sizeof a);
+        mb__ckpt_nth_line(layout, len, line, b, sizeof b);
+        mb__ckpt_free(p->dev, layout);
+        return MB_FAIL(&p->dev->cfg.log, MB_ERR_FORMAT, "mb_ckpt_load_params: '%s' holds another model: tensor %d "
+                       "is '%s' in the checkpoint but '%s' in this model", r->path, line, a, b);
+    }
+    mb__ckpt_free(p->dev, layout);
+    return mb_ckpt_get(r, "params", mb_params_data(p), mb_params_total(p) * sizeof(float));
+}
+
+MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o) {
+    if (!w || !o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add_adamw: NULL argument");
+    size_t bytes = mb_params_total(o->params) * sizeof(float);
+    int64_t steps;
+    MB_TRY(mb_adamw_steps(o, &steps));
+    MB_TRY(mb_ckpt_add(w, "adamw.m", mb_adamw_m(o), bytes));
+    MB_TRY(mb_ckpt_add(w, "adamw.v", mb_adamw_v(o), bytes));
+    return mb_ckpt_add(w, "adamw.steps", &steps, sizeof steps);
+}
+
+MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o) {
+    if (!r || !o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_load_adamw: NULL argument");
+    size_t bytes = mb_params_total(o->params) * sizeof(float);
+    const mb__ckpt_blob *s;
+    MB_TRY(mb__ckpt_section(r, "adamw.m", bytes, &s)); /* everything checked before anything changes */
+    MB_TRY(mb__ckpt_section(r, "adamw.v", bytes, &s));
+    MB_TRY(mb__ckpt_section(r, "adamw.steps", sizeof(int64_t), &s));
+    int64_t steps;
+    memcpy(&steps, s->data, sizeof steps);
+    if (steps < 0)
+        return MB_FAIL(mb__ckpt_log(r->dev), MB_ERR_FORMAT, "mb_ckpt_load_adamw: '%s' has a negative step count %lld",
+                       r->path, (long long)steps);
+    MB_TRY(mb_ckpt_get(r, "adamw.m", mb_adamw_m(o), bytes));
+    MB_TRY(mb_ckpt_get(r, "adamw.v", mb_adamw_v(o), bytes));
+    return mb_adamw_set_steps(o, steps);
+}
+
+MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s) {
+    if (!w || !s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add_scaler: NULL argument");
+    mb_scaler_state st;
+    MB_TRY(mb_scaler_get(s, &st));
+    int32_t v[4];
+    memcpy(&v[0], &st.scale, 4);
+    v[1] = st.growth_tracker; v[2] = st.found_inf; v[3] = st.last_found_inf;
+    return mb_ckpt_add(w, "scaler", v, sizeof v); /* host memory: mb_copy handles it */
+}
+
+MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s) {
+    if (!r || !s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_load_scaler: NULL argument");
+    const mb__ckpt_blob *b;
+    MB_TRY(mb__ckpt_section(r, "scaler", 4 * sizeof(int32_t), &b));
+    int32_t v[4];
+    memcpy(v, b->data, sizeof v);
+    mb_scaler_state st;
+    memcpy(&st.scale, &v[0], 4);
+    st.growth_tracker = v[1]; st.found_inf = v[2]; st.last_found_inf = v[3];
+    return mb_scaler_set(s, &st);
+}
 
 // ---- end checkpoint ----
 

@@ -1,0 +1,572 @@
+/* checkpoint (CPU backend): bitwise round trips of blobs and the training state, the
+ * integrity checks (flipped bits, truncation), shape mismatches, unwritable directories
+ * and a full disk with the previous file intact, leftover temp files, allocation
+ * failures without leaks, and a real resume that continues bit-exactly. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, setrlimit */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include "testutil.h"
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/mb_ckpt_XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+static const char *tpath(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) & 3;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+static unsigned char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = (unsigned char *)malloc(*n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+static int file_exists(const char *path) { struct stat st; return stat(path, &st) == 0; }
+
+/* A small checkpoint of random blobs at path; returns its bytes. */
+static unsigned char *write_blobs(mb_device *dev, const char *path, float *a, size_t na, size_t *file_bytes) {
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, dev));
+    tu_fill(a, na, -10, 10);
+    int64_t step = tu_int(0, 1 << 30);
+    tu_ok(mb_ckpt_add(w, "a", a, na * sizeof(float)));
+    tu_ok(mb_ckpt_add(w, "step", &step, sizeof step));
+    tu_ok(mb_ckpt_add(w, "empty", NULL, 0));
+    tu_ok(mb_ckpt_write(w, path));
+    mb_ckpt_writer_destroy(w);
+    return read_file(path, file_bytes);
+}
+
+static void test_blob_round_trip(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = (size_t)tu_int(1, 5000), fb;
+    float *a = tu_alloc_f32(n), *b = tu_alloc_f32(n), *dev_a;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, n * sizeof(float), (void **)&dev_a));
+    tu_fill(a, n, -1, 1);
+    tu_ok(mb_copy(dev, 0, dev_a, a, n * sizeof(float)));
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, dev));
+    tu_ok(mb_ckpt_add(w, "device blob", dev_a, n * sizeof(float)));
+    uint64_t loader_pos = (uint64_t)tu_int(0, 1 << 30) << 20;
+    tu_ok(mb_ckpt_add(w, "loader", &loader_pos, sizeof loader_pos));
+    tu_ok(mb_ckpt_add(w, "empty", NULL, 0));
+    tu_assert_error(mb_ckpt_add(w, "loader", &loader_pos, 8), MB_ERR_INVALID_ARG, "added twice");
+    tu_assert_error(mb_ckpt_add(w, "", &loader_pos, 8), MB_ERR_INVALID_ARG, "section name");
+    tu_assert_error(mb_ckpt_add(w, "x", NULL, 8), MB_ERR_INVALID_ARG, "NULL data");
+    tu_ok(mb_ckpt_write(w, tpath("blobs.mb")));
+    mb_ckpt_writer_destroy(w);
+    assert_false(file_exists(tpath("blobs.mb.tmp")));
+    unsigned char *file = read_file(tpath("blobs.mb"), &fb);
+    assert_memory_equal(file, "MBCKPT01", 8);
+    free(file);
+
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("blobs.mb")));
+    size_t sz = 0;
+    assert_true(mb_ckpt_has(r, "device blob", &sz));
+    assert_int_equal(sz, n * sizeof(float));
+    assert_false(mb_ckpt_has(r, "nope", NULL));
+    tu_ok(mb_zero(dev, 0, dev_a, n * sizeof(float)));
+    tu_ok(mb_ckpt_get(r, "device blob", dev_a, n * sizeof(float)));
+    tu_ok(mb_copy(dev, 0, b, dev_a, n * sizeof(float)));
+    assert_memory_equal(a, b, n * sizeof(float));
+    uint64_t pos2 = 0;
+    tu_ok(mb_ckpt_get(r, "loader", &pos2, sizeof pos2));
+    assert_true(pos2 == loader_pos);
+    tu_ok(mb_ckpt_get(r, "empty", NULL, 0));
+    mb_ckpt_close(r);
+    /* the host-only form (no device) reads the same */
+    tu_ok(mb_ckpt_read(&r, NULL, tpath("blobs.mb")));
+    memset(b, 0, n * sizeof(float));
+    tu_ok(mb_ckpt_get(r, "device blob", b, n * sizeof(float)));
+    assert_memory_equal(a, b, n * sizeof(float));
+    mb_ckpt_close(r);
+    mb_free(dev, dev_a);
+    assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], 0);
+    mb_device_close(dev);
+    free(a); free(b);
+}
+
+static void test_get_missing_or_wrong_size(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = (size_t)tu_int(2, 100), fb;
+    float *a = tu_alloc_f32(n), *b = tu_alloc_f32(n);
+    free(write_blobs(dev, tpath("g.mb"), a, n, &fb));
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("g.mb")));
+    tu_assert_error(mb_ckpt_get(r, "missing", b, 4), MB_ERR_FORMAT, "no section 'missing'");
+    char want[64];
+    snprintf(want, sizeof want, "holds %zu bytes, the caller expects %zu", n * 4, (n - 1) * 4);
+    b[0] = 42.0f;
+    tu_assert_error(mb_ckpt_get(r, "a", b, (n - 1) * sizeof(float)), MB_ERR_FORMAT, want);
+    assert_true(b[0] == 42.0f); /* untouched */
+    mb_ckpt_close(r);
+    tu_assert_error(mb_ckpt_read(&r, dev, tpath("does-not-exist.mb")), MB_ERR_IO, "does-not-exist.mb");
+    assert_null(r);
+    tu_assert_error(mb_ckpt_read(&r, dev, tmpdir), MB_ERR_IO, "not a regular file");
+    mb_device_close(dev);
+    free(a); free(b);
+}
+
+static void test_flipped_bits_are_corrupt(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = (size_t)tu_int(8, 300), fb;
+    float *a = tu_alloc_f32(n);
+    unsigned char *good = write_blobs(dev, tpath("f.mb"), a, n, &fb);
+    /* header (magic, version, count, size), a section name, a payload, the CRC, random */
+    size_t where[] = {0, 7, 9, 13, 17, 24, 29, 40, fb / 2, fb - 5, fb - 1, 0, 0, 0};
+    for (int k = 11; k < 14; k++) where[k] = (size_t)tu_int(0, (int)fb - 1);
+    for (size_t k = 0; k < sizeof where / sizeof where[0]; k++) {
+        unsigned char *bad = (unsigned char *)malloc(fb);
+        memcpy(bad, good, fb);
+        bad[where[k]] ^= (unsigned char)(1u << tu_int(0, 7));
+        write_file(tpath("bad.mb"), bad, fb);
+        mb_ckpt_reader *r = NULL;
+        tu_assert_error(mb_ckpt_read(&r, dev, tpath("bad.mb")), MB_ERR_CORRUPT, "bad.mb");
+        assert_null(r);
+        free(bad);
+    }
+    assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], 0);
+    mb_device_close(dev);
+    free(good); free(a);
+}
+
+static void test_truncated_is_corrupt(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = (size_t)tu_int(8, 300), fb;
+    float *a = tu_alloc_f32(n);
+    unsigned char *good = write_blobs(dev, tpath("t.mb"), a, n, &fb);
+    size_t lens[] = {0, 5, 23, 28, fb / 2, fb - 1, (size_t)tu_int(1, (int)fb - 1)};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        write_file(tpath("short.mb"), good, lens[k]);
+        mb_ckpt_reader *r = NULL;
+        tu_assert_error(mb_ckpt_read(&r, dev, tpath("short.mb")), MB_ERR_CORRUPT, "truncated");
+    }
+    /* extra bytes appended are refused too */
+    unsigned char *longer = (unsigned char *)calloc(fb + 3, 1);
+    memcpy(longer, good, fb);
+    write_file(tpath("long.mb"), longer, fb + 3);
+    mb_ckpt_reader *r = NULL;
+    tu_assert_error(mb_ckpt_read(&r, dev, tpath("long.mb")), MB_ERR_CORRUPT, "header says");
+    mb_device_close(dev);
+    free(longer); free(good); free(a);
+}
+
+/* A model: linear layers of the given widths registered into fresh params. */
+static mb_params *make_model(mb_device *dev, int64_t in, int64_t hidden, int64_t out, mb_linear *l1, mb_linear *l2) {
+    mb_params *p;
+    tu_ok(mb_params_create(&p, dev));
+    tu_ok(mb_linear_init(l1, p, "enc", in, hidden));
+    tu_ok(mb_linear_init(l2, p, "head", hidden, out));
+    tu_ok(mb_params_finalize(p));
+    return p;
+}
+
+static void test_training_state_round_trip(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    mb_linear l1, l2;
+    int64_t in = tu_int(1, 9), hid = tu_int(1, 9), out = tu_int(1, 5);
+    mb_params *p = make_model(dev, in, hid, out, &l1, &l2);
+    size_t n = mb_params_total(p);
+    tu_ok(mb_params_init(p, tu_next()));
+    mb_adamw *o;
+    mb_scaler *s;
+    tu_ok(mb_adamw_create(&o, p, NULL));
+    tu_ok(mb_scaler_create(&s, dev, NULL));
+    float *x = tu_alloc_f32(n), *m = tu_alloc_f32(n), *v = tu_alloc_f32(n), *y = tu_alloc_f32(n);
+    tu_fill(m, n, -1, 1);
+    tu_fill(v, n, 0, 1);
+    tu_ok(mb_copy(dev, 0, mb_adamw_m(o), m, n * 4));
+    tu_ok(mb_copy(dev, 0, mb_adamw_v(o), v, n * 4));
+    int64_t steps = tu_int(0, 100000);
+    tu_ok(mb_adamw_set_steps(o, steps));
+    mb_scaler_state st = {tu_uniform(1, 1e6f), tu_int(0, 1999), tu_int(0, 1), tu_int(0, 1)}, st2;
+    tu_ok(mb_scaler_set(s, &st));
+    tu_ok(mb_params_get(p, x));
+
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, dev));
+    tu_ok(mb_ckpt_add_params(w, p));
+    tu_ok(mb_ckpt_add_adamw(w, o));
+    tu_ok(mb_ckpt_add_scaler(w, s));
+    tu_ok(mb_ckpt_write(w, tpath("state.mb")));
+    mb_ckpt_writer_destroy(w);
+    mb_adamw_destroy(o);
+    mb_scaler_destroy(s);
+    mb_params_destroy(p);
+
+    p = make_model(dev, in, hid, out, &l1, &l2);
+    tu_ok(mb_adamw_create(&o, p, NULL));
+    tu_ok(mb_scaler_create(&s, dev, NULL));
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("state.mb")));
+    tu_ok(mb_ckpt_load_params(r, p));
+    tu_ok(mb_ckpt_load_adamw(r, o));
+    tu_ok(mb_ckpt_load_scaler(r, s));
+    mb_ckpt_close(r);
+    tu_ok(mb_params_get(p, y));
+    assert_memory_equal(x, y, n * 4);
+    tu_ok(mb_copy(dev, 0, y, mb_adamw_m(o), n * 4));
+    assert_memory_equal(m, y, n * 4);
+    tu_ok(mb_copy(dev, 0, y, mb_adamw_v(o), n * 4));
+    assert_memory_equal(v, y, n * 4);
+    int64_t steps2;
+    tu_ok(mb_adamw_steps(o, &steps2));
+    assert_int_equal(steps2, steps);
+    tu_ok(mb_scaler_get(s, &st2));
+    assert_memory_equal(&st, &st2, sizeof st);
+    mb_adamw_destroy(o);
+    mb_scaler_destroy(s);
+    mb_params_destroy(p);
+    assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], 0);
+    mb_device_close(dev);
+    free(x); free(m); free(v); free(y);
+}
+
+static void test_wrong_shape_refused(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    mb_linear l1, l2;
+    int64_t in = tu_int(2, 9), hid = tu_int(2, 9), out = tu_int(1, 5);
+    mb_params *p = make_model(dev, in, hid, out, &l1, &l2);
+    tu_ok(mb_params_init(p, 1));
+    mb_adamw *o;
+    tu_ok(mb_adamw_create(&o, p, NULL));
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, dev));
+    tu_ok(mb_ckpt_add_params(w, p));
+    tu_ok(mb_ckpt_add_adamw(w, o));
+    tu_ok(mb_ckpt_write(w, tpath("shape.mb")));
+    mb_ckpt_writer_destroy(w);
+
+    /* another input width: the first tensor differs */
+    mb_params *q = make_model(dev, in + 1, hid, out, &l1, &l2);
+    size_t nq = mb_params_total(q);
+    float *before = tu_alloc_f32(nq), *after = tu_alloc_f32(nq);
+    tu_ok(mb_params_init(q, 2));
+    tu_ok(mb_params_get(q, before));
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("shape.mb")));
+    char want[160];
+    snprintf(want, sizeof want, "tensor 0 is 'enc.weight [%lld,%lld]' in the checkpoint but 'enc.weight [%lld,%lld]'",
+             (long long)hid, (long long)in, (long long)hid, (long long)in + 1);
+    tu_assert_error(mb_ckpt_load_params(r, q), MB_ERR_FORMAT, want);
+    tu_ok(mb_params_get(q, after));
+    assert_memory_equal(before, after, nq * 4); /* untouched */
+    /* the optimizer state of a larger model has another size */
+    mb_adamw *oq;
+    tu_ok(mb_adamw_create(&oq, q, NULL));
+    if (nq != mb_params_total(p))
+        tu_assert_error(mb_ckpt_load_adamw(r, oq), MB_ERR_FORMAT, "adamw.m");
+    mb_adamw_destroy(oq);
+    mb_params_destroy(q);
+    /* an extra tensor at the end */
+    mb_params *e;
+    tu_ok(mb_params_create(&e, dev));
+    tu_ok(mb_linear_init(&l1, e, "enc", in, hid));
+    tu_ok(mb_linear_init(&l2, e, "head", hid, out));
+    int64_t shp[1] = {3};
+    tu_ok(mb_params_add(e, "extra", 1, shp, 0, NULL));
+    tu_ok(mb_params_finalize(e));
+    tu_assert_error(mb_ckpt_load_params(r, e), MB_ERR_FORMAT, "is '(none)' in the checkpoint but 'extra [3]'");
+    mb_params_destroy(e);
+    /* a checkpoint without the sections */
+    mb_ckpt_close(r);
+    size_t fb;
+    float blob[4];
+    free(write_blobs(dev, tpath("noparams.mb"), blob, 4, &fb));
+    tu_ok(mb_ckpt_read(&r, dev, tpath("noparams.mb")));
+    tu_assert_error(mb_ckpt_load_params(r, p), MB_ERR_FORMAT, "no section 'params.layout'");
+    tu_assert_error(mb_ckpt_load_adamw(r, o), MB_ERR_FORMAT, "no section 'adamw.m'");
+    mb_ckpt_close(r);
+    mb_adamw_destroy(o);
+    mb_params_destroy(p);
+    mb_device_close(dev);
+    free(before); free(after);
+}
+
+static void test_unwritable_keeps_previous(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = 64, fb, fb2;
+    float *a = tu_alloc_f32(n);
+    unsigned char *prev = write_blobs(dev, tpath("keep.mb"), a, n, &fb);
+    /* a "directory" that is a regular file */
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, dev));
+    tu_ok(mb_ckpt_add(w, "a", a, 16));
+    char path[600];
+    snprintf(path, sizeof path, "%s/sub/ckpt.mb", tpath("keep.mb"));
+    tu_assert_error(mb_ckpt_write(w, path), MB_ERR_IO, "Not a directory");
+    tu_assert_error(mb_ckpt_write(w, "/proc/mb_no_such_dir/ckpt.mb"), MB_ERR_IO, "/proc/mb_no_such_dir/ckpt.mb.tmp");
+    /* the target path is a directory: rename fails, the tmp file is removed */
+    tu_ok(mkdir(tpath("adir"), 0755) == 0 ? MB_OK : MB_ERR_IO);
+    tu_assert_error(mb_ckpt_write(w, tpath("adir")), MB_ERR_IO, "cannot rename");
+    assert_false(file_exists(tpath("adir.tmp")));
+    /* disk full: a file size limit makes write(2) fail with EFBIG part way */
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
+    mb_ckpt_writer *big;
+    tu_ok(mb_ckpt_writer_create(&big, dev));
+    float *huge = tu_alloc_f32(4096);
+    tu_ok(mb_ckpt_add(big, "huge", huge, 4096 * 4));
+    lim = old;
+    lim.rlim_cur = 1000;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    mb_result res = mb_ckpt_write(big, tpath("keep.mb"));
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, oldsig);
+    assert_int_equal(res, MB_ERR_IO);
+    assert_non_null(strstr(mb_last_error(), "keep.mb.tmp"));
+    assert_non_null(strstr(mb_last_error(), "left untouched"));
+    assert_false(file_exists(tpath("keep.mb.tmp")));
+    unsigned char *now = read_file(tpath("keep.mb"), &fb2);
+    assert_int_equal(fb, fb2);
+    assert_memory_equal(prev, now, fb);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("keep.mb")));
+    mb_ckpt_close(r);
+    mb_ckpt_writer_destroy(big);
+    mb_ckpt_writer_destroy(w);
+    mb_device_close(dev);
+    free(huge); free(now); free(prev); free(a);
+}
+
+static void test_leftover_tmp(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    size_t n = 32, fb, fb2;
+    float *a = tu_alloc_f32(n), *b = tu_alloc_f32(n);
+    unsigned char *prev = write_blobs(dev, tpath("lt.mb"), a, n, &fb);
+    /* a killed writer left a partial, larger temp file behind */
+    size_t junk_n = fb * 3;
+    unsigned char *junk = (unsigned char *)malloc(junk_n);
+    memcpy(junk, prev, fb);
+    memset(junk + fb, 0xAB, junk_n - fb);
+    write_file(tpath("lt.mb.tmp"), junk, junk_n);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, dev, tpath("lt.mb")));
+    tu_ok(mb_ckpt_get(r, "a", b, n * 4));
+    assert_memory_equal(a, b, n * 4);
+    mb_ckpt_close(r);
+    unsigned char *next = write_blobs(dev, tpath("lt.mb"), a, n, &fb2);
+    assert_false(file_exists(tpath("lt.mb.tmp")));
+    tu_ok(mb_ckpt_read(&r, dev, tpath("lt.mb")));
+    tu_ok(mb_ckpt_get(r, "a", b, n * 4));
+    assert_memory_equal(a, b, n * 4);
+    mb_ckpt_close(r);
+    mb_device_close(dev);
+    free(junk); free(prev); free(next); free(a); free(b);
+}
+
+/* Every host allocation of writing and reading fails in turn: a clean error, no leak. */
+static void test_alloc_failures(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    mb_linear l1, l2;
+    mb_params *p = make_model(dev, 3, 4, 2, &l1, &l2);
+    tu_ok(mb_params_init(p, 5));
+    mb_adamw *o;
+    mb_scaler *s;
+    tu_ok(mb_adamw_create(&o, p, NULL));
+    tu_ok(mb_scaler_create(&s, dev, NULL));
+    size_t base = mb_device_mem_stats(dev).count[MB_MEM_HOST];
+    int failures = 0;
+    for (uint64_t nth = 1; nth < 100; nth++) {
+        mb_device_fail_alloc(dev, MB_MEM_HOST, nth);
+        mb_ckpt_writer *w = NULL;
+        mb_result res = mb_ckpt_writer_create(&w, dev);
+        for (int i = 0; i < 20 && res == MB_OK; i++) { /* enough sections to grow the table */
+            char name[16];
+            snprintf(name, sizeof name, "blob%d", i);
+            res = mb_ckpt_add(w, name, &nth, sizeof nth);
+        }
+        if (res == MB_OK) res = mb_ckpt_add_params(w, p);
+        if (res == MB_OK) res = mb_ckpt_add_adamw(w, o);
+        if (res == MB_OK) res = mb_ckpt_add_scaler(w, s);
+        if (res == MB_OK) res = mb_ckpt_write(w, tpath("af.mb"));
+        mb_ckpt_writer_destroy(w);
+        mb_ckpt_reader *r = NULL;
+        if (res == MB_OK) res = mb_ckpt_read(&r, dev, tpath("af.mb"));
+        if (res == MB_OK) res = mb_ckpt_load_params(r, p);
+        mb_ckpt_close(r);
+        assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], base);
+        if (res == MB_OK) break;
+        assert_int_equal(res, MB_ERR_OUT_OF_MEMORY);
+        assert_non_null(strstr(mb_last_error(), "injected"));
+        failures++;
+    }
+    mb_device_fail_alloc(dev, MB_MEM_HOST, 0);
+    assert_true(failures >= 25); /* every allocation of the sequence was tried */
+    mb_adamw_destroy(o);
+    mb_scaler_destroy(s);
+    mb_params_destroy(p);
+    mb_device_close(dev);
+}
+
+/* -- resume: 6 steps in one go == 3 steps, checkpoint, rebuild, load, 3 steps -- */
+
+enum { RB = 8, RIN = 5, ROUT = 3, RSTEPS = 6 };
+typedef struct run { mb_device *dev; mb_params *p; mb_linear lin; mb_adamw *o; mb_scaler *s; float *x, *t, *y, *dy, *loss; } run;
+
+static void run_open(run *r) {
+    memset(r, 0, sizeof *r);
+    tu_ok(mb_device_open(&r->dev, NULL));
+    tu_ok(mb_params_create(&r->p, r->dev));
+    tu_ok(mb_linear_init(&r->lin, r->p, "fc", RIN, ROUT));
+    tu_ok(mb_params_finalize(r->p));
+    tu_ok(mb_params_init(r->p, 77));
+    mb_adamw_config c = mb_adamw_config_default();
+    c.max_grad_norm = 1.0f;
+    tu_ok(mb_adamw_create(&r->o, r->p, &c));
+    tu_ok(mb_scaler_create(&r->s, r->dev, NULL));
+    tu_ok(mb_alloc(r->dev, MB_MEM_DEVICE, RB * RIN * 4, (void **)&r->x));
+    tu_ok(mb_alloc(r->dev, MB_MEM_DEVICE, RB * ROUT * 4, (void **)&r->t));
+    tu_ok(mb_alloc(r->dev, MB_MEM_DEVICE, RB * ROUT * 4, (void **)&r->y));
+    tu_ok(mb_alloc(r->dev, MB_MEM_DEVICE, RB * ROUT * 4, (void **)&r->dy));
+    tu_ok(mb_alloc(r->dev, MB_MEM_DEVICE, 4, (void **)&r->loss));
+}
+static void run_close(run *r) {
+    mb_free(r->dev, r->x); mb_free(r->dev, r->t); mb_free(r->dev, r->y); mb_free(r->dev, r->dy);
+    mb_free(r->dev, r->loss);
+    mb_adamw_destroy(r->o);
+    mb_scaler_destroy(r->s);
+    mb_params_destroy(r->p);
+    assert_int_equal(mb_device_mem_stats(r->dev).count[MB_MEM_HOST] + mb_device_mem_stats(r->dev).count[MB_MEM_DEVICE], 0);
+    mb_device_close(r->dev);
+}
+static void run_step(run *r, const float *data, int step) {
+    const float *xs = data + (size_t)step * RB * (RIN + ROUT), *ts = xs + RB * RIN;
+    tu_ok(mb_copy(r->dev, 0, r->x, xs, RB * RIN * 4));
+    tu_ok(mb_copy(r->dev, 0, r->t, ts, RB * ROUT * 4));
+    tu_ok(mb_params_zero_grad(r->p));
+    tu_ok(mb_linear_forward(&r->lin, 0, r->x, RB, r->y));
+    tu_ok(mb_loss(r->dev, 0, NULL, r->y, r->t, RB, ROUT, 1.0f, mb_scaler_scale_ptr(r->s), r->loss, r->dy));
+    tu_ok(mb_linear_backward(&r->lin, 0, r->x, r->dy, RB, NULL));
+    tu_ok(mb_scaler_unscale(r->s, mb_params_grad(r->p), mb_params_total(r->p)));
+    tu_ok(mb_adamw_step(r->o, 1e-2f, r->s));
+    tu_ok(mb_scaler_update(r->s));
+}
+static void run_state(run *r, float *out) { /* params, m, v */
+    size_t n = mb_params_total(r->p);
+    tu_ok(mb_params_get(r->p, out));
+    tu_ok(mb_copy(r->dev, 0, out + n, mb_adamw_m(r->o), n * 4));
+    tu_ok(mb_copy(r->dev, 0, out + 2 * n, mb_adamw_v(r->o), n * 4));
+}
+
+static void test_resume_bit_exact(void **state) {
+    (void)state;
+    size_t nd = (size_t)RSTEPS * RB * (RIN + ROUT);
+    float *data = tu_alloc_f32(nd);
+    tu_fill(data, nd, -2, 2);
+    run a, b;
+    run_open(&a);
+    size_t n = mb_params_total(a.p);
+    float *sa = tu_alloc_f32(3 * n), *sb = tu_alloc_f32(3 * n), *s0 = tu_alloc_f32(3 * n);
+    run_state(&a, s0);
+    for (int i = 0; i < RSTEPS; i++) run_step(&a, data, i);
+    run_state(&a, sa);
+    int64_t steps_a;
+    tu_ok(mb_adamw_steps(a.o, &steps_a));
+    mb_scaler_state sta, stb;
+    tu_ok(mb_scaler_get(a.s, &sta));
+    run_close(&a);
+
+    run_open(&b);
+    for (int i = 0; i < RSTEPS / 2; i++) run_step(&b, data, i);
+    mb_ckpt_writer *w;
+    int64_t next = RSTEPS / 2;
+    tu_ok(mb_ckpt_writer_create(&w, b.dev));
+    tu_ok(mb_ckpt_add_params(w, b.p));
+    tu_ok(mb_ckpt_add_adamw(w, b.o));
+    tu_ok(mb_ckpt_add_scaler(w, b.s));
+    tu_ok(mb_ckpt_add(w, "next_step", &next, sizeof next));
+    tu_ok(mb_ckpt_write(w, tpath("resume.mb")));
+    mb_ckpt_writer_destroy(w);
+    run_close(&b);
+
+    run_open(&b); /* fresh: different moments and step count until loaded */
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_read(&r, b.dev, tpath("resume.mb")));
+    tu_ok(mb_ckpt_load_params(r, b.p));
+    tu_ok(mb_ckpt_load_adamw(r, b.o));
+    tu_ok(mb_ckpt_load_scaler(r, b.s));
+    int64_t start = 0;
+    tu_ok(mb_ckpt_get(r, "next_step", &start, sizeof start));
+    mb_ckpt_close(r);
+    for (int64_t i = start; i < RSTEPS; i++) run_step(&b, data, (int)i);
+    run_state(&b, sb);
+    int64_t steps_b;
+    tu_ok(mb_adamw_steps(b.o, &steps_b));
+    tu_ok(mb_scaler_get(b.s, &stb));
+    run_close(&b);
+
+    assert_int_equal(steps_a, RSTEPS);
+    assert_int_equal(steps_b, RSTEPS);
+    assert_memory_not_equal(s0, sa, n * 4); /* training moved the weights */
+    assert_memory_equal(sa, sb, 3 * n * 4);
+    assert_memory_equal(&sta, &stb, sizeof sta);
+    free(data); free(sa); free(sb); free(s0);
+}
+
+int main(void) {
+    tu_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blob_round_trip),
+        cmocka_unit_test(test_get_missing_or_wrong_size),
+        cmocka_unit_test(test_flipped_bits_are_corrupt),
+        cmocka_unit_test(test_truncated_is_corrupt),
+        cmocka_unit_test(test_training_state_round_trip),
+        cmocka_unit_test(test_wrong_shape_refused),
+        cmocka_unit_test(test_unwritable_keeps_previous),
+        cmocka_unit_test(test_leftover_tmp),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_resume_bit_exact),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
