@@ -15,6 +15,10 @@
  * --warmup [20] --accum [1] --clip [1.0] --weight-decay [0.01] --loss mse|huber [mse]
  * --chunk-fraction [0.75] --checkpoint-k [0: auto] --carry --seed [1] --threads [0]
  * --metrics FILE [none] --max-batches N [0: all] --quiet.
+ * Checkpoints: --ckpt FILE writes everything a run needs (params, AdamW moments and step,
+ * loader position, accumulation window, counters; crash-safe: temp file, fsync, rename,
+ * checksum) after every epoch and every --ckpt-every N optimizer steps; --resume continues
+ * from FILE and ends with the same weights, bit for bit, as an uninterrupted run.
  * Last line, for scripts:
  *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=..
  * Exit 2 with `error: ...` on bad flags or data.
@@ -36,8 +40,9 @@
 // ---- options ----
 
 typedef struct options {
-    const char *train, *val, *metrics;
-    int epochs, layers, accum, threads, carry, quiet, checkpoint_k;
+    const char *train, *val, *metrics, *ckpt;
+    int epochs, layers, accum, threads, carry, quiet, checkpoint_k, resume;
+    int64_t ckpt_every;
     int64_t batch, hidden, head, max_batches;
     float lr, clip, weight_decay, chunk_fraction;
     int warmup;
@@ -83,6 +88,9 @@ static int parse_options(int argc, char **argv, options *o) {
         int used = 1;
         if (!strcmp(a, "--carry")) { o->carry = 1; used = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; used = 0; }
+        else if (!strcmp(a, "--resume")) { o->resume = 1; used = 0; }
+        else if (!strcmp(a, "--ckpt")) { if (!v) return bad_flag(a, v, "needs a file"); o->ckpt = v; }
+        else if (!strcmp(a, "--ckpt-every")) { if (!num(a, v, 0, 1e12, &x)) return 0; o->ckpt_every = (int64_t)x; }
         else if (!strcmp(a, "--train")) { if (!v) return bad_flag(a, v, "needs a file"); o->train = v; }
         else if (!strcmp(a, "--val")) { if (!v) return bad_flag(a, v, "needs a file"); o->val = v; }
         else if (!strcmp(a, "--metrics")) { if (!v) return bad_flag(a, v, "needs a file"); o->metrics = v; }
@@ -113,6 +121,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else return bad_flag("flag", a, "unknown (see the comment at the top of examples/train_multitf.c)");
         i += used;
     }
+    if ((o->resume || o->ckpt_every) && !o->ckpt) return bad_flag("--resume/--ckpt-every", "", "need --ckpt FILE");
+    if (o->resume && o->carry)
+        return bad_flag("--resume", "--carry", "the carried hidden state is not checkpointed yet: resume without --carry");
     return 1;
 }
 
@@ -275,45 +286,107 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Everything of the loop that a checkpoint must carry besides params and optimizer. */
 typedef struct run_state {
-    int64_t step, samples, batches;
-    double train_loss, val_loss, baseline, seconds;
+    int64_t epoch;                   /* the epoch being trained, 1-based */
+    int64_t step, samples, batches;  /* optimizer steps, samples and batches so far */
+    int64_t epoch_batches, epoch_n;  /* this epoch so far */
+    double epoch_loss_sum;           /* sum of batch loss x count, this epoch */
+    mb_loader_pos pos;               /* the next training batch */
+    mb_accum acc;                    /* the accumulation window */
+    double train_loss, val_loss, baseline;
+    double seconds;                  /* training time of this process (not checkpointed) */
+    int64_t samples_run;             /* samples trained by this process (not checkpointed) */
 } run_state;
 
-/* One epoch over the training loader: accumulation, clipping (inside AdamW), schedule. */
-static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr_schedule *sched, mb_accum *acc,
-                             const options *o, int epoch, run_state *rs) {
-    double loss_sum = 0, t0 = now_seconds();
-    int64_t loss_n = 0, nb = 0;
+// ---- checkpoints ----
+// One file: params, AdamW (m, v, steps), the run state and the options that shape the
+// run (a resume with other options is refused).
+
+static options shape_of(const options *o) {
+    options k = *o;
+    k.train = k.val = k.metrics = k.ckpt = NULL;
+    k.quiet = k.resume = k.threads = 0;
+    k.ckpt_every = 0;
+    k.epochs = 0; /* a resumed run may train for more epochs */
+    return k;
+}
+
+static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_state *rs) {
+    mb_ckpt_writer *w = NULL;
+    options k = shape_of(o);
+    run_state st = *rs;
+    st.seconds = 0; /* timings are not state: a resumed run's file must equal an uninterrupted one's */
+    st.samples_run = 0;
+    mb_result r = mb_ckpt_writer_create(&w, m->dev);
+    if (r == MB_OK) r = mb_ckpt_add_params(w, m->params);
+    if (r == MB_OK) r = mb_ckpt_add_adamw(w, opt);
+    if (r == MB_OK) r = mb_ckpt_add(w, "run", &st, sizeof st);
+    if (r == MB_OK) r = mb_ckpt_add(w, "options", &k, sizeof k);
+    if (r == MB_OK) r = mb_ckpt_write(w, o->ckpt);
+    mb_ckpt_writer_destroy(w);
+    return r;
+}
+
+static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state *rs) {
+    mb_ckpt_reader *rd = NULL;
+    options k = shape_of(o), saved;
+    MB_TRY(mb_ckpt_read(&rd, m->dev, o->ckpt));
+    mb_result r = mb_ckpt_get(rd, "options", &saved, sizeof saved);
+    if (r == MB_OK && memcmp(&saved, &k, sizeof k) != 0)
+        r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", o->ckpt);
+    if (r == MB_OK) r = mb_ckpt_load_params(rd, m->params);
+    if (r == MB_OK) r = mb_ckpt_load_adamw(rd, opt);
+    if (r == MB_OK) r = mb_ckpt_get(rd, "run", rs, sizeof *rs);
+    mb_ckpt_close(rd);
+    return r;
+}
+
+/* The rest of epoch rs->epoch over the training loader: accumulation, clipping (inside
+ * AdamW), schedule, checkpoints every --ckpt-every steps (at window boundaries). */
+static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr_schedule *sched, const options *o,
+                             run_state *rs, double *seconds) {
+    double t0 = now_seconds();
+    int64_t samples0 = rs->samples;
     mb_batch b;
     for (;;) {
+        if (o->max_batches && rs->epoch_batches >= o->max_batches) { /* skip to the next epoch */
+            mb_loader_pos next = {rs->epoch, 0, 0};
+            MB_TRY(mb_loader_set_position(tr, next));
+            break;
+        }
         MB_TRY(mb_loader_next(tr, &b));
-        if (b.count == 0 || (o->max_batches && nb >= o->max_batches)) break;
-        if (mb_accum_window_start(acc)) MB_TRY(mb_params_zero_grad(m->params));
-        MB_TRY(model_forward(m, (const float *)b.features, (const float *)b.targets, b.count, mb_accum_loss_scale(acc)));
+        if (b.count == 0) break;
+        if (mb_accum_window_start(&rs->acc)) MB_TRY(mb_params_zero_grad(m->params));
+        MB_TRY(model_forward(m, (const float *)b.features, (const float *)b.targets, b.count,
+                             mb_accum_loss_scale(&rs->acc)));
         MB_TRY(model_backward(m, b.count));
-        if (mb_accum_tick(acc)) {
+        int stepped = mb_accum_tick(&rs->acc);
+        if (stepped) {
             float lr;
             MB_TRY(mb_lr_at(sched, rs->step, &lr));
             MB_TRY(mb_adamw_step(opt, lr, NULL)); /* f32: no loss scaler */
             rs->step++;
         }
-        nb++;
+        float l; /* fetching the loss waits for the batch: one host sync per batch, after its step */
+        MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
+        rs->epoch_loss_sum += (double)l * (double)b.count;
+        rs->epoch_n += b.count;
+        rs->epoch_batches++;
+        rs->batches++;
         rs->samples += b.count;
-        { /* fetching the loss waits for the batch: one host sync per batch, after its step */
-            float l;
-            MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
-            loss_sum += (double)l * (double)b.count; loss_n += b.count;
-            if (!o->quiet)
-                fprintf(stderr, "\repoch %d batch %lld loss %.4f  %.0f samples/s   ", epoch, (long long)nb, (double)l,
-                        (double)rs->samples / (rs->seconds + now_seconds() - t0));
+        if (!o->quiet)
+            fprintf(stderr, "\repoch %lld batch %lld loss %.4f  %.0f samples/s   ", (long long)rs->epoch,
+                    (long long)rs->epoch_batches, (double)l, (double)(rs->samples - samples0) / (now_seconds() - t0));
+        if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
+            rs->pos = mb_loader_position(tr);
+            MB_TRY(save_ckpt(o, m, opt, rs));
         }
     }
     if (!o->quiet) fputc('\n', stderr);
     MB_TRY(mb_sync(m->dev, -1));
-    rs->seconds += now_seconds() - t0;
-    rs->batches += nb;
-    rs->train_loss = loss_n ? loss_sum / (double)loss_n : 0; /* mean over the epoch's samples */
+    *seconds += now_seconds() - t0;
+    rs->train_loss = rs->epoch_n ? rs->epoch_loss_sum / (double)rs->epoch_n : 0; /* mean over the epoch */
     return MB_OK;
 }
 
@@ -361,10 +434,16 @@ static mb_result run(const options *o, run_state *rs) {
         printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
                mb_device_name(dev), o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
                (long long)mt->k, m.nseg, mb_params_total(m.params));
-    mb_accum acc;
     mb_lr_schedule sched;
     memset(&sched, 0, sizeof sched);
-    if (r == MB_OK) r = mb_accum_init(&acc, o->accum);
+    rs->epoch = 1;
+    if (r == MB_OK) r = mb_accum_init(&rs->acc, o->accum);
+    if (r == MB_OK && o->resume) {
+        r = load_ckpt(o, &m, opt, rs);
+        if (r == MB_OK) r = mb_loader_set_position(tr, rs->pos);
+        if (r == MB_OK && !o->quiet)
+            printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)rs->epoch, (long long)rs->step);
+    }
     sched.kind = o->schedule; sched.lr = o->lr;
     if (r == MB_OK) { /* optimizer steps in the whole run: the schedule's length */
         int64_t nb = mb_loader_get_plan(tr)->batches;
@@ -375,19 +454,32 @@ static mb_result run(const options *o, run_state *rs) {
     }
     if (csv) fprintf(csv, "epoch,steps,train_loss,val_loss,baseline_val_loss,samples_per_s,device_bytes\n");
     size_t live0 = mb_device_mem_stats(dev ? dev : NULL).live[MB_MEM_DEVICE];
-    for (int e = 1; r == MB_OK && e <= o->epochs; e++) {
-        r = train_epoch(&m, tr, opt, &sched, &acc, o, e, rs);
+    double seconds = 0;
+    int64_t samples0 = rs->samples;
+    for (; r == MB_OK && rs->epoch <= o->epochs; rs->epoch++) {
+        r = train_epoch(&m, tr, opt, &sched, o, rs, &seconds);
         if (r == MB_OK) r = evaluate(&m, va, &rs->val_loss, &rs->baseline);
         if (r != MB_OK) break;
         size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
-        printf("epoch %d: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %.1f MB\n",
-               e, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, (double)rs->samples / rs->seconds,
-               (double)live / 1e6);
+        double sps = seconds > 0 ? (double)(rs->samples - samples0) / seconds : 0;
+        printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %.1f MB\n",
+               (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, sps, (double)live / 1e6);
         if (live > live0 + (size_t)100e6) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
         live0 = live;
-        if (csv) fprintf(csv, "%d,%lld,%.6f,%.6f,%.6f,%.1f,%zu\n", e, (long long)rs->step, rs->train_loss, rs->val_loss,
-                         rs->baseline, (double)rs->samples / rs->seconds, live);
+        if (csv) fprintf(csv, "%lld,%lld,%.6f,%.6f,%.6f,%.1f,%zu\n", (long long)rs->epoch, (long long)rs->step,
+                         rs->train_loss, rs->val_loss, rs->baseline, sps, live);
+        run_state next = *rs; /* the checkpoint resumes at the start of the next epoch */
+        next.epoch++;
+        next.epoch_batches = next.epoch_n = 0;
+        next.epoch_loss_sum = 0;
+        next.pos = mb_loader_position(tr);
+        if (o->ckpt) r = save_ckpt(o, &m, opt, &next);
+        rs->epoch_batches = rs->epoch_n = 0;
+        rs->epoch_loss_sum = 0;
     }
+    rs->epoch--; /* the last epoch trained */
+    rs->seconds = seconds;
+    rs->samples_run = rs->samples - samples0;
     if (csv) fclose(csv);
     mb_adamw_destroy(opt);
     mb_loader_close(tr); mb_loader_close(va);
@@ -407,8 +499,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", mb_last_error());
         return 2;
     }
-    printf("summary: epochs=%d steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f\n",
-           o.epochs, (long long)rs.step, rs.train_loss, rs.val_loss, rs.baseline,
-           rs.seconds > 0 ? (double)rs.samples / rs.seconds : 0.0);
+    printf("summary: epochs=%lld steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f\n",
+           (long long)rs.epoch, (long long)rs.step, rs.train_loss, rs.val_loss, rs.baseline,
+           rs.seconds > 0 ? (double)rs.samples_run / rs.seconds : 0.0);
     return 0;
 }
