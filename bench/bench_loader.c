@@ -14,7 +14,9 @@
  * Page cache: before each "cold" pass the file gets posix_fadvise(DONTNEED) (after an
  * fsync when written); the fraction of its pages resident just before a pass (mincore)
  * is printed, so a pass the kernel did not drop shows as warm. 1 MB = 1e6 bytes. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #define MEGABATCH_IMPLEMENTATION
 #ifdef __CUDACC__
 #include "megabatch_cuda.cuh"
