@@ -106,4 +106,25 @@ static inline double tu_rel_norm_err(const float *got, const float *ref, size_t 
         if (tu_r_ != MB_OK) fail_msg("%s failed: %s: %s", #call, mb_result_string(tu_r_), mb_last_error()); \
     } while (0)
 
+#ifdef MEGABATCH_CUDA
+/* Open the GPU (4 streams) or skip the calling test, after checking that a machine
+ * without one gives MB_ERR_NO_DEVICE with a message naming CUDA. */
+static inline mb_device *tu_open_cuda_or_skip(int tf32) {
+    mb_device_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.backend = MB_CUDA;
+    cfg.streams = 4;
+    cfg.tf32 = tf32;
+    mb_device *dev = NULL;
+    mb_result r = mb_device_open(&dev, &cfg);
+    if (r == MB_ERR_NO_DEVICE) {
+        assert_null(dev);
+        assert_non_null(strstr(mb_last_error(), "CUDA"));
+        skip();
+    }
+    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
+    return dev;
+}
+#endif
+
 #endif

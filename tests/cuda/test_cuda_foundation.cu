@@ -5,27 +5,9 @@
 #include "megabatch_cuda.cuh"
 #include "gemm_case.h"
 
-/* Opens the GPU or skips the calling test (after checking the no-GPU error). */
-static mb_device *open_cuda_or_skip(int tf32) {
-    mb_device_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.backend = MB_CUDA;
-    cfg.streams = 4;
-    cfg.tf32 = tf32;
-    mb_device *dev = NULL;
-    mb_result r = mb_device_open(&dev, &cfg);
-    if (r == MB_ERR_NO_DEVICE) {
-        assert_null(dev);
-        assert_non_null(strstr(mb_last_error(), "CUDA"));
-        skip();
-    }
-    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
-    return dev;
-}
-
 static void test_cuda_device_basics(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(0);
+    mb_device *dev = tu_open_cuda_or_skip(0);
     assert_int_equal(mb_device_backend(dev), MB_CUDA);
     assert_non_null(mb_device_stream(dev, 3));
     assert_non_null(mb_device_cublas(dev));
@@ -71,7 +53,7 @@ static void test_cuda_device_basics(void **state) {
 
 static void test_cuda_gemm_vs_reference(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(0);
+    mb_device *dev = tu_open_cuda_or_skip(0);
     for (int i = 0; i < 200; i++) {
         tu_gemm_case g = tu_gemm_random();
         tu_gemm_run(dev, &g, 1e-5, 1e-5);
@@ -90,7 +72,7 @@ static void test_cuda_gemm_vs_reference(void **state) {
 
 static void test_cuda_gemm_tf32(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(1);
+    mb_device *dev = tu_open_cuda_or_skip(1);
     assert_int_equal(mb_device_tf32(dev), 1);
     for (int i = 0; i < 50; i++) {
         tu_gemm_case g = tu_gemm_random();
@@ -101,7 +83,7 @@ static void test_cuda_gemm_tf32(void **state) {
 
 static void test_cuda_params_init_matches_cpu(void **state) {
     (void)state;
-    mb_device *gpu = open_cuda_or_skip(0), *cpu = NULL;
+    mb_device *gpu = tu_open_cuda_or_skip(0), *cpu = NULL;
     tu_ok(mb_device_open(&cpu, NULL));
     mb_params *p[2];
     mb_device *devs[2] = {cpu, gpu};
@@ -130,7 +112,7 @@ static void test_cuda_params_init_matches_cpu(void **state) {
 
 static void test_cuda_convert_matches_cpu(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(0);
+    mb_device *dev = tu_open_cuda_or_skip(0);
     const size_t n = 100003;
     float *x = tu_alloc_f32(n), *back = tu_alloc_f32(n);
     tu_fill(x, n, -70000.0f, 70000.0f);

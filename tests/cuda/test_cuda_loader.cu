@@ -9,22 +9,6 @@
 enum { N = 301, T = 7, F = 5, K = 3, ROW = T * F };
 static float g_feat[N * ROW], g_targ[N * K];
 
-static mb_device *open_cuda_or_skip(int tf32) {
-    mb_device_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.backend = MB_CUDA;
-    cfg.streams = 4;
-    cfg.tf32 = tf32;
-    mb_device *dev = NULL;
-    mb_result r = mb_device_open(&dev, &cfg);
-    if (r == MB_ERR_NO_DEVICE) {
-        assert_null(dev);
-        assert_non_null(strstr(mb_last_error(), "CUDA"));
-        skip();
-    }
-    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
-    return dev;
-}
 
 /* Two epochs of batches as host arrays (features then targets, batch after batch). */
 static size_t collect(mb_device *dev, const mb_loader_config *c, float *out, size_t cap) {
@@ -66,7 +50,7 @@ static void compare_with_cpu(mb_device *gpu, mb_loader_config c) {
 
 static void test_cuda_loader_matches_cpu(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(0);
+    mb_device *dev = tu_open_cuda_or_skip(0);
     const size_t bps = (ROW + K) * sizeof(float);
     const size_t chunks[] = {N, 100, 37};
     for (int ci = 0; ci < 3; ci++)
@@ -89,7 +73,7 @@ static void test_cuda_loader_matches_cpu(void **state) {
 
 static void test_cuda_loader_pageable_fallback(void **state) {
     (void)state;
-    mb_device *dev = open_cuda_or_skip(0);
+    mb_device *dev = tu_open_cuda_or_skip(0);
     mb_loader_config c;
     memset(&c, 0, sizeof c);
     c.batch = 16;

@@ -5,22 +5,6 @@
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
 
-static mb_device *open_cuda_or_skip(int tf32) {
-    mb_device_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.backend = MB_CUDA;
-    cfg.streams = 4;
-    cfg.tf32 = tf32;
-    mb_device *dev = NULL;
-    mb_result r = mb_device_open(&dev, &cfg);
-    if (r == MB_ERR_NO_DEVICE) {
-        assert_null(dev);
-        assert_non_null(strstr(mb_last_error(), "CUDA"));
-        skip();
-    }
-    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
-    return dev;
-}
 
 typedef struct shape { int B, T, F, H, L; } shape;
 enum { O_OUT, O_HL, O_HN, O_CN, O_GRAD, O_DX, O_DH0, O_DC0, O_N };
@@ -106,7 +90,7 @@ static const char *onames[O_N] = {"out_seq", "h_last", "h_n", "c_n", "grad", "dx
 
 static void test_cuda_lstm_matches_cpu(void **state) {
     (void)state;
-    mb_device *gpu = open_cuda_or_skip(0), *cpu;
+    mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
     shape shapes[] = {{tu_int(1, 8), tu_int(1, 30), tu_int(1, 20), tu_int(1, 40), tu_int(1, 3)},
                       {16, 480, 32, 64, 2}, {tu_int(1, 32), tu_int(100, 480), tu_int(1, 64), tu_int(1, 128), 1}};
@@ -131,7 +115,7 @@ static void test_cuda_lstm_matches_cpu(void **state) {
 
 static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     (void)state;
-    mb_device *gpu = open_cuda_or_skip(0), *cpu;
+    mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
     shape s = {tu_int(1, 16), tu_int(20, 120), tu_int(1, 32), tu_int(1, 64), tu_int(1, 2)};
     run_in in = make_inputs(cpu, &s);
@@ -153,7 +137,7 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
 
 static void test_cuda_lstm_bad_stream(void **state) {
     (void)state;
-    mb_device *gpu = open_cuda_or_skip(0);
+    mb_device *gpu = tu_open_cuda_or_skip(0);
     mb_params *p;
     mb_lstm *l = NULL;
     tu_ok(mb_params_create(&p, gpu));

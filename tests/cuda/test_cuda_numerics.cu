@@ -6,21 +6,6 @@
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
 
-static mb_device *open_cuda_or_skip(void) {
-    mb_device_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.backend = MB_CUDA;
-    cfg.streams = 4;
-    mb_device *dev = NULL;
-    mb_result r = mb_device_open(&dev, &cfg);
-    if (r == MB_ERR_NO_DEVICE) {
-        assert_null(dev);
-        assert_non_null(strstr(mb_last_error(), "CUDA"));
-        skip();
-    }
-    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
-    return dev;
-}
 
 static mb_device *open_cpu(void) {
     mb_device *dev;
@@ -42,7 +27,7 @@ static void down(mb_device *g, float *h, const float *d, size_t n) {
 
 static void test_cuda_linear(void **state) {
     (void)state;
-    mb_device *g = open_cuda_or_skip(), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
     int64_t B = tu_int(1, 70), in = tu_int(1, 90), out = tu_int(1, 40);
     mb_params *pg, *pc;
     mb_linear lg, lc;
@@ -82,7 +67,7 @@ static void test_cuda_linear(void **state) {
 
 static void test_cuda_activations_concat_dropout(void **state) {
     (void)state;
-    mb_device *g = open_cuda_or_skip(), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
     size_t n = (size_t)tu_int(1, 300000);
     float *x = tu_alloc_f32(n), *dy = tu_alloc_f32(n), *y = tu_alloc_f32(n), *h = tu_alloc_f32(n);
     tu_fill(x, n, -6, 6);
@@ -145,7 +130,7 @@ static void test_cuda_activations_concat_dropout(void **state) {
 
 static void test_cuda_losses(void **state) {
     (void)state;
-    mb_device *g = open_cuda_or_skip(), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
     int64_t B = tu_int(1, 300), K = tu_int(1, 40);
     size_t n = (size_t)(B * K);
     float *pr = tu_alloc_f32(n), *t = tu_alloc_f32(n), *d = tu_alloc_f32(n), *h = tu_alloc_f32(n);
@@ -170,7 +155,7 @@ static void test_cuda_losses(void **state) {
 
 static void test_cuda_unscale_and_update(void **state) {
     (void)state;
-    mb_device *g = open_cuda_or_skip(), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
     size_t n = (size_t)tu_int(1000, 2000000);
     float *x = tu_alloc_f32(n), *h = tu_alloc_f32(n);
     mb_scaler_config cfg;
@@ -223,7 +208,7 @@ static mb_params *make_params(mb_device *dev, int64_t rows, int64_t cols) {
 
 static void test_cuda_adamw(void **state) {
     (void)state;
-    mb_device *g = open_cuda_or_skip(), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
     int64_t rows = tu_int(1, 300), cols = tu_int(1, 700);
     for (int use_scaler = 0; use_scaler <= 1; use_scaler++) {
         mb_params *pg = make_params(g, rows, cols), *pc = make_params(c, rows, cols);
