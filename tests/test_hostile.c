@@ -232,7 +232,7 @@ static int open_in_child(const char *path, char *msg, size_t cap) {
         signal(SIGILL, SIG_DFL);
         signal(SIGFPE, SIG_DFL);
         signal(SIGABRT, SIG_DFL);
-        char out[1024] = "";
+        char out[1100] = "";
         mb_dataset *ds = NULL;
         int r = mb_dataset_open_file(&ds, path, NULL);
         if (r == MB_OK) {
@@ -251,7 +251,7 @@ static int open_in_child(const char *path, char *msg, size_t cap) {
         _exit(w > 0 ? 0 : 3);
     }
     close(fds[1]);
-    char buf[1024] = "";
+    char buf[1100] = "";
     size_t got = 0;
     for (int waited = 0; waited < 1000 && got < sizeof buf - 1;) {
         struct pollfd pf = {fds[0], POLLIN, 0};
