@@ -375,6 +375,11 @@ typedef struct mb_dataset_config {
     size_t chunk_cache_bytes;  /* HDF5 chunk cache per dataset; 0 = enough for one row of
                                   HDF5 chunks across T and F, at least 16 MiB */
     mb_logger log;             /* silent by default */
+    int isolate;               /* 1: mb_dataset_open_file first runs mb_dataset_probe on the file (a
+                                  child process), so a crash inside HDF5 becomes an error; 0 (the
+                                  default): no probe (it costs a fork, see docs/RELIABILITY.md) */
+    double probe_timeout_s;    /* mb_dataset_probe: a child still busy after this is killed;
+                                  0 = 10 seconds */
 } mb_dataset_config;
 
 /* Shape and metadata of an open dataset. */
@@ -408,6 +413,18 @@ MBDEF const mb_dataset_meta *mb_dataset_info(const mb_dataset *ds);
  * Not thread-safe per dataset: one call at a time. */
 MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, float *features, float *targets,
                                 int64_t *rows);
+/* Isolated probe for untrusted files (HDF5 is not built for them): a child process
+ * (fork) opens and validates the file and reads its first and last samples with HDF5's
+ * error printing off and stdout/stderr sent to /dev/null, and reports through a pipe.
+ * This process makes no HDF5 call. Returns the child's result and message, or
+ * MB_ERR_FORMAT "HDF5 crashed while parsing '<path>' (signal N)" when the child died,
+ * or "... timed out" when it ran past cfg->probe_timeout_s (it is killed). meta may be
+ * NULL; on MB_OK it gets the file's metadata. The NaN policy is not applied to the
+ * probe's reads. Needs POSIX fork and threads: built with MEGABATCH_NO_THREADS, or
+ * MEGABATCH_NO_HDF5, or off POSIX, it returns MB_ERR_UNSUPPORTED. Call it while no other
+ * thread of this process is inside HDF5 (the child would inherit a held lock and time
+ * out). */
+MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg, mb_dataset_meta *meta);
 
 // ---- end dataset ----
 
@@ -1649,15 +1666,24 @@ MBDEF const mb_dataset_meta *mb_dataset_info(const mb_dataset *ds) { return ds ?
 #ifndef MEGABATCH_NO_HDF5
 /* HDF5 never prints: its automatic error printing is off while we call it, and its
  * error stack is folded into our message. */
-typedef struct mb__h5quiet { H5E_auto2_t fn; void *data; } mb__h5quiet;
+/* Plugin (dynamically loaded filter) loading is off while we call it too: a file must
+ * not make this process load a shared library; the caller's setting comes back after. */
+#include <H5PLpublic.h>
+typedef struct mb__h5quiet { H5E_auto2_t fn; void *data; unsigned plugins; } mb__h5quiet;
 static mb__h5quiet mb__h5_quiet(void) {
     mb__h5quiet q;
-    q.fn = NULL; q.data = NULL;
+    q.fn = NULL; q.data = NULL; q.plugins = 0;
     H5Eget_auto2(H5E_DEFAULT, &q.fn, &q.data);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (H5PLget_loading_state(&q.plugins) < 0) q.plugins = H5PL_ALL_PLUGIN;
+    H5PLset_loading_state(0);
     return q;
 }
-static void mb__h5_restore(mb__h5quiet q) { H5Eset_auto2(H5E_DEFAULT, q.fn, q.data); }
+static void mb__h5_restore(mb__h5quiet q) {
+    H5PLset_loading_state(q.plugins);
+    H5Eclear2(H5E_DEFAULT);
+    H5Eset_auto2(H5E_DEFAULT, q.fn, q.data);
+}
 
 static herr_t mb__h5_walk(unsigned n, const H5E_error2_t *e, void *user) {
     char *buf = (char *)user;
@@ -1684,8 +1710,78 @@ static void mb__h5_type_name(hid_t type, char *out, size_t cap) {
                   : c == H5T_OPAQUE ? "opaque" : c == H5T_BITFIELD ? "bitfield" : c == H5T_TIME ? "time" : "unknown");
 }
 
-/* Open dataset `name` and check it: a dataset (not a group), rank in [rmin, rmax], a
- * numeric type, storage not smaller than its shape (contiguous). dims gets the shape. */
+/* Filters HDF5 has built in that we accept; anything else (including plugins) is refused. */
+static int mb__h5_filter_ok(H5Z_filter_t id) {
+    return id == H5Z_FILTER_DEFLATE || id == H5Z_FILTER_SHUFFLE || id == H5Z_FILTER_FLETCHER32;
+}
+
+/* Chunk shape of a chunked dataset: rank r, every dim >= 1 and not absurdly larger than
+ * the dataset's (at most 16x + 1024), one chunk at most 1 GiB. */
+static mb_result mb__h5_check_chunks(mb_dataset *ds, const char *name, hid_t pl, const hsize_t *dims, int r,
+                                     hsize_t esz) {
+    const mb_logger *lg = &ds->cfg.log;
+    hsize_t cd[32];
+    int cr = H5Pget_chunk(pl, 32, cd);
+    if (cr != r)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has chunks of rank %d for rank %d", ds->meta.source,
+                       name, cr, r);
+    hsize_t bytes = esz;
+    for (int i = 0; i < r; i++) {
+        if (cd[i] < 1 || cd[i] > dims[i] * 16 + 1024 || cd[i] > ((hsize_t)1 << 30))
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s': chunk dimension %d is %llu for a dimension of %llu",
+                           ds->meta.source, name, i, (unsigned long long)cd[i], (unsigned long long)dims[i]);
+        bytes *= cd[i];
+        if (bytes > ((hsize_t)1 << 30))
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s': one chunk exceeds 1 GiB", ds->meta.source, name);
+    }
+    return MB_OK;
+}
+
+/* Storage checks: contiguous or chunked layout, no external files, filters on the allow
+ * list, sane chunks, and stored bytes consistent with the shape (need) and the file size. */
+static mb_result mb__h5_check_storage(mb_dataset *ds, const char *name, hid_t d, hid_t pl, const hsize_t *dims,
+                                      int r, hsize_t esz, hsize_t need) {
+    const mb_logger *lg = &ds->cfg.log;
+    const char *src = ds->meta.source;
+    H5D_layout_t lay = H5Pget_layout(pl);
+    if (lay != H5D_CONTIGUOUS && lay != H5D_CHUNKED)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has %s layout (only contiguous or chunked are read)", src,
+                       name, lay == H5D_COMPACT ? "compact" : lay == H5D_VIRTUAL ? "virtual" : "an unknown");
+    int ext = H5Pget_external_count(pl);
+    if (ext != 0)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' keeps its data in %d external file(s) (refused)", src,
+                       name, ext);
+    int nf = H5Pget_nfilters(pl);
+    if (nf < 0 || nf > 8) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has %d filters", src, name, nf);
+    for (int i = 0; i < nf; i++) {
+        unsigned flags = 0, cv[8];
+        size_t ncv = 8;
+        char fname[64] = "";
+        H5Z_filter_t id = H5Pget_filter2(pl, (unsigned)i, &flags, &ncv, cv, sizeof fname, fname, NULL);
+        if (!mb__h5_filter_ok(id))
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' uses filter %d '%s' (allowed: deflate, shuffle, "
+                           "fletcher32)", src, name, (int)id, fname);
+    }
+    if (lay == H5D_CHUNKED) MB_TRY(mb__h5_check_chunks(ds, name, pl, dims, r, esz));
+    hsize_t stored = H5Dget_storage_size(d), fsize = 0;
+    if (H5Fget_filesize(ds->file, &fsize) >= 0 && stored > fsize)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' claims %llu bytes of storage in a file of %llu bytes",
+                       src, name, (unsigned long long)stored, (unsigned long long)fsize);
+    if (lay == H5D_CONTIGUOUS && need > 0) {
+        if (stored < need)
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' is truncated: %llu bytes stored, its shape needs "
+                           "%llu", src, name, (unsigned long long)stored, (unsigned long long)need);
+        haddr_t off = H5Dget_offset(d);
+        if (off == HADDR_UNDEF || off > fsize || fsize - off < need)
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s': its %llu bytes at offset %llu lie past the end of "
+                           "the file (%llu bytes)", src, name, (unsigned long long)need, (unsigned long long)off,
+                           (unsigned long long)fsize);
+    }
+    return MB_OK;
+}
+
+/* Open dataset `name` and check it: reached by a hard link, a dataset (not a group), rank
+ * in [rmin, rmax], a numeric type, storage per mb__h5_check_storage. dims gets the shape. */
 static mb_result mb__h5_open_ds(mb_dataset *ds, const char *name, int rmin, int rmax, hid_t *out, hsize_t *dims,
                                 int *rank, char *tname) {
     const mb_logger *lg = &ds->cfg.log;
@@ -1693,6 +1789,12 @@ static mb_result mb__h5_open_ds(mb_dataset *ds, const char *name, int rmin, int 
     char st[512];
     htri_t ex = H5Lexists(ds->file, name, H5P_DEFAULT);
     if (ex <= 0) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: missing dataset '%s'", src, name);
+    H5L_info_t li;
+    if (H5Lget_info(ds->file, name, &li, H5P_DEFAULT) < 0)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: cannot read the link '%s': %s", src, name, mb__h5_stack(st));
+    if (li.type != H5L_TYPE_HARD)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: '%s' is a %s link, not a dataset in this file (hard link)", src, name,
+                       li.type == H5L_TYPE_SOFT ? "soft" : li.type == H5L_TYPE_EXTERNAL ? "external" : "user-defined");
     hid_t obj = H5Oopen(ds->file, name, H5P_DEFAULT);
     if (obj < 0) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: cannot open '%s': %s", src, name, mb__h5_stack(st));
     H5I_type_t it = H5Iget_type(obj);
@@ -1723,9 +1825,8 @@ static mb_result mb__h5_open_ds(mb_dataset *ds, const char *name, int rmin, int 
             if (dims[i] && need > (hsize_t)-1 / dims[i]) over = 1;
             else need *= dims[i];
         }
-        if (!over && need > 0 && H5Pget_layout(pl) == H5D_CONTIGUOUS && H5Dget_storage_size(d) < need)
-            res = MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' is truncated: %llu bytes stored, its shape needs "
-                          "%llu", src, name, (unsigned long long)H5Dget_storage_size(d), (unsigned long long)need);
+        if (over) res = MB_FAIL(lg, MB_ERR_OVERFLOW, "%s: dataset '%s': byte count overflows", src, name);
+        else res = mb__h5_check_storage(ds, name, d, pl, dims, r, esz, need);
     }
     H5Sclose(sp); H5Tclose(ty); H5Pclose(pl);
     if (res != MB_OK) { H5Dclose(d); H5Eclear2(H5E_DEFAULT); return res; }
@@ -1870,6 +1971,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     FILE *fp = fopen(path, "rb");
     if (!fp) return MB_FAIL(lg, MB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     fclose(fp);
+    if (cfg && cfg->isolate) MB_TRY(mb_dataset_probe(path, cfg, NULL));
     mb_dataset *ds = NULL;
     MB_TRY(mb__ds_new(&ds, path, cfg));
     mb__h5quiet q = mb__h5_quiet();
@@ -1956,6 +2058,141 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
 #endif
     return mb__ds_policy(ds, start, n, features, targets, rows);
 }
+
+#if !defined(MEGABATCH_NO_HDF5) && !defined(MEGABATCH_NO_THREADS) && (defined(__unix__) || defined(__APPLE__))
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* What the probe's child sends back through its pipe. */
+typedef struct mb__probe_msg {
+    int32_t code;         /* mb_result of open + validate + reads */
+    mb_dataset_meta meta; /* on MB_OK */
+    char text[1024];      /* mb_last_error() of the child on failure */
+} mb__probe_msg;
+
+/* Child: read the first and last samples (float32, no NaN policy). */
+static mb_result mb__probe_read(mb_dataset *ds) {
+    const mb_dataset_meta *m = &ds->meta;
+    float *buf = (float *)calloc(m->bytes_per_sample / sizeof(float), sizeof(float));
+    if (!buf) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: probe: no memory for one sample (%zu bytes)", m->source,
+                             m->bytes_per_sample);
+    float *targ = buf + (size_t)(m->t * m->f);
+    mb_result r = mb_dataset_read(ds, 0, 1, buf, targ, NULL);
+    if (r == MB_OK && m->n > 1) r = mb_dataset_read(ds, m->n - 1, m->n, buf, targ, NULL);
+    free(buf);
+    return r;
+}
+
+/* Child: everything HDF5 does with the file happens here; never returns. */
+static void mb__probe_child(int wfd, const char *path, const mb_dataset_config *cfg) {
+    /* the host's crash handlers (test frameworks, ASan) must not run on in the child */
+    const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+    int dn = open("/dev/null", O_WRONLY);
+    if (dn >= 0) { dup2(dn, 1); dup2(dn, 2); close(dn); }
+    mb__probe_msg msg;
+    memset(&msg, 0, sizeof msg);
+    mb_dataset_config c;
+    if (cfg) c = *cfg;
+    else memset(&c, 0, sizeof c);
+    c.isolate = 0;
+    c.log.fn = NULL;
+    c.nan_policy = MB_NAN_ZERO;
+    mb_dataset *ds = NULL;
+    mb_result r = mb_dataset_open_file(&ds, path, &c);
+    if (r == MB_OK) {
+        msg.meta = ds->meta;
+        r = mb__probe_read(ds);
+        mb_dataset_close(ds);
+    }
+    msg.code = (int32_t)r;
+    if (r != MB_OK) snprintf(msg.text, sizeof msg.text, "%s", mb_last_error());
+    const char *p = (const char *)&msg;
+    for (size_t done = 0; done < sizeof msg;) {
+        ssize_t w = write(wfd, p + done, sizeof msg - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+    _exit(0); /* no atexit handlers: HDF5's library shutdown is skipped */
+}
+
+static double mb__probe_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parent: read the child's report until complete, EOF or the deadline. Returns the bytes
+ * read; *timed_out is set when the deadline passed first. */
+static size_t mb__probe_collect(int rfd, mb__probe_msg *msg, double timeout_s, int *timed_out) {
+    double end = mb__probe_now() + timeout_s;
+    size_t got = 0;
+    *timed_out = 0;
+    while (got < sizeof *msg) {
+        double left = end - mb__probe_now();
+        if (left <= 0) { *timed_out = 1; break; }
+        struct pollfd pf;
+        pf.fd = rfd; pf.events = POLLIN; pf.revents = 0;
+        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) break;
+        if (pr == 0) continue;
+        ssize_t n = read(rfd, (char *)msg + got, sizeof *msg - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* EOF: the child is gone */
+        got += (size_t)n;
+    }
+    return got;
+}
+
+MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg, mb_dataset_meta *meta) {
+    const mb_logger *lg = cfg ? &cfg->log : NULL;
+    if (!path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dataset_probe: NULL path");
+    double to = cfg && cfg->probe_timeout_s > 0 ? cfg->probe_timeout_s : 10.0;
+    int fds[2];
+    if (pipe(fds) != 0) return MB_FAIL(lg, MB_ERR_IO, "%s: probe: pipe: %s", path, strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]); close(fds[1]);
+        return MB_FAIL(lg, MB_ERR_IO, "%s: probe: fork: %s", path, strerror(errno));
+    }
+    if (pid == 0) { close(fds[0]); mb__probe_child(fds[1], path, cfg); }
+    close(fds[1]);
+    mb__probe_msg msg;
+    memset(&msg, 0, sizeof msg);
+    int timed_out = 0, st = 0;
+    size_t got = mb__probe_collect(fds[0], &msg, to, &timed_out);
+    close(fds[0]);
+    if (got < sizeof msg) kill(pid, SIGKILL);
+    pid_t w;
+    while ((w = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {}
+    if (got == sizeof msg) {
+        msg.text[sizeof msg.text - 1] = 0;
+        if (msg.code > 0 || msg.code < MB_ERR_CORRUPT)
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: probe: bad report from the child (code %d)", path, (int)msg.code);
+        if (msg.code != MB_OK) return MB_FAIL(lg, (mb_result)msg.code, "%s", msg.text[0] ? msg.text : path);
+        if (meta) *meta = msg.meta;
+        return MB_OK;
+    }
+    if (timed_out)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "HDF5 probe of '%s' timed out after %.1f s (child killed)", path, to);
+    if (w == pid && WIFSIGNALED(st))
+        return MB_FAIL(lg, MB_ERR_FORMAT, "HDF5 crashed while parsing '%s' (signal %d)", path, WTERMSIG(st));
+    return MB_FAIL(lg, MB_ERR_FORMAT, "HDF5 crashed while parsing '%s' (the probe exited with status %d and no "
+                   "report)", path, w == pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+#else
+MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg, mb_dataset_meta *meta) {
+    (void)meta;
+    return MB_FAIL(cfg ? &cfg->log : NULL, MB_ERR_UNSUPPORTED, "%s: mb_dataset_probe is unavailable in this build "
+                   "(it needs HDF5, threads and POSIX fork; built with MEGABATCH_NO_HDF5, MEGABATCH_NO_THREADS or "
+                   "off POSIX)", path ? path : "(null)");
+}
+#endif
 
 // ---- end dataset ----
 

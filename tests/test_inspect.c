@@ -111,6 +111,42 @@ static void test_inspect_bad_arguments(void **state) {
     assert_one_error_line("more than one file");
 }
 
+/* Files of the CVE corpus that crash HDF5 itself (docs/RELIABILITY.md): inspect probes
+ * them in a child by default and ends in one error line, exit 2, no crash. */
+static void test_inspect_hdf5_crashers(void **state) {
+    (void)state;
+    const char *dir = getenv("MB_CVE_DIR") && getenv("MB_CVE_DIR")[0] ? getenv("MB_CVE_DIR")
+                                                                       : "../shared/testdata/hdf5-cve";
+    const char *files[] = {"cve-2018-13867.h5", "gh-4432-poc-05.h5", "gh-4434-poc-09.h5"};
+    int ran = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[512], args[600];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (access(path, R_OK) != 0) continue;
+        snprintf(args, sizeof args, "%s", path);
+        assert_int_equal(run(args), 2);
+        assert_one_error_line("HDF5 crashed while parsing");
+        if (!strstr(g_err, files[i])) fail_msg("stderr \"%s\" does not name %s", g_err, files[i]);
+        assert_int_equal(g_out[0], 0);
+        ran++;
+    }
+    if (!ran) { print_message("no CVE files in %s (set MB_CVE_DIR): skipped\n", dir); skip(); }
+}
+
+static void test_inspect_no_probe(void **state) {
+    (void)state;
+    enum { N = 10, T = 2, F = 2, K = 1 };
+    static float feat[N * T * F], targ[N * K];
+    fx_data(feat, targ, N, T, F, K);
+    const char *p = fx_path("np.h5");
+    fx_write(p, feat, targ, N, T, F, K, NULL);
+    char args[512];
+    snprintf(args, sizeof args, "%s --no-probe", p);
+    assert_int_equal(run(args), 0);
+    assert_int_equal(g_err[0], 0);
+    assert_non_null(strstr(g_out, "samples N:        10\n"));
+}
+
 static int teardown_all(void **state) {
     (void)state;
     fx_cleanup();
@@ -122,6 +158,8 @@ int main(void) {
         cmocka_unit_test(test_inspect_valid),
         cmocka_unit_test(test_inspect_bad_files),
         cmocka_unit_test(test_inspect_bad_arguments),
+        cmocka_unit_test(test_inspect_hdf5_crashers),
+        cmocka_unit_test(test_inspect_no_probe),
     };
     return cmocka_run_group_tests(tests, NULL, teardown_all);
 }

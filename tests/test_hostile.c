@@ -1,0 +1,354 @@
+/* hostile: the isolated probe (mb_dataset_probe) and the tightened HDF5 validation.
+ * Valid files probe fine; soft/external links, compact layout, external storage, filters
+ * off the allow list and absurd chunks are refused; every file of the HDF5 CVE corpus
+ * (MB_CVE_DIR, default ../shared/testdata/hdf5-cve) ends in a clear error through the
+ * probe and, in a child of this test, through plain mb_dataset_open_file: no crash, no
+ * byte on stderr, HDF5's error handler and plugin state restored. */
+#define _GNU_SOURCE /* mkdtemp */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include "testutil.h"
+#include "h5fixture.h"
+#include <dirent.h>
+#include <sys/stat.h>
+
+enum { N = 12, T = 4, F = 3, K = 2 };
+static float g_feat[N * T * F], g_targ[N * K];
+
+/* A sentinel HDF5 error handler: it must still be installed after every call. */
+static herr_t sentinel_handler(hid_t stack, void *data) { (void)stack; (void)data; return 0; }
+static int g_sentinel_data;
+
+static H5E_auto2_t g_orig_fn;
+static void *g_orig_data;
+
+static void install_sentinel(void) { H5Eset_auto2(H5E_DEFAULT, sentinel_handler, &g_sentinel_data); }
+static void assert_sentinel(void) {
+    H5E_auto2_t fn = NULL;
+    void *data = NULL;
+    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+    assert_true(fn == sentinel_handler);
+    assert_ptr_equal(data, &g_sentinel_data);
+    unsigned plugins = 0;
+    H5PLget_loading_state(&plugins);
+    assert_int_equal(plugins, H5PL_ALL_PLUGIN);
+}
+
+/* fd 2 to a temporary file while a call runs; stderr_end returns the bytes written. */
+static int g_saved_err = -1, g_cap = -1;
+static void stderr_begin(void) {
+    fflush(stderr);
+    g_cap = open(fx_path("stderr.txt"), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(g_cap >= 0);
+    g_saved_err = dup(2);
+    dup2(g_cap, 2);
+}
+static long stderr_end(void) {
+    fflush(stderr);
+    dup2(g_saved_err, 2);
+    close(g_saved_err);
+    struct stat sb;
+    fstat(g_cap, &sb);
+    close(g_cap);
+    return (long)sb.st_size;
+}
+
+static const char *valid_file(void) {
+    const char *p = fx_path("valid.h5");
+    fx_data(g_feat, g_targ, N, T, F, K);
+    fx_write(p, g_feat, g_targ, N, T, F, K, NULL);
+    return p;
+}
+
+static void test_probe_valid(void **state) {
+    (void)state;
+    const char *p = valid_file();
+    mb_dataset_meta m;
+    memset(&m, 0, sizeof m);
+    install_sentinel();
+    stderr_begin();
+    mb_result r = mb_dataset_probe(p, NULL, &m);
+    assert_int_equal(stderr_end(), 0);
+    tu_ok(r);
+    assert_sentinel();
+    assert_int_equal(m.n, N);
+    assert_int_equal(m.t, T);
+    assert_int_equal(m.f, F);
+    assert_int_equal(m.k, K);
+    assert_string_equal(m.source, p);
+    tu_ok(mb_dataset_probe(p, NULL, NULL));
+    /* isolate = 1: open_file probes first, then opens here; data read back exactly */
+    mb_dataset_config c;
+    memset(&c, 0, sizeof c);
+    c.isolate = 1;
+    mb_dataset *ds = NULL;
+    tu_ok(mb_dataset_open_file(&ds, p, &c));
+    static float f[N * T * F], t[N * K];
+    tu_ok(mb_dataset_read(ds, 0, N, f, t, NULL));
+    assert_memory_equal(f, g_feat, sizeof f);
+    assert_memory_equal(t, g_targ, sizeof t);
+    mb_dataset_close(ds);
+    H5Eset_auto2(H5E_DEFAULT, g_orig_fn, g_orig_data);
+}
+
+static void test_probe_errors(void **state) {
+    (void)state;
+    tu_assert_error(mb_dataset_probe(NULL, NULL, NULL), MB_ERR_INVALID_ARG, "NULL path");
+    tu_assert_error(mb_dataset_probe(fx_path("absent.h5"), NULL, NULL), MB_ERR_IO, "absent.h5: cannot open");
+    const char *t = fx_path("text.h5");
+    FILE *f = fopen(t, "w");
+    fputs("not hdf5\n", f);
+    fclose(f);
+    tu_assert_error(mb_dataset_probe(t, NULL, NULL), MB_ERR_FORMAT, "not an HDF5 file");
+    mb_dataset_config c;
+    memset(&c, 0, sizeof c);
+    c.isolate = 1;
+    mb_dataset *ds = (mb_dataset *)&c;
+    tu_assert_error(mb_dataset_open_file(&ds, t, &c), MB_ERR_FORMAT, "not an HDF5 file");
+    assert_null(ds);
+    /* the child's result comes back with its code: a bad shape is MB_ERR_FORMAT */
+    const char *p = fx_path("badk.h5");
+    fx_write(p, g_feat, g_targ, N, T, F, 0, NULL);
+    tu_assert_error(mb_dataset_probe(p, NULL, NULL), MB_ERR_FORMAT, "zero dimension");
+}
+
+/* Features written with a custom creation plist (and maxdims), targets contiguous. */
+static void write_custom(const char *path, hid_t dcpl, const hsize_t *maxdims) {
+    fx_data(g_feat, g_targ, N, T, F, K);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t fd[3] = {N, T, F}, td[2] = {N, K};
+    hid_t sp = H5Screate_simple(3, fd, maxdims), st = H5Screate_simple(2, td, NULL);
+    hid_t df = H5Dcreate2(file, "features", H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    hid_t dt = H5Dcreate2(file, "targets", H5T_IEEE_F32LE, st, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(df >= 0 && dt >= 0);
+    assert_true(H5Dwrite(df, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, g_feat) >= 0);
+    assert_true(H5Dwrite(dt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, g_targ) >= 0);
+    H5Dclose(df); H5Dclose(dt); H5Sclose(sp); H5Sclose(st); H5Fclose(file);
+}
+
+static void test_soft_and_external_links(void **state) {
+    (void)state;
+    const char *p = fx_path("soft.h5"), *e = fx_path("ext.h5");
+    fx_opts o;
+    memset(&o, 0, sizeof o);
+    o.fname = "real";
+    fx_write(p, g_feat, g_targ, N, T, F, K, &o);
+    hid_t file = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Lcreate_soft("/real", file, "features", H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(file);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "'features' is a soft link");
+    fx_write(e, g_feat, g_targ, N, T, F, K, &o);
+    file = H5Fopen(e, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Lcreate_external(p, "/real", file, "features", H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(file);
+    tu_assert_error(mb_dataset_open_file(&ds, e, NULL), MB_ERR_FORMAT, "'features' is a external link");
+}
+
+static void test_compact_layout(void **state) {
+    (void)state;
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_layout(pl, H5D_COMPACT);
+    const char *p = fx_path("compact.h5");
+    write_custom(p, pl, NULL);
+    H5Pclose(pl);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "'features' has compact layout");
+}
+
+static void test_external_storage(void **state) {
+    (void)state;
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(pl, fx_path("raw.bin"), 0, N * T * F * 4);
+    const char *p = fx_path("external.h5");
+    write_custom(p, pl, NULL);
+    H5Pclose(pl);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "1 external file(s)");
+}
+
+static void test_filter_not_allowed(void **state) {
+    (void)state;
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t cd[3] = {3, T, F};
+    H5Pset_chunk(pl, 3, cd);
+    H5Pset_nbit(pl);
+    const char *p = fx_path("nbit.h5");
+    write_custom(p, pl, NULL);
+    H5Pclose(pl);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "uses filter 5");
+    /* the allowed ones still open: deflate + shuffle + fletcher32 */
+    pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(pl, 3, cd);
+    H5Pset_shuffle(pl);
+    H5Pset_deflate(pl, 3);
+    H5Pset_fletcher32(pl);
+    write_custom(p, pl, NULL);
+    H5Pclose(pl);
+    tu_ok(mb_dataset_open_file(&ds, p, NULL));
+    static float f[N * T * F], t[N * K];
+    tu_ok(mb_dataset_read(ds, 0, N, f, t, NULL));
+    assert_memory_equal(f, g_feat, sizeof f);
+    mb_dataset_close(ds);
+}
+
+static void test_absurd_chunks(void **state) {
+    (void)state;
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t cd[3] = {100000, T, F}, maxd[3] = {H5S_UNLIMITED, T, F};
+    H5Pset_chunk(pl, 3, cd);
+    const char *p = fx_path("chunks.h5");
+    write_custom(p, pl, maxd);
+    H5Pclose(pl);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "chunk dimension 0 is 100000 for a dimension of 12");
+}
+
+/* ---- the CVE corpus ---- */
+
+static const char *cve_dir(void) {
+    const char *e = getenv("MB_CVE_DIR");
+    if (e && e[0]) return e;
+    return "../shared/testdata/hdf5-cve";
+}
+static int is_h5(const struct dirent *d) {
+    size_t n = strlen(d->d_name);
+    return n > 3 && !strcmp(d->d_name + n - 3, ".h5");
+}
+
+/* In a child of this test: plain mb_dataset_open_file (+ first sample), reported as
+ * code + message through a pipe; the parent waits at most 10 s. Returns the code, or
+ * 1 when the child crashed or hung (detail in msg). */
+static int open_in_child(const char *path, char *msg, size_t cap) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        signal(SIGSEGV, SIG_DFL); /* not cmocka's handler: a crash must kill this child */
+        signal(SIGBUS, SIG_DFL);
+        signal(SIGILL, SIG_DFL);
+        signal(SIGFPE, SIG_DFL);
+        signal(SIGABRT, SIG_DFL);
+        char out[1100] = "";
+        mb_dataset *ds = NULL;
+        int r = mb_dataset_open_file(&ds, path, NULL);
+        if (r == MB_OK) {
+            const mb_dataset_meta *m = mb_dataset_info(ds);
+            float *buf = (float *)calloc(m->bytes_per_sample, 1);
+            r = buf ? mb_dataset_read(ds, 0, 1, buf, buf + m->t * m->f, NULL) : MB_ERR_OUT_OF_MEMORY;
+            free(buf);
+            mb_dataset_close(ds);
+        }
+        H5E_auto2_t fn = NULL;
+        void *data = NULL;
+        H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+        snprintf(out, sizeof out, "%d %s%s", r, fn == sentinel_handler ? "" : "[handler not restored] ",
+                 mb_last_error());
+        ssize_t w = write(fds[1], out, strlen(out) + 1);
+        _exit(w > 0 ? 0 : 3);
+    }
+    close(fds[1]);
+    char buf[1100] = "";
+    size_t got = 0;
+    for (int waited = 0; waited < 1000 && got < sizeof buf - 1;) {
+        struct pollfd pf = {fds[0], POLLIN, 0};
+        if (poll(&pf, 1, 10) == 0) { waited++; continue; }
+        ssize_t n = read(fds[0], buf + got, sizeof buf - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    buf[got] = 0;
+    int st = 0;
+    if (!got) kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    if (!got || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(msg, cap, "child %s %d", WIFSIGNALED(st) ? "killed by signal" : "exit",
+                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        return 1;
+    }
+    char *sp = strchr(buf, ' ');
+    snprintf(msg, cap, "%s", sp ? sp + 1 : "");
+    return atoi(buf);
+}
+
+static void test_cve_corpus(void **state) {
+    (void)state;
+    struct dirent **list = NULL;
+    int n = scandir(cve_dir(), &list, is_h5, alphasort);
+    if (n <= 0) { print_message("no CVE files in %s (set MB_CVE_DIR): skipped\n", cve_dir()); skip(); }
+    mb_dataset_config c;
+    memset(&c, 0, sizeof c);
+    c.probe_timeout_s = 5;
+    int failures = 0, crashed = 0;
+    printf("%-28s | %-5s | %-7s | %-5s | %s\n", "file", "probe", "crashed", "open", "message (probe)");
+    for (int i = 0; i < n; i++) {
+        char path[1024], omsg[1024];
+        snprintf(path, sizeof path, "%s/%s", cve_dir(), list[i]->d_name);
+        install_sentinel();
+        stderr_begin();
+        mb_clear_error();
+        mb_result r = mb_dataset_probe(path, &c, NULL);
+        char pmsg[1024];
+        snprintf(pmsg, sizeof pmsg, "%s", mb_last_error());
+        int died = strstr(pmsg, "crashed while parsing") || strstr(pmsg, "timed out");
+        int o = died ? 0 : open_in_child(path, omsg, sizeof omsg);
+        long err = stderr_end();
+        assert_sentinel();
+        crashed += died;
+        const char *why = NULL;
+        if (r == MB_OK) why = "probe returned MB_OK";
+        else if (!strstr(pmsg, list[i]->d_name)) why = "probe message does not name the file";
+        else if (err) why = "bytes on stderr";
+        else if (!died && o == 1) why = omsg; /* plain open crashed the child though the probe did not */
+        else if (!died && (o == MB_OK || !strstr(omsg, list[i]->d_name))) why = "plain open: no clear error";
+        else if (strstr(omsg, "[handler not restored]")) why = "HDF5 error handler not restored";
+        printf("%-28s | %5d | %-7s | %5d | %s%s%s\n", list[i]->d_name, (int)r, died ? "yes" : "no", died ? 0 : o,
+               pmsg, why ? "  <== FAIL: " : "", why ? why : "");
+        if (why) failures++;
+        free(list[i]);
+    }
+    free(list);
+    printf("%d files, %d crashed or hung HDF5 in the probe's child, %d failures\n", n, crashed, failures);
+    H5Eset_auto2(H5E_DEFAULT, g_orig_fn, g_orig_data);
+    assert_int_equal(failures, 0);
+}
+
+/* Cost of the probe against a plain open on a small valid file (printed, not asserted). */
+static void test_probe_cost(void **state) {
+    (void)state;
+    const char *p = valid_file();
+    enum { REPS = 50 };
+    double t0 = mb__probe_now();
+    for (int i = 0; i < REPS; i++) {
+        mb_dataset *ds = NULL;
+        tu_ok(mb_dataset_open_file(&ds, p, NULL));
+        mb_dataset_close(ds);
+    }
+    double t1 = mb__probe_now();
+    for (int i = 0; i < REPS; i++) tu_ok(mb_dataset_probe(p, NULL, NULL));
+    double t2 = mb__probe_now();
+    printf("probe cost on %s (N=%d T=%d F=%d K=%d): plain open+close %.3f ms, probe %.3f ms (mean of %d)\n", p, N,
+           T, F, K, (t1 - t0) * 1e3 / REPS, (t2 - t1) * 1e3 / REPS, REPS);
+}
+
+int main(void) {
+    H5Eget_auto2(H5E_DEFAULT, &g_orig_fn, &g_orig_data);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_probe_valid),
+        cmocka_unit_test(test_probe_errors),
+        cmocka_unit_test(test_soft_and_external_links),
+        cmocka_unit_test(test_compact_layout),
+        cmocka_unit_test(test_external_storage),
+        cmocka_unit_test(test_filter_not_allowed),
+        cmocka_unit_test(test_absurd_chunks),
+        cmocka_unit_test(test_probe_cost),
+        cmocka_unit_test(test_cve_corpus),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fx_cleanup();
+    return rc;
+}
