@@ -441,8 +441,9 @@ typedef struct mb_loader_config {
     double chunk_fraction;  /* budget = this fraction of the device's free memory; 0 = 0.75 */
     size_t chunk_bytes;     /* explicit budget in bytes (overrides chunk_fraction); 0 = unset */
     size_t slab_bytes;      /* bytes of each of the 2 pinned staging slabs; 0 = 256 MiB */
-    mb_dtype dtype;         /* dtype of the device chunk: MB_F32 (default; the only one the
-                               loader fills today - others are accepted by mb_loader_plan) */
+    mb_dtype dtype;         /* dtype of the device chunk (features and targets): MB_F32
+                               (default), MB_BF16 or MB_F16 (read as f32, converted on the
+                               device; needs one extra device buffer of one f32 slab) */
 } mb_loader_config;
 
 /* The chunk plan: what a run on a device with `free_bytes` will do. */
@@ -2283,12 +2284,15 @@ struct mb_loader {
     mb_loader_config cfg;
     mb_chunk_plan plan;
     int64_t cap;                  /* rows per device chunk */
-    size_t row_f, row_t;          /* bytes of one sample's features / targets (f32) */
+    size_t row_f, row_t;          /* bytes of one sample's features / targets (f32: slabs) */
+    size_t drow_f, drow_t;        /* the same in the chunk dtype (device chunks, tmp_row) */
     mb__chunk_buf buf[2];
     int cur_buf;                  /* buffer of the last batch returned; -1 none */
     void *slab[2];                /* staging: features (slab_rows, t, f) then targets */
     int64_t slab_rows;
     void *tmp_row;                /* device: one sample, for in-place shuffles */
+    void *stage;                  /* device, dtype != f32 only: one slab of f32 (slab_rows, t, f)
+                                     then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
     unsigned char *seen;
     int64_t order_epoch;
@@ -2326,8 +2330,8 @@ static mb_result mb__ld_permute(mb_loader *ld, int b, int64_t epoch, int64_t fid
     for (int64_t i = 0; i < n; i++) inv[cb->cur[i]] = i;
     memset(ld->seen, 0, (size_t)n);
     mb_device *dev = ld->dev;
-    char *tf = (char *)ld->tmp_row, *tt = tf + ld->row_f;
-    size_t rf = ld->row_f, rt = ld->row_t;
+    char *tf = (char *)ld->tmp_row, *tt = tf + ld->drow_f;
+    size_t rf = ld->drow_f, rt = ld->drow_t;
     for (int64_t s = 0; s < n; s++) {
         if (ld->seen[s]) continue;
         ld->seen[s] = 1;
@@ -2349,6 +2353,26 @@ static mb_result mb__ld_permute(mb_loader *ld, int b, int64_t epoch, int64_t fid
     return MB_OK;
 }
 
+/* Rows [row, row + got) of chunk buffer cb from a slab's features sf and targets stg
+ * (f32), on the copy stream. f32: copied. Else copied to the device stage, then
+ * converted into the chunk, still on the copy stream: the next slab's copy into the stage
+ * is queued after this conversion, and the chunk is handed out only after a sync. */
+static mb_result mb__ld_put(mb_loader *ld, mb__chunk_buf *cb, int64_t row, const float *sf, const float *stg,
+                            int64_t got) {
+    mb_device *dev = ld->dev;
+    size_t nf = (size_t)got * ld->row_f, nt = (size_t)got * ld->row_t;
+    char *df = cb->feat + (size_t)row * ld->drow_f, *dt = cb->targ + (size_t)row * ld->drow_t;
+    if (ld->cfg.dtype == MB_F32) {
+        MB_TRY(mb_copy(dev, MB_STREAM_COPY, df, sf, nf));
+        return mb_copy(dev, MB_STREAM_COPY, dt, stg, nt);
+    }
+    char *gf = (char *)ld->stage, *gt = gf + nf; /* (got, t, f) then (got, k), f32 */
+    MB_TRY(mb_copy(dev, MB_STREAM_COPY, gf, sf, nf));
+    MB_TRY(mb_copy(dev, MB_STREAM_COPY, gt, stg, nt));
+    MB_TRY(mb_convert(dev, MB_STREAM_COPY, df, ld->cfg.dtype, gf, MB_F32, nf / sizeof(float)));
+    return mb_convert(dev, MB_STREAM_COPY, dt, ld->cfg.dtype, gt, MB_F32, nt / sizeof(float));
+}
+
 /* The reader's job: file chunk fid into buffer b, slab by slab; the read of slab i
  * overlaps the copy of slab i-1 (the copy stream is synced before reusing a slab). */
 static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
@@ -2366,8 +2390,7 @@ static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *s
         st->read_seconds += t1 - t0;
         st->bytes_read += (uint64_t)(e - p) * (ld->row_f + ld->row_t);
         MB_TRY(mb_sync(dev, MB_STREAM_COPY)); /* the copy out of slab s (two reads ago) is done */
-        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->feat + (size_t)rows * ld->row_f, sf, (size_t)got * ld->row_f));
-        MB_TRY(mb_copy(dev, MB_STREAM_COPY, cb->targ + (size_t)rows * ld->row_t, stg, (size_t)got * ld->row_t));
+        MB_TRY(mb__ld_put(ld, cb, rows, sf, stg, got));
         rows += got;
         st->copy_seconds += mb__seconds() - t1;
     }
@@ -2538,8 +2561,8 @@ MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
         }
         ld->cur_buf = b;
         MB_TRY(mb__ld_prefetch(ld, b));
-        out->features = cb->feat + (size_t)first * ld->row_f;
-        out->targets = cb->targ + (size_t)first * ld->row_t;
+        out->features = cb->feat + (size_t)first * ld->drow_f;
+        out->targets = cb->targ + (size_t)first * ld->drow_t;
         out->count = count;
         out->epoch = ld->epoch;
         out->index = ld->index++;
@@ -2608,9 +2631,9 @@ static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, si
         mb_result r = MB_OK;
         ld->cap = ld->plan.samples_per_chunk;
         for (int b = 0; b < ld->plan.buffers && r == MB_OK; b++) {
-            r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cap * (ld->row_f + ld->row_t), &ld->buf[b].mem);
+            r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cap * (ld->drow_f + ld->drow_t), &ld->buf[b].mem);
             ld->buf[b].feat = (char *)ld->buf[b].mem;
-            ld->buf[b].targ = ld->buf[b].feat + (size_t)ld->cap * ld->row_f;
+            ld->buf[b].targ = ld->buf[b].feat + (size_t)ld->cap * ld->drow_f;
         }
         if (r == MB_OK) return MB_OK;
         for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); ld->buf[b].mem = NULL; }
@@ -2670,8 +2693,25 @@ static mb_result mb__ld_alloc_host(mb_loader *ld) {
     ld->buf[1].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
     if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->buf[0].cur || !ld->buf[1].cur)
         return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for %zu-row index arrays", cap);
-    if (ld->cfg.shuffle) return mb_alloc(ld->dev, MB_MEM_DEVICE, ld->row_f + ld->row_t, &ld->tmp_row);
+    if (ld->cfg.shuffle) return mb_alloc(ld->dev, MB_MEM_DEVICE, ld->drow_f + ld->drow_t, &ld->tmp_row);
     return MB_OK;
+}
+
+/* dtype != f32: the device stage of one slab of f32. On out-of-memory halve it (the
+ * slabs are then filled only that far: smaller reads, same data); error at one row. */
+static mb_result mb__ld_alloc_stage(mb_loader *ld) {
+    if (ld->cfg.dtype == MB_F32) return MB_OK;
+    size_t bps = ld->row_f + ld->row_t;
+    for (;;) {
+        mb_result r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->slab_rows * bps, &ld->stage);
+        if (r != MB_ERR_OUT_OF_MEMORY) return r;
+        if (ld->slab_rows == 1)
+            return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no device memory for the %s conversion "
+                           "stage of one sample (%zu bytes)", mb_dtype_name(ld->cfg.dtype), bps);
+        ld->slab_rows = (ld->slab_rows + 1) / 2;
+        MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: %s conversion stage failed; trying %zu bytes (smaller reads)",
+               mb_dtype_name(ld->cfg.dtype), (size_t)ld->slab_rows * bps);
+    }
 }
 
 MBDEF void mb_loader_close(mb_loader *ld) {
@@ -2692,6 +2732,7 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->slab[0]);
     mb_free(ld->dev, ld->slab[1]);
     mb_free(ld->dev, ld->tmp_row);
+    mb_free(ld->dev, ld->stage);
     MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order);
     MB_FREE(ld);
 }
@@ -2701,9 +2742,6 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     *out = NULL;
     const mb_logger *lg = &dev->cfg.log;
     const mb_dataset_meta *m = mb_dataset_info(ds);
-    if (cfg->dtype != MB_F32)
-        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_loader_open: device dtype %s: the loader fills f32 chunks only "
-                       "(convert batches with mb_convert)", mb_dtype_name(cfg->dtype));
     size_t free_bytes = 0;
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
@@ -2713,6 +2751,8 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
     ld->row_f = (size_t)(m->t * m->f) * sizeof(float);
     ld->row_t = (size_t)m->k * sizeof(float);
+    ld->drow_f = (size_t)(m->t * m->f) * mb_dtype_size(cfg->dtype);
+    ld->drow_t = (size_t)m->k * mb_dtype_size(cfg->dtype);
     ld->buf[0].epoch = ld->buf[1].epoch = -1;
     ld->cur_buf = -1;
     ld->order_epoch = -1;
@@ -2722,6 +2762,7 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
 #endif
     mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
     if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
+    if (r == MB_OK) r = mb__ld_alloc_stage(ld);
     if (r == MB_OK) r = mb__ld_alloc_host(ld);
 #ifndef MEGABATCH_NO_THREADS
     if (r == MB_OK) {
@@ -2732,9 +2773,10 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
 #endif
     if (r != MB_OK) { mb_loader_close(ld); return r; }
     MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
-           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples", m->source, (long long)m->n,
+           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples, %s", m->source, (long long)m->n,
            plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
-           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows);
+           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows,
+           mb_dtype_name(cfg->dtype));
     *out = ld;
     return MB_OK;
 }

@@ -319,8 +319,9 @@ static void test_open_bad_input(void **state) {
     mb_loader_config c = config(0, 12, 2);
     tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_INVALID_ARG, "batch = 0");
     c.batch = 4;
-    c.dtype = MB_BF16;
-    tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_UNSUPPORTED, "device dtype bf16");
+    c.dtype = (mb_dtype)7;
+    tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_INVALID_ARG, "unknown dtype 7");
+    c.dtype = MB_F32;
     tu_assert_error(mb_loader_open(&ld, dev, NULL, &c), MB_ERR_INVALID_ARG, "NULL argument");
     assert_null(ld);
     mb_dataset_close(ds);
@@ -442,6 +443,109 @@ static void test_nan_through_loader(void **state) {
     close_checked(dev);
 }
 
+/* Half-precision chunks: g_feat / g_targ converted with mb_f32_to_bf16 / f16. */
+static uint16_t g_hfeat[N * ROW], g_htarg[N * K];
+static void convert_source(mb_dtype dt) {
+    for (int i = 0; i < N * ROW; i++) g_hfeat[i] = dt == MB_BF16 ? mb_f32_to_bf16(g_feat[i]) : mb_f32_to_f16(g_feat[i]);
+    for (int i = 0; i < N * K; i++) g_htarg[i] = dt == MB_BF16 ? mb_f32_to_bf16(g_targ[i]) : mb_f32_to_f16(g_targ[i]);
+}
+
+/* One epoch of a half-precision loader: every row bitwise equal to a converted source
+ * row; ids gets the matching sample ids in order. Returns rows. */
+static int64_t run_epoch_half(mb_loader *ld, int64_t *ids, int64_t want_epoch) {
+    mb_batch b;
+    int64_t rows = 0, nb = 0;
+    for (;;) {
+        tu_ok(mb_loader_next(ld, &b));
+        assert_int_equal(b.epoch, want_epoch);
+        if (b.end_of_epoch) break;
+        assert_int_equal(b.index, nb++);
+        const uint16_t *f = (const uint16_t *)b.features, *t = (const uint16_t *)b.targets;
+        for (int64_t i = 0; i < b.count; i++) {
+            int64_t id = 0;
+            while (id < N && (memcmp(f + i * ROW, g_hfeat + id * ROW, ROW * 2) || memcmp(t + i * K, g_htarg + id * K, K * 2)))
+                id++;
+            assert_true(id < N); /* no converted source row matched */
+            assert_true(rows < N);
+            ids[rows++] = id;
+        }
+    }
+    assert_int_equal(nb, mb_loader_get_plan(ld)->batches);
+    return rows;
+}
+
+/* bf16 and f16 chunks: every batch of 2 epochs equals the converted source rows, for
+ * several chunk/slab/batch sizes, file order and shuffled (the same order as f32). */
+static void test_half_epoch_matches_source(void **state) {
+    (void)state;
+    const mb_dtype dts[] = {MB_BF16, MB_F16};
+    const size_t chunks[] = {N, 16, 7}, slabs[] = {1, 3, 64};
+    const int64_t batches[] = {1, 4, 5};
+    int64_t ids[N], ref[N];
+    for (int di = 0; di < 2; di++) {
+        convert_source(dts[di]);
+        for (int ci = 0; ci < 3; ci++)
+            for (int si = 0; si < 3; si++)
+                for (int bi = 0; bi < 3; bi++)
+                    for (int sh = 0; sh < 2; sh++) {
+                        mb_device *dev = cpu();
+                        mb_dataset *ds = open_file();
+                        mb_loader_config c = config(batches[bi], chunks[ci], slabs[si]);
+                        c.shuffle = sh;
+                        c.seed = 5;
+                        mb_loader *ld, *l32;
+                        tu_ok(mb_loader_open(&l32, dev, ds, &c)); /* the f32 order, for the shuffle */
+                        int64_t nb;
+                        assert_int_equal(run_epoch(l32, ref, &nb, 0), N);
+                        mb_loader_close(l32);
+                        c.chunk_bytes /= 2; /* same samples per chunk as f32 */
+                        c.dtype = dts[di];
+                        tu_ok(mb_loader_open(&ld, dev, ds, &c));
+                        assert_int_equal(mb_loader_get_plan(ld)->bytes_per_sample, (ROW + K) * 2);
+                        for (int64_t e = 0; e < 2; e++) {
+                            assert_int_equal(run_epoch_half(ld, ids, e), N);
+                            if (e == 0) assert_memory_equal(ids, ref, sizeof ids);
+                            if (!sh) for (int64_t i = 0; i < N; i++) assert_int_equal(ids[i], i);
+                        }
+                        mb_loader_close(ld);
+                        mb_dataset_close(ds);
+                        close_checked(dev);
+                    }
+    }
+}
+
+/* The device conversion stage: an injected failure halves it (smaller reads, same
+ * data); with one-sample slabs it cannot shrink: a clean error, nothing leaked. */
+static void test_half_stage_failure(void **state) {
+    (void)state;
+    int64_t ids[N];
+    convert_source(MB_BF16);
+    mb_device *dev = cpu_logged();
+    mb_dataset *ds = open_file();
+    mb_loader_config c = config(4, N, 6); /* resident: device allocs chunk, stage, tmp_row */
+    c.dtype = MB_BF16;
+    c.shuffle = 1;
+    mb_loader *ld;
+    mb_device_fail_alloc(dev, MB_MEM_DEVICE, 2);
+    tu_ok(mb_loader_open(&ld, dev, ds, &c));
+    assert_non_null(strstr(g_log, "bf16 conversion stage failed; trying"));
+    for (int e = 0; e < 2; e++) {
+        assert_int_equal(run_epoch_half(ld, ids, e), N);
+        int seen[N] = {0};
+        for (int i = 0; i < N; i++) seen[ids[i]]++;
+        for (int i = 0; i < N; i++) assert_int_equal(seen[i], 1);
+    }
+    mb_loader_close(ld);
+    c.slab_bytes = 1;
+    c.dtype = MB_F16;
+    mb_device_fail_alloc(dev, MB_MEM_DEVICE, 2);
+    ld = (mb_loader *)1;
+    tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_OUT_OF_MEMORY, "f16 conversion stage of one sample");
+    assert_null(ld);
+    mb_dataset_close(ds);
+    close_checked(dev);
+}
+
 static int teardown_all(void **state) {
     (void)state;
     fx_cleanup();
@@ -463,6 +567,7 @@ int main(void) {
         cmocka_unit_test(test_set_position_bad),       cmocka_unit_test(test_open_bad_input),
         cmocka_unit_test(test_pinned_failure_falls_back), cmocka_unit_test(test_device_failure_retries_smaller),
         cmocka_unit_test(test_nan_through_loader),
+        cmocka_unit_test(test_half_epoch_matches_source), cmocka_unit_test(test_half_stage_failure),
     };
     return cmocka_run_group_tests(tests, NULL, teardown_all);
 }
