@@ -72,5 +72,5 @@ printf '%-12s %12s %12s %12s %18s\n' pipeline samples/s val_loss baseline megaba
 for n in megabatch torch_seeds torch_tuned; do
     s=$(field $n samples_per_s)
     printf '%-12s %12s %12s %12s %18s\n' "$n" "$s" "$(field $n val_loss)" "$(field $n baseline_val_loss)" \
-        "$(awk -v a="$mbs" -v b="$s" 'BEGIN { printf "%.2fx", b > 0 ? a / b : 0 }')"
+        "$(awk -v a="$mbs" -v b="$s" 'BEGIN { printf "%.2fx", (b > 0 ? a / b : 0) }')"
 done
