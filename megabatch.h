@@ -521,8 +521,8 @@ typedef struct mb_lstm_config {
     int64_t hidden_size; /* H: hidden units of every layer, >= 1 */
     int layers;          /* stacked layers; 0 = 1 */
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
-    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T))),
-                            -1 = off (full storage of gates and cells), k >= 1 = every k steps */
+    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T)) rounded
+                            up to a multiple of grad_block), -1 = off (full storage of gates and cells), k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
     int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
@@ -541,9 +541,11 @@ typedef struct mb_lstm mb_lstm;
 MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_config *cfg);
 MBDEF void mb_lstm_destroy(mb_lstm *l); /* NULL is fine */
 
-/* Forward over x (B, T, F). h0, c0: (layers, B, H) or NULL (zeros, or the carried state
- * with carry_state). out_seq (B, T, H): the top layer's outputs, NULL to skip. h_last
- * (B, H): the top layer's final hidden state, NULL to skip. Needs finalized params. */
+/* Forward over x (B, T, F). The backward reads x again (as PyTorch's autograd keeps its
+ * input): keep x unchanged until mb_lstm_backward. h0, c0: (layers, B, H) or NULL (zeros,
+ * or the carried state with carry_state). out_seq (B, T, H): the top layer's outputs,
+ * NULL to skip. h_last (B, H): the top layer's final hidden state, NULL to skip. Needs
+ * finalized params. */
 MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
                                 const float *c0, float *out_seq, float *h_last);
 /* Backward of the last forward. dh_last (B, H) and dout_seq (B, T, H): gradients of the
@@ -2821,8 +2823,8 @@ static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, 
 static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
                                          const float *c_prev, const float *c, const float *dh_rec,
                                          const float *dout, float *dc, float *dg);
-static mb_result mb__cuda_lstm_transpose(mb_device *dev, int stream, float *dst, const float *src, int64_t n0,
-                                         int64_t n1, int64_t d);
+static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
+                                     const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d);
 static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n);
 static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n);
 #endif
@@ -2844,7 +2846,9 @@ struct mb_lstm {
     int64_t F, H, maxT, maxB, kmax; /* kmax: largest segment, 0 = full storage */
     int L, G;
     mb__lstm_layer *layer;
-    float *xt;      /* (T, B, F) time-major input */
+    const float *x; /* the last forward's input (B, T, F), rows xs floats apart: the caller's */
+    int64_t xs;
+    float *xblk;    /* (G, B, F) one block of x, time-major; also one block of dx */
     float *seg_g;   /* checkpoint: (kmax + 2G - 2, B, 4H) gates of one segment's blocks */
     float *seg_c;   /* checkpoint: (kmax+1, B, H) cells of one segment */
     float *hscr;    /* (B, H) h of a recomputed step (equal to the kept one) */
@@ -2852,7 +2856,6 @@ struct mb_lstm {
     float *ones;    /* (G * B) ones, for bias gradients as a gemm */
     float *dh, *dc; /* (B, H) recurrent gradients */
     float *dA, *dB; /* (T, B, H) gradients w.r.t. a layer's output, ping-pong */
-    float *dxt;     /* (T, B, F) gradient w.r.t. the time-major input */
     float *hn, *cn; /* (L, B, H) final state of the last forward */
     int64_t B, T, k; /* shape and checkpoint interval of the last forward (k = 0: full) */
     int have_fwd, have_state;
@@ -2894,14 +2897,18 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
     return MB_OK;
 }
 
-/* dst (n1, n0, d) = src (n0, n1, d) with the first two axes swapped. */
-static mb_result mb__lstm_transpose(mb_lstm *l, float *dst, const float *src, int64_t n0, int64_t n1, int64_t d) {
-    (void)l;
+/* Rows of d floats: row (i, j) for i < n0, j < n1 goes from src + i*ss0 + j*ss1 to
+ * dst + i*ds0 + j*ds1. With the strides swapped this is the batch-major <-> time-major
+ * transpose, of a whole sequence or of one block of steps. */
+static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                                int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
 #ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_transpose(l->dev, l->cfg.stream, dst, src, n0, n1, d);
+    if (l->dev->cfg.backend == MB_CUDA)
+        return mb__cuda_lstm_copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
 #endif
-    for (int64_t a = 0; a < n0; a++)
-        for (int64_t b = 0; b < n1; b++) memcpy(dst + (b * n0 + a) * d, src + (a * n1 + b) * d, (size_t)d * sizeof(float));
+    (void)l;
+    for (int64_t i = 0; i < n0; i++)
+        for (int64_t j = 0; j < n1; j++) memcpy(dst + i * ds0 + j * ds1, src + i * ss0 + j * ss1, (size_t)d * sizeof(float));
     return MB_OK;
 }
 
@@ -2941,16 +2948,21 @@ static mb_result mb__lstm_gemm(mb_lstm *l, int ta, int tb, int64_t m, int64_t n,
 
 /* ---- sizes ---- */
 
-static int64_t mb__lstm_auto_k(int64_t T) {
+static int64_t mb__lstm_G(const mb_lstm_config *c) { return c->grad_block ? c->grad_block : 16; }
+
+/* Auto interval: ceil(sqrt(T)) rounded up to a multiple of the block G, so segments
+ * start and end on block boundaries and a recompute projects no step twice. */
+static int64_t mb__lstm_auto_k(int64_t T, int64_t G) {
     int64_t k = (int64_t)ceil(sqrt((double)T));
     while (k * k < T) k++;
+    k = (k + G - 1) / G * G;
     return k < 1 ? 1 : k;
 }
 
 /* Checkpoint interval at T: 0 = full storage, else 1..T. */
 static int64_t mb__lstm_k(const mb_lstm_config *c, int64_t T) {
     if (c->checkpoint < 0) return 0;
-    int64_t k = c->checkpoint == 0 ? mb__lstm_auto_k(T) : c->checkpoint;
+    int64_t k = c->checkpoint == 0 ? mb__lstm_auto_k(T, mb__lstm_G(c)) : c->checkpoint;
     return k > T ? T : k;
 }
 
@@ -2971,32 +2983,37 @@ static mb_result mb__lstm_check_config(const mb_lstm_config *c, const mb_logger 
 
 /* Element counts of every buffer; 0 when a product overflows (or exceeds BLAS int). */
 typedef struct mb__lstm_sizes {
-    size_t hs, cs_full, cs_ckpt, gates, xt, seg_g, seg_c, bh, gblk, ones, dbuf, dxt, state;
+    size_t hs, cs_full, cs_ckpt, gates, xblk, seg_g, seg_c, bh, gblk, ones, dbuf, state;
 } mb__lstm_sizes;
 
 static int mb__lstm_sizes_of(const mb_lstm_config *c, int64_t B, int64_t T, int64_t kmax, mb__lstm_sizes *s) {
     int64_t F = c->input_size, H = c->hidden_size, L = c->layers ? c->layers : 1;
-    int64_t G = c->grad_block ? c->grad_block : 16, nseg = kmax ? (T + kmax - 1) / kmax : 0;
-    int64_t kg = kmax ? (kmax + 2 * (G - 1) < T ? kmax + 2 * (G - 1) : T) : 0; /* gate rows of a segment */
+    int64_t G = mb__lstm_G(c), nseg = kmax ? (T + kmax - 1) / kmax : 0;
+    /* gate rows of a segment: from the block start of its first step to the block end of
+       its last; k rows when segments are block-aligned (k a multiple of G) */
+    int64_t kg = kmax ? kmax + (kmax % G ? 2 * (G - 1) : 0) : 0;
+    if (kg > T) kg = T;
     const int64_t lim = INT32_MAX;
     if (B > lim || T > lim || F > lim || H > lim / 4 || G > lim) return 0;
-    int64_t d[][3] = {{T + 1, B, H}, {T, B, 4 * H}, {T, B, F}, {kg, B, 4 * H}, {kmax + 1, B, H},
+    int64_t d[][3] = {{T + 1, B, H}, {T, B, 4 * H}, {G, B, F}, {kg, B, 4 * H}, {kmax + 1, B, H},
                       {nseg + 1, B, H}, {G, B, 4 * H}, {L, B, H}};
     size_t v[8];
     for (int i = 0; i < 8; i++)
         if (!mb_size_product(d[i], 3, 1, &v[i]) || v[i] > (size_t)lim * 64) return 0;
-    if ((int64_t)(v[1] / (size_t)(4 * H)) > lim || (int64_t)(v[2] / (size_t)F) > lim) return 0; /* gemm rows */
-    s->hs = v[0]; s->cs_full = v[0]; s->gates = v[1]; s->xt = v[2]; s->seg_g = v[3]; s->seg_c = v[4];
+    if ((int64_t)(v[1] / (size_t)(4 * H)) > lim || (size_t)B * (size_t)T * (size_t)F > (size_t)lim * 64)
+        return 0; /* gemm rows; x and dx (B, T, F) are the caller's */
+    s->hs = v[0]; s->cs_full = v[0]; s->gates = v[1]; s->xblk = v[2]; s->seg_g = v[3]; s->seg_c = v[4];
     s->cs_ckpt = v[5]; s->gblk = v[6]; s->state = v[7];
-    s->bh = (size_t)(B * H); s->ones = (size_t)(G * B); s->dbuf = v[0] - s->bh; s->dxt = v[2];
+    s->bh = (size_t)(B * H); s->ones = (size_t)(G * B); s->dbuf = v[0] - s->bh;
     return 1;
 }
 
-/* Kept-activation bytes: per layer hs + cells (+ gates), the time-major input, and the
- * checkpoint segment buffers. */
+/* Kept-activation bytes: per layer hs + cells (+ gates), the input block, and the
+ * checkpoint segment buffers. The input x itself is the caller's (kept by reference until
+ * backward, as PyTorch's autograd does) and not counted. */
 static size_t mb__lstm_kept(const mb__lstm_sizes *s, int64_t L, int full) {
     size_t per = s->hs + (full ? s->cs_full + s->gates : s->cs_ckpt);
-    return (per * (size_t)L + s->xt + (full ? 0 : s->seg_g + s->seg_c)) * sizeof(float);
+    return (per * (size_t)L + s->xblk + (full ? 0 : s->seg_g + s->seg_c)) * sizeof(float);
 }
 
 MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
@@ -3058,7 +3075,7 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
         MB_TRY(mb__lstm_alloc(l, &l->seg_g, s.seg_g));
         MB_TRY(mb__lstm_alloc(l, &l->seg_c, s.seg_c));
     }
-    MB_TRY(mb__lstm_alloc(l, &l->xt, s.xt));
+    MB_TRY(mb__lstm_alloc(l, &l->xblk, s.xblk));
     MB_TRY(mb__lstm_alloc(l, &l->hscr, s.bh));
     MB_TRY(mb__lstm_alloc(l, &l->gblk, s.gblk));
     MB_TRY(mb__lstm_alloc(l, &l->ones, s.ones));
@@ -3066,7 +3083,6 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
     MB_TRY(mb__lstm_alloc(l, &l->dc, s.bh));
     MB_TRY(mb__lstm_alloc(l, &l->dA, s.dbuf));
     if (l->L > 1) MB_TRY(mb__lstm_alloc(l, &l->dB, s.dbuf));
-    MB_TRY(mb__lstm_alloc(l, &l->dxt, s.dxt));
     MB_TRY(mb__lstm_alloc(l, &l->hn, s.state));
     MB_TRY(mb__lstm_alloc(l, &l->cn, s.state));
     return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
@@ -3079,8 +3095,8 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
         for (int k = 0; k < l->L; k++) {
             mb_free(d, l->layer[k].hs); mb_free(d, l->layer[k].cs); mb_free(d, l->layer[k].gates);
         }
-    float *bufs[] = {l->xt, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->dxt,
-                     l->hn, l->cn};
+    float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
+                     l->cn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
     MB_FREE(l->layer);
     MB_FREE(l);
@@ -3096,10 +3112,10 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     if (!l) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     l->dev = dev; l->params = params; l->cfg = *cfg;
     l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
-    l->G = cfg->grad_block ? cfg->grad_block : 16;
+    l->G = (int)mb__lstm_G(cfg);
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
     l->kmax = cfg->checkpoint < 0 ? 0 : cfg->checkpoint > 0 ? (cfg->checkpoint < l->maxT ? cfg->checkpoint : l->maxT)
-                                                             : mb__lstm_auto_k(l->maxT);
+                                                             : mb__lstm_auto_k(l->maxT, l->G);
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
@@ -3124,9 +3140,13 @@ static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const 
     return MB_OK;
 }
 
-/* Layer k's input rows (T*B, in), time-major. */
-static const float *mb__lstm_input(mb_lstm *l, int k) {
-    return k == 0 ? l->xt : l->layer[k - 1].hs + l->B * l->H;
+/* Layer k's input rows of steps [a, a+n), time-major (n*B, in): above layer 0 the kept
+ * outputs of the layer below; for layer 0 the caller's x gathered into xblk. */
+static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const float **rows) {
+    int64_t B = l->B, F = l->F;
+    if (k) { *rows = l->layer[k - 1].hs + (a + 1) * B * l->H; return MB_OK; }
+    *rows = l->xblk;
+    return mb__lstm_copy3(l, l->xblk, F, B * F, l->x + a * F, l->xs, F, B, n, F);
 }
 
 /* First step of the block holding step t (blocks of G steps from t = 0). */
@@ -3143,7 +3163,8 @@ static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, flo
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
-        const float *x = mb__lstm_input(l, k) + a * B * in;
+        const float *x;
+        MB_TRY(mb__lstm_block_input(l, k, a, n, &x));
         MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, w[MB__LSTM_WIH], in, 0.0f, g + (a - a0) * B * 4 * H,
                              4 * H));
     }
@@ -3218,7 +3239,7 @@ MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T
     MB_TRY(mb__lstm_init_state(l, B, h0, c0));
     l->have_fwd = 0;
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
-    MB_TRY(mb__lstm_transpose(l, l->xt, x, B, T, l->F));
+    l->x = x; l->xs = T * l->F;
     for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
     size_t bh = (size_t)(B * l->H);
     for (int k = 0; k < l->L; k++) {
@@ -3226,7 +3247,7 @@ MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T
         MB_TRY(mb__lstm_copy(l, l->cn + k * bh, mb__lstm_c_last(l, k), bh));
     }
     const float *top = l->layer[l->L - 1].hs;
-    if (out_seq) MB_TRY(mb__lstm_transpose(l, out_seq, top + bh, T, B, l->H));
+    if (out_seq) MB_TRY(mb__lstm_copy3(l, out_seq, l->H, T * l->H, top + bh, (int64_t)bh, l->H, T, B, l->H));
     if (h_last) MB_TRY(mb__lstm_copy(l, h_last, top + T * bh, bh));
     l->have_fwd = 1;
     l->have_state = 1;
@@ -3245,20 +3266,24 @@ MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
 /* ---- backward ---- */
 
 /* Weight, bias and input gradients of the block of steps [t0, t0+nb) whose gate
- * gradients are in gblk. d_in (T, B, in) receives rows t0.. (NULL: not needed). */
+ * gradients are in gblk. d_in (NULL: not needed) receives steps t0..: for layer 0 the
+ * caller's dx (B, T, F) through xblk, above it the time-major (T, B, H) buffer. */
 static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb, float *d_in) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = nb * B;
     float *w[4], *dw[4];
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
     MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
-    const float *x = mb__lstm_input(l, k) + t0 * B * in, *hp = l->layer[k].hs + t0 * B * H;
+    const float *x, *hp = l->layer[k].hs + t0 * B * H;
+    MB_TRY(mb__lstm_block_input(l, k, t0, nb, &x));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, l->gblk, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, l->gblk, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
     MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BIH], 4 * H));
     MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BHH], 4 * H));
-    if (d_in) MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, l->gblk, 4 * H, w[MB__LSTM_WIH], in, 0.0f,
-                                   d_in + t0 * B * in, in));
-    return MB_OK;
+    if (!d_in) return MB_OK;
+    float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
+    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, l->gblk, 4 * H, w[MB__LSTM_WIH], in, 0.0f, dst, in));
+    if (k) return MB_OK;
+    return mb__lstm_copy3(l, d_in + t0 * in, l->T * in, in, l->xblk, in, B * in, B, nb, in);
 }
 
 /* Steps [s0, s1) of layer k backwards, given their gates g (rows from the block start of
@@ -3304,17 +3329,16 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
     int64_t B = l->B, T = l->T, H = l->H;
     size_t bh = (size_t)(B * H);
     float *dout = l->dA, *dnext = l->dB;
-    if (dout_seq) MB_TRY(mb__lstm_transpose(l, dout, dout_seq, B, T, H));
+    if (dout_seq) MB_TRY(mb__lstm_copy3(l, dout, H, B * H, dout_seq, T * H, H, B, T, H));
     else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
     if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
     for (int k = l->L - 1; k >= 0; k--) {
-        float *d_in = k ? dnext : dx ? l->dxt : NULL;
+        float *d_in = k ? dnext : dx;
         MB_TRY(mb__lstm_layer_backward(l, k, dout, d_in));
         if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + k * bh, l->dh, bh));
         if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + k * bh, l->dc, bh));
         float *tmp = dout; dout = dnext; dnext = tmp;
     }
-    if (dx) MB_TRY(mb__lstm_transpose(l, dx, l->dxt, T, B, l->F));
     return MB_OK;
 }
 

@@ -275,7 +275,7 @@ static void mb__cuda_loader_thread_init(mb_device *dev) {
 
 // ---- cuda lstm ----
 // The LSTM's elementwise kernels: fused gates (forward), gate gradients (backward), the
-// batch-major <-> time-major transpose, add and fill. The math is mb__lstm_cell_fwd/bwd
+// strided row copy (batch-major <-> time-major), add and fill. The math is mb__lstm_cell_fwd/bwd
 // from megabatch.h, shared with the CPU; the gemms go through mb_gemm (cuBLAS).
 
 __global__ void mb__k_lstm_fwd_gates(int64_t B, int64_t H, float *g, const float *b_ih, const float *b_hh,
@@ -296,11 +296,12 @@ __global__ void mb__k_lstm_bwd_gates(int64_t B, int64_t H, const float *a, const
     }
 }
 
-__global__ void mb__k_lstm_transpose(float *dst, const float *src, int64_t n0, int64_t n1, int64_t d) {
+__global__ void mb__k_lstm_copy3(float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0, int64_t ss1,
+                                 int64_t n0, int64_t n1, int64_t d) {
     int64_t n = n0 * n1 * d;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t q = e % d, r = e / d, b = r % n1, a = r / n1; /* src (a, b, q) */
-        dst[(b * n0 + a) * d + q] = src[e];
+        int64_t q = e % d, r = e / d, j = r % n1, i = r / n1; /* row (i, j), element q */
+        dst[i * ds0 + j * ds1 + q] = src[i * ss0 + j * ss1 + q];
     }
 }
 
@@ -330,9 +331,10 @@ static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, 
     return MB_OK;
 }
 
-static mb_result mb__cuda_lstm_transpose(mb_device *dev, int stream, float *dst, const float *src, int64_t n0,
-                                         int64_t n1, int64_t d) {
-    mb__k_lstm_transpose<<<mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream)>>>(dst, src, n0, n1, d);
+static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
+                                     const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    mb__k_lstm_copy3<<<mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream)>>>(dst, ds0, ds1, src, ss0,
+                                                                                           ss1, n0, n1, d);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
