@@ -565,6 +565,26 @@ MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, 
 /* The checkpoint interval a forward at T uses: 1..T, or -1 for full storage. */
 MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T);
 
+/* Independent LSTMs at once (the five encoders of the multi-timeframe model). One call
+ * per LSTM: the arguments of mb_lstm_forward (x .. h_last) and of mb_lstm_backward
+ * (dh_last .. dc0); x_stride: floats between the samples of x and of dx (0 = T*F), so
+ * an LSTM can read its segment of a wider (B, T', F) batch in place. */
+typedef struct mb_lstm_call {
+    mb_lstm *lstm;
+    const float *x; int64_t x_stride, B, T; const float *h0, *c0; float *out_seq, *h_last;
+    const float *dh_last, *dout_seq; float *dx, *dh0, *dc0;
+} mb_lstm_call;
+
+/* The forwards (backwards) of n distinct LSTMs of one device; results equal, bit for
+ * bit, those of n single calls in order. CUDA: each LSTM runs on its own stream (its
+ * cfg.stream), which first waits for the compute stream; the compute stream then waits
+ * for all of them. CPU: up to the device's threads run the LSTMs side by side, longest
+ * first, each with single-threaded BLAS (the BLAS thread count is restored after). The
+ * log callback may then be called from those threads. An error is the first failing
+ * call's (in order); the other calls still ran. */
+MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n);
+MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n);
+
 // ---- end lstm ----
 
 // ---- numerics ----
@@ -864,6 +884,12 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 #endif
 
 #ifdef __cplusplus
+#define MB__RESTRICT __restrict
+#else
+#define MB__RESTRICT restrict
+#endif
+
+#ifdef __cplusplus
 #define MB__TLS thread_local
 #elif defined(_MSC_VER)
 #define MB__TLS __declspec(thread)
@@ -1007,6 +1033,7 @@ struct mb_device {
     char name[256];
     int streams;
     int tf32;
+    int threads;                    /* CPU: threads for BLAS and for mb_lstm_*_many */
     void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
     void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
     void *cublas;                   /* cublasHandle_t */
@@ -1023,6 +1050,7 @@ static mb_result mb__cpu_open(mb_device *dev) {
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     openblas_set_num_threads(threads);
 #endif
+    dev->threads = threads;
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads)", ncpu, threads);
     return MB_OK;
 }
@@ -2787,17 +2815,44 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
 
 // ---- lstm ----
 
+/* Gate nonlinearities without library calls or float branches, so that the CPU cell
+ * loops vectorize (at -O3; libm's expf/tanhf calls were most of a CPU step at small H).
+ * exp: |x| clamped to 87 on the bits (NaN stays NaN), Cody-Waite reduction x = n ln2 + r,
+ * degree-6 Taylor polynomial, 2^n from the exponent bits; relative error about 2.5e-7.
+ * sigmoid = 1/(1+exp(-z)); tanh = 1 - 2/(exp(2z)+1), absolute error about 2e-7. The same
+ * code runs in the CUDA kernels. */
+static inline MB__HD float mb__fexp(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    uint32_t a = v.u & 0x7fffffffu, nan = a > 0x7f800000u ? 0x7fc00000u : 0u;
+    a = nan ? 0u : a > 0x42ae0000u ? 0x42ae0000u : a; /* |x| <= 87.0f; NaN: computed as 0 */
+    v.u = (v.u & 0x80000000u) | a;
+    x = v.f;
+    float t = x * 1.44269504f;
+    int n = (int)(t + 128.5f) - 128; /* floor(t + 0.5): t + 128.5 > 0 */
+    float r = x - (float)n * 0.693145752f - (float)n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666672e-1f + r * (4.16666679e-2f + r * (8.33333377e-3f +
+                                                                       r * 1.38888892e-3f)))));
+    union { uint32_t u; float f; } e;
+    e.u = (uint32_t)(n + 127) << 23;
+    v.f = p * e.f;
+    v.u |= nan; /* NaN in, NaN out */
+    return v.f;
+}
+static inline MB__HD float mb__fsigmoid(float z) { return 1.0f / (1.0f + mb__fexp(-z)); }
+static inline MB__HD float mb__ftanh(float z) { return 1.0f - 2.0f / (mb__fexp(2.0f * z) + 1.0f); }
+
 /* One LSTM cell, element j of row b: the same math on the CPU and in the CUDA kernels.
  * g4 points at the row's 4H pre-activations (overwritten with i, f, g, o). */
 static inline MB__HD void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, float bias_i, float bias_f,
                                             float bias_g, float bias_o, float c_prev, float *c, float *h) {
-    float i = 1.0f / (1.0f + expf(-(g4[j] + bias_i)));
-    float f = 1.0f / (1.0f + expf(-(g4[H + j] + bias_f)));
-    float g = tanhf(g4[2 * H + j] + bias_g);
-    float o = 1.0f / (1.0f + expf(-(g4[3 * H + j] + bias_o)));
+    float i = mb__fsigmoid(g4[j] + bias_i);
+    float f = mb__fsigmoid(g4[H + j] + bias_f);
+    float g = mb__ftanh(g4[2 * H + j] + bias_g);
+    float o = mb__fsigmoid(g4[3 * H + j] + bias_o);
     float cn = f * c_prev + i * g;
     *c = cn;
-    *h = o * tanhf(cn);
+    *h = o * mb__ftanh(cn);
     g4[j] = i; g4[H + j] = f; g4[2 * H + j] = g; g4[3 * H + j] = o;
 }
 
@@ -2807,7 +2862,7 @@ static inline MB__HD void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, flo
 static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float c_prev, float c,
                                             float dh, float *dc, float *d4) {
     float i = a4[j], f = a4[H + j], g = a4[2 * H + j], o = a4[3 * H + j];
-    float tc = tanhf(c);
+    float tc = mb__ftanh(c);
     float dcv = *dc + dh * o * (1.0f - tc * tc);
     d4[j] = dcv * g * i * (1.0f - i);
     d4[H + j] = dcv * c_prev * f * (1.0f - f);
@@ -2865,6 +2920,31 @@ static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log
 
 /* ---- elementwise operations (CPU here, CUDA kernels in megabatch_cuda.cuh) ---- */
 
+/* One row of cells on the CPU. The rows' arrays never overlap (restrict), so the compiler
+ * vectorizes the loop (at -O3; kept out of line, where GCC 12 does). */
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define MB__NOINLINE __attribute__((noinline))
+#else
+#define MB__NOINLINE
+#endif
+static MB__NOINLINE void mb__lstm_fwd_row(int64_t H, float *MB__RESTRICT g4, const float *MB__RESTRICT b_ih,
+                             const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev, float *MB__RESTRICT c,
+                             float *MB__RESTRICT h) {
+    for (int64_t j = 0; j < H; j++)
+        mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j], b_ih[2 * H + j] + b_hh[2 * H + j],
+                          b_ih[3 * H + j] + b_hh[3 * H + j], c_prev[j], &c[j], &h[j]);
+}
+
+static MB__NOINLINE void mb__lstm_bwd_row(int64_t H, const float *MB__RESTRICT a4, const float *MB__RESTRICT c_prev,
+                             const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,
+                             const float *MB__RESTRICT dout, float *MB__RESTRICT dc, float *MB__RESTRICT d4) {
+    for (int64_t j = 0; j < H; j++) {
+        float dcj = dc[j];
+        mb__lstm_cell_bwd(a4, H, j, c_prev[j], c[j], dh_rec[j] + dout[j], &dcj, d4);
+        dc[j] = dcj;
+    }
+}
+
 static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
                                     const float *c_prev, float *c, float *h) {
     int64_t H = l->H;
@@ -2872,15 +2952,11 @@ static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float
     if (l->dev->cfg.backend == MB_CUDA)
         return mb__cuda_lstm_fwd_gates(l->dev, l->cfg.stream, B, H, g, b_ih, b_hh, c_prev, c, h);
 #endif
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t j = 0; j < H; j++)
-            mb__lstm_cell_fwd(g + b * 4 * H, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],
-                              b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],
-                              c_prev[b * H + j], &c[b * H + j], &h[b * H + j]);
+    for (int64_t b = 0; b < B; b++) mb__lstm_fwd_row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, h + b * H);
     return MB_OK;
 }
 
-/* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout (dout may be NULL). */
+/* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout. */
 static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const float *c_prev, const float *c,
                                     const float *dh_rec, const float *dout, float *dc, float *dg) {
     int64_t H = l->H;
@@ -2889,11 +2965,8 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
         return mb__cuda_lstm_bwd_gates(l->dev, l->cfg.stream, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
 #endif
     for (int64_t b = 0; b < B; b++)
-        for (int64_t j = 0; j < H; j++) {
-            int64_t e = b * H + j;
-            float dh = dh_rec[e] + (dout ? dout[e] : 0.0f);
-            mb__lstm_cell_bwd(a + b * 4 * H, H, j, c_prev[e], c[e], dh, &dc[e], dg + b * 4 * H);
-        }
+        mb__lstm_bwd_row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
+                         dg + b * 4 * H);
     return MB_OK;
 }
 
@@ -3159,7 +3232,7 @@ static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->
  * (forward) or to a scratch row (recompute: the same bits as kept). */
 static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, a0 = mb__lstm_block0(l, s0);
-    float *w[4];
+    float *w[4] = {0};
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
@@ -3230,16 +3303,20 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
     return MB_OK;
 }
 
-MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
-                                const float *c0, float *out_seq, float *h_last) {
+/* The forward with x's rows xs floats apart (xs >= T*F). */
+static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T, const float *h0,
+                                  const float *c0, float *out_seq, float *h_last) {
     if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_forward: NULL lstm");
     MB_TRY(mb__lstm_check_shape(l, x, B, T));
-    float *w[4];
+    if (xs < T * l->F)
+        return MB_FAIL(mb__lstm_log(l), MB_ERR_INVALID_ARG, "mb_lstm_forward: x_stride=%lld is less than T*F=%lld",
+                       (long long)xs, (long long)(T * l->F));
+    float *w[4] = {0};
     MB_TRY(mb__lstm_weights(l, 0, w, 0, "mb_lstm_forward"));
     MB_TRY(mb__lstm_init_state(l, B, h0, c0));
     l->have_fwd = 0;
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
-    l->x = x; l->xs = T * l->F;
+    l->x = x; l->xs = xs;
     for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
     size_t bh = (size_t)(B * l->H);
     for (int k = 0; k < l->L; k++) {
@@ -3252,6 +3329,11 @@ MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T
     l->have_fwd = 1;
     l->have_state = 1;
     return MB_OK;
+}
+
+MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
+                                const float *c0, float *out_seq, float *h_last) {
+    return mb__lstm_forward(l, x, l ? T * l->F : 0, B, T, h0, c0, out_seq, h_last);
 }
 
 MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
@@ -3270,7 +3352,7 @@ MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
  * caller's dx (B, T, F) through xblk, above it the time-major (T, B, H) buffer. */
 static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb, float *d_in) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = nb * B;
-    float *w[4], *dw[4];
+    float *w[4] = {0}, *dw[4] = {0};
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
     MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
     const float *x, *hp = l->layer[k].hs + t0 * B * H;
@@ -3283,7 +3365,7 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
     float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, l->gblk, 4 * H, w[MB__LSTM_WIH], in, 0.0f, dst, in));
     if (k) return MB_OK;
-    return mb__lstm_copy3(l, d_in + t0 * in, l->T * in, in, l->xblk, in, B * in, B, nb, in);
+    return mb__lstm_copy3(l, d_in + t0 * in, l->xs, in, l->xblk, in, B * in, B, nb, in);
 }
 
 /* Steps [s0, s1) of layer k backwards, given their gates g (rows from the block start of
@@ -3292,7 +3374,7 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
 static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_t s1, const float *g,
                                            const float *c, const float *dout, float *d_in) {
     int64_t B = l->B, H = l->H, bh = B * H;
-    float *w[4];
+    float *w[4] = {0};
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
     int64_t a0 = mb__lstm_block0(l, s0);
     for (int64_t t = s1 - 1; t >= s0; t--) {
@@ -3341,6 +3423,114 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
     }
     return MB_OK;
 }
+
+/* ---- many LSTMs at once ---- */
+
+typedef struct mb__lstm_pool {
+    mb_lstm_call *calls;
+    int n, backward, next;
+    int *order;           /* calls by decreasing work */
+    mb_result *res;
+    char (*msg)[MB_MAX_ERROR]; /* each failed call's mb_last_error(), taken on its thread */
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_t mu;
+#endif
+} mb__lstm_pool;
+
+static void mb__lstm_run_call(mb__lstm_pool *p, int i) {
+    mb_lstm_call *c = &p->calls[i];
+    mb_lstm *l = c->lstm;
+    p->res[i] = p->backward ? mb_lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
+                            : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0,
+                                               c->c0, c->out_seq, c->h_last);
+    if (p->res[i] != MB_OK) snprintf(p->msg[i], sizeof p->msg[i], "%s", mb_last_error());
+}
+
+static void *mb__lstm_worker(void *arg) {
+    mb__lstm_pool *p = (mb__lstm_pool *)arg;
+    for (;;) {
+        int i;
+#ifndef MEGABATCH_NO_THREADS
+        pthread_mutex_lock(&p->mu);
+        i = p->next++;
+        pthread_mutex_unlock(&p->mu);
+#else
+        i = p->next++;
+#endif
+        if (i >= p->n) return NULL;
+        mb__lstm_run_call(p, p->order[i]);
+    }
+}
+
+static double mb__lstm_work(const mb_lstm_call *c) {
+    const mb_lstm *l = c->lstm;
+    return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
+}
+
+/* Up to `threads` threads (the caller's included) drain the calls, longest first. */
+static void mb__lstm_pool_run(mb__lstm_pool *p, int threads) {
+    for (int i = 0; i < p->n; i++) p->order[i] = i;
+    for (int i = 1; i < p->n; i++) /* insertion sort, stable: ties keep their order */
+        for (int j = i; j > 0 && mb__lstm_work(&p->calls[p->order[j]]) > mb__lstm_work(&p->calls[p->order[j - 1]]); j--) {
+            int t = p->order[j]; p->order[j] = p->order[j - 1]; p->order[j - 1] = t;
+        }
+#ifndef MEGABATCH_NO_THREADS
+    pthread_t th[64];
+    int started = 0;
+    pthread_mutex_init(&p->mu, NULL);
+#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
+    int blas_threads = openblas_get_num_threads();
+    if (threads > 1) openblas_set_num_threads(1);
+#endif
+    for (; started < threads - 1 && started < 64; started++)
+        if (pthread_create(&th[started], NULL, mb__lstm_worker, p) != 0) break; /* fewer threads: still correct */
+    mb__lstm_worker(p);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
+    if (threads > 1) openblas_set_num_threads(blas_threads);
+#endif
+    pthread_mutex_destroy(&p->mu);
+#else
+    (void)threads;
+    mb__lstm_worker(p);
+#endif
+}
+
+static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
+    const char *what = backward ? "mb_lstm_backward_many" : "mb_lstm_forward_many";
+    if (n < 0 || (n > 0 && !calls)) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: n=%d calls=%p", what, n, (void *)calls);
+    if (n == 0) return MB_OK;
+    for (int i = 0; i < n; i++) {
+        if (!calls[i].lstm) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: calls[%d].lstm is NULL", what, i);
+        for (int j = 0; j < i; j++)
+            if (calls[j].lstm == calls[i].lstm || calls[j].lstm->dev != calls[i].lstm->dev)
+                return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: calls[%d] and calls[%d] %s", what, j, i,
+                               calls[j].lstm == calls[i].lstm ? "are the same LSTM" : "are on different devices");
+    }
+    mb_device *dev = calls[0].lstm->dev;
+    mb__lstm_pool p;
+    memset(&p, 0, sizeof p);
+    p.calls = calls; p.n = n; p.backward = backward;
+    p.order = (int *)mb__host_calloc((size_t)n, sizeof *p.order);
+    p.res = (mb_result *)mb__host_calloc((size_t)n, sizeof *p.res);
+    p.msg = (char (*)[MB_MAX_ERROR])mb__host_calloc((size_t)n, sizeof *p.msg);
+    mb_result r = p.order && p.res && p.msg ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
+    for (int i = 0; r == MB_OK && i < n; i++) r = mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE);
+    if (r == MB_OK) {
+        int threads = dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1;
+        mb__lstm_pool_run(&p, threads);
+        for (int i = 0; i < n; i++) {
+            mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
+            if (r == MB_OK && p.res[i] != MB_OK) r = MB_FAIL(NULL, p.res[i], "%s", p.msg[i]); /* logged already */
+            if (r == MB_OK) r = w;
+        }
+    }
+    MB_FREE(p.order); MB_FREE(p.res); MB_FREE(p.msg);
+    return r;
+}
+
+MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 0); }
+MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 1); }
 
 // ---- end lstm ----
 
@@ -4173,8 +4363,10 @@ MBDEF mb_result mb_ckpt_writer_create(mb_ckpt_writer **out, mb_device *dev) {
     *out = NULL;
     mb_ckpt_writer *w = NULL;
     MB_TRY(mb__ckpt_alloc(dev, sizeof *w, (void **)&w));
-    memset(w, 0, sizeof *w);
-    w->dev = dev;
+    mb_ckpt_writer zero;
+    memset(&zero, 0, sizeof zero);
+    zero.dev = dev;
+    *w = zero;
     *out = w;
     return MB_OK;
 }

@@ -129,8 +129,10 @@ static int parse_options(int argc, char **argv, options *o) {
 
 // ---- model ----
 // enc[s]: LSTM over segment s (B, T_s, F) -> h_last (B, H); fused (B, S*H) ->
-// fc1 -> GELU -> fc2 -> pred (B, K). Encoder s runs on device stream 2+s, so on a GPU
-// the five encoders overlap and the critical path is the longest one (M1, 480 steps).
+// fc1 -> GELU -> fc2 -> pred (B, K). The five encoders run at once (mb_lstm_*_many):
+// on a GPU each on its own stream 2+s, on the CPU side by side on the device's threads,
+// so the critical path is the longest encoder (M1, 480 steps), not the sum. Each reads
+// its segment of the batch in place (x_stride = T*F): no copies.
 
 enum { MAX_SEG = 5 };
 
@@ -142,7 +144,8 @@ typedef struct model {
     mb_lstm *enc[MAX_SEG];
     mb_linear fc1, fc2;
     mb_loss_config loss_cfg;
-    float *xseg[MAX_SEG], *hlast[MAX_SEG], *dh[MAX_SEG]; /* (B, T_s, F), (B, H), (B, H) */
+    float *hlast[MAX_SEG], *dh[MAX_SEG];                 /* (B, H) each */
+    mb_lstm_call call[MAX_SEG];                          /* the encoders' calls of this batch */
     float *fused, *dfused;                               /* (B, S*H) */
     float *z1, *a1, *da1;                                /* (B, head) */
     float *pred, *dpred, *zeros;                         /* (B, K) */
@@ -182,7 +185,6 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
     MB_TRY(mb_params_finalize(m->params));
     MB_TRY(mb_params_init(m->params, o->seed));
     for (int s = 0; s < m->nseg; s++) {
-        MB_TRY(alloc_f32(dev, &m->xseg[s], m->maxB * m->seg_len[s] * m->F));
         MB_TRY(alloc_f32(dev, &m->hlast[s], m->maxB * m->H));
         MB_TRY(alloc_f32(dev, &m->dh[s], m->maxB * m->H));
     }
@@ -203,7 +205,7 @@ static void model_destroy(model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
     for (int s = 0; s < m->nseg; s++) {
         mb_lstm_destroy(m->enc[s]);
-        mb_free(m->dev, m->xseg[s]); mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
+        mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
     }
     mb_params_destroy(m->params);
 }
@@ -212,19 +214,19 @@ static void model_destroy(model *m) {
  * grad_scale > 0, dLoss/dpred * grad_scale into m->dpred. */
 static mb_result model_forward(model *m, const float *x, const float *y, int64_t B, float grad_scale) {
     mb_device *dev = m->dev;
-    size_t row = (size_t)(m->T * m->F) * sizeof(float);
     int64_t dims[MAX_SEG];
     const float *hs[MAX_SEG];
+    memset(m->call, 0, sizeof m->call);
     for (int s = 0; s < m->nseg; s++) {
-        int st = 2 + s;
-        size_t seg = (size_t)(m->seg_len[s] * m->F) * sizeof(float);
-        MB_TRY(mb_stream_wait(dev, st, MB_STREAM_COMPUTE));              /* the batch is ready */
-        MB_TRY(mb_copy_2d(dev, st, m->xseg[s], seg, x + m->seg_off[s] * m->F, row, seg, (size_t)B));
-        MB_TRY(mb_lstm_forward(m->enc[s], m->xseg[s], B, m->seg_len[s], NULL, NULL, NULL, m->hlast[s]));
-        MB_TRY(mb_stream_wait(dev, MB_STREAM_COMPUTE, st));              /* join */
+        mb_lstm_call *c = &m->call[s];
+        c->lstm = m->enc[s]; c->B = B; c->T = m->seg_len[s];
+        c->x = x + m->seg_off[s] * m->F; c->x_stride = m->T * m->F; /* segment s of each sample */
+        c->h_last = m->hlast[s];
+        c->dh_last = m->dh[s];                                      /* for the backward */
         dims[s] = m->H;
         hs[s] = m->hlast[s];
     }
+    MB_TRY(mb_lstm_forward_many(m->call, m->nseg));                 /* the five encoders at once */
     MB_TRY(mb_concat_forward(dev, MB_STREAM_COMPUTE, m->nseg, hs, dims, B, m->fused)); /* (B, S*H) */
     MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));         /* (B, head) */
     MB_TRY(mb_act_forward(dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * m->head)));
@@ -243,12 +245,7 @@ static mb_result model_backward(model *m, int64_t B) {
     MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
     for (int s = 0; s < m->nseg; s++) { dims[s] = m->H; dhs[s] = m->dh[s]; }
     MB_TRY(mb_concat_backward(dev, MB_STREAM_COMPUTE, m->nseg, m->dfused, dims, B, dhs));
-    for (int s = 0; s < m->nseg; s++) {
-        MB_TRY(mb_stream_wait(dev, 2 + s, MB_STREAM_COMPUTE));
-        MB_TRY(mb_lstm_backward(m->enc[s], m->dh[s], NULL, NULL, NULL, NULL));
-        MB_TRY(mb_stream_wait(dev, MB_STREAM_COMPUTE, 2 + s));
-    }
-    return MB_OK;
+    return mb_lstm_backward_many(m->call, m->nseg); /* reads the batch again: it is still valid */
 }
 
 // ---- evaluation ----

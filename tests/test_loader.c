@@ -416,7 +416,7 @@ static void test_nan_through_loader(void **state) {
     mb_loader_config c = config(4, 12, 5);
     mb_loader *ld;
     tu_ok(mb_loader_open(&ld, dev, ds, &c));
-    mb_batch b;
+    mb_batch b = {0};
     mb_result r = MB_OK;
     int ok = 0;
     while ((r = mb_loader_next(ld, &b)) == MB_OK && !b.end_of_epoch) ok++;
@@ -493,7 +493,7 @@ static void test_half_epoch_matches_source(void **state) {
                         mb_loader_config c = config(batches[bi], chunks[ci], slabs[si]);
                         c.shuffle = sh;
                         c.seed = 5;
-                        mb_loader *ld, *l32;
+                        mb_loader *ld = NULL, *l32 = NULL;
                         tu_ok(mb_loader_open(&l32, dev, ds, &c)); /* the f32 order, for the shuffle */
                         int64_t nb;
                         assert_int_equal(run_epoch(l32, ref, &nb, 0), N);
