@@ -10,11 +10,16 @@
  *   build/train_multitf_cuda --train data/train.h5 --val data/val.h5     (GPU, nvcc)
  *
  * The same source is the CUDA program: nvcc compiles it with megabatch_cuda.cuh.
- * Flags (defaults in brackets; see usage()): --epochs [3] --batch [128] --hidden [32]
- * --head [64] --layers [1] --lr [2e-3] --schedule constant|cosine|onecycle [cosine]
- * --warmup [20] --accum [1] --clip [1.0] --weight-decay [0.01] --loss mse|huber [mse]
- * --chunk-fraction [0.75] --checkpoint-k [0: auto] --carry --seed [1] --threads [0]
- * --metrics FILE [none] --max-batches N [0: all] --quiet.
+ * Flags (defaults in brackets; parsed by parse_options()): --epochs [3] --batch [128]
+ * --hidden [32] --head [64] --layers [1] --lr [2e-3] --schedule constant|cosine|onecycle
+ * [cosine] --warmup [20] --accum [1] --clip [1.0] --weight-decay [0.01] --loss mse|huber
+ * [mse] --chunk-fraction [0.75] --checkpoint-k [0: auto] --carry --seed [1] --threads [0]
+ * --metrics FILE [none] --plot FILE.svg [FILE of --metrics with .svg] --max-batches N
+ * [0: all] --quiet.
+ * Output: a progress bar on stderr when it is a terminal (epoch, batches, samples/s, mean
+ * loss, loss scale, device memory; nothing per batch in pipes or with --quiet), a line per
+ * epoch; with --metrics a CSV row per batch and per epoch (section "metrics") and, at the
+ * end, an SVG of the loss curves drawn from it (section "loss-curve picture").
  * Checkpoints: --ckpt FILE writes everything a run needs (params, AdamW moments and step,
  * loader position, accumulation window, counters; crash-safe: temp file, fsync, rename,
  * checksum) after every epoch and every --ckpt-every N optimizer steps; --resume continues
@@ -40,7 +45,7 @@
 // ---- options ----
 
 typedef struct options {
-    const char *train, *val, *metrics, *ckpt;
+    const char *train, *val, *metrics, *plot, *ckpt;
     int epochs, layers, accum, threads, carry, quiet, checkpoint_k, resume;
     int64_t ckpt_every;
     int64_t batch, hidden, head, max_batches;
@@ -94,6 +99,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--train")) { if (!v) return bad_flag(a, v, "needs a file"); o->train = v; }
         else if (!strcmp(a, "--val")) { if (!v) return bad_flag(a, v, "needs a file"); o->val = v; }
         else if (!strcmp(a, "--metrics")) { if (!v) return bad_flag(a, v, "needs a file"); o->metrics = v; }
+        else if (!strcmp(a, "--plot")) { if (!v) return bad_flag(a, v, "needs a file"); o->plot = v; }
         else if (!strcmp(a, "--epochs")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->epochs = (int)x; }
         else if (!strcmp(a, "--batch")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->batch = (int64_t)x; }
         else if (!strcmp(a, "--hidden")) { if (!num(a, v, 1, 1e5, &x)) return 0; o->hidden = (int64_t)x; }
@@ -122,6 +128,7 @@ static int parse_options(int argc, char **argv, options *o) {
         i += used;
     }
     if ((o->resume || o->ckpt_every) && !o->ckpt) return bad_flag("--resume/--ckpt-every", "", "need --ckpt FILE");
+    if (o->plot && !o->metrics) return bad_flag("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
     if (o->resume && o->carry)
         return bad_flag("--resume", "--carry", "the carried hidden state is not checkpointed yet: resume without --carry");
     return 1;
@@ -302,15 +309,17 @@ typedef struct run_state {
 
 static options shape_of(const options *o) {
     options k = *o;
-    k.train = k.val = k.metrics = k.ckpt = NULL;
+    k.train = k.val = k.metrics = k.plot = k.ckpt = NULL;
     k.quiet = k.resume = k.threads = 0;
     k.ckpt_every = 0;
     k.epochs = 0; /* a resumed run may train for more epochs */
     return k;
 }
 
-static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_state *rs) {
+/* The metrics rows so far reach the file first: a resume keeps them (section "metrics"). */
+static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_state *rs, FILE *metrics) {
     mb_ckpt_writer *w = NULL;
+    if (metrics) fflush(metrics);
     options k = shape_of(o);
     run_state st = *rs;
     st.seconds = 0; /* timings are not state: a resumed run's file must equal an uninterrupted one's */
@@ -339,13 +348,296 @@ static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state 
     return r;
 }
 
+// ---- progress bar ----
+// One line on stderr, redrawn in place (\r) at most ten times a second, and only when
+// stderr is a terminal and --quiet is off: pipes and CI logs get nothing per batch.
+//   epoch 2 [=======>                ] 37/120  412 samples/s  loss 0.9312  scale -  mem 12.3 MB
+
+typedef struct progress {
+    int on;       /* stderr is a terminal and no --quiet */
+    double drawn; /* when the line was last drawn (now_seconds), 0 at an epoch's start */
+} progress;
+
+/* Device memory in use: the library's live device allocations and, on a GPU, what the
+ * driver reports used of the total (the CPU's "device memory" is host RAM: not shown). */
+static void memory_text(mb_device *dev, char *buf, size_t cap) {
+    size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE], total = 0, avail = 0;
+    int n = snprintf(buf, cap, "%.1f MB", (double)live / 1e6);
+    if (n > 0 && (size_t)n < cap && mb_device_backend(dev) == MB_CUDA && mb_device_memory(dev, &total, &avail) == MB_OK)
+        snprintf(buf + n, cap - (size_t)n, " (GPU %.2f of %.2f GB used)", (double)(total - avail) / 1e9,
+                 (double)total / 1e9);
+}
+
+/* Redraw (throttled; always when final, which also ends the line). scale: the loss
+ * scale of mixed precision, 0 when there is none (shown as "-"). */
+static void progress_draw(progress *p, mb_device *dev, const run_state *rs, int64_t total, double samples_per_s,
+                          double scale, int final) {
+    if (!p->on) return;
+    double now = now_seconds();
+    if (!final && now - p->drawn < 0.1) return;
+    p->drawn = now;
+    enum { WIDTH = 24 };
+    char bar[WIDTH + 1], sc[32] = "-", mem[96];
+    int64_t done = total > 0 ? rs->epoch_batches * WIDTH / total : (int64_t)WIDTH;
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
+    bar[WIDTH] = 0;
+    if (scale > 0) snprintf(sc, sizeof sc, "%g", scale);
+    memory_text(dev, mem, sizeof mem);
+    fprintf(stderr, "\repoch %lld [%s] %lld/%lld  %.0f samples/s  loss %.4f  scale %s  mem %s\033[K",
+            (long long)rs->epoch, bar, (long long)rs->epoch_batches, (long long)total, samples_per_s,
+            rs->epoch_n ? rs->epoch_loss_sum / (double)rs->epoch_n : 0.0, sc, mem);
+    if (final) fputc('\n', stderr);
+}
+
+// ---- metrics ----
+// --metrics FILE: one CSV, a row per training batch (kind `step`) and one per epoch (kind
+// `epoch`), in the order they happen:
+//   kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes
+// batch and step: batches and optimizer steps of the run so far (equal with --accum 1);
+// loss: the batch's loss (step rows; the value the loop fetches anyway) or the epoch's mean
+// training loss (epoch rows); lr: the step's learning rate (step rows); samples_per_s: this
+// epoch so far; device_bytes: live device allocations (epoch rows). The rows are flushed
+// before every checkpoint; --resume keeps the rows the checkpoint covers, drops any that
+// the interrupted run wrote after it, and appends, so the file ends as an uninterrupted
+// run's would (timings aside).
+
+static const char metrics_header[] =
+    "kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes\n";
+
+/* A row that the checkpoint's run state rs covers (header and foreign lines: no). */
+static int metrics_row_kept(const char *line, const run_state *rs) {
+    char kind[8];
+    long long epoch, batch;
+    if (sscanf(line, "%7[a-z],%lld,%lld", kind, &epoch, &batch) != 3) return 0;
+    if (!strcmp(kind, "step")) return batch <= rs->batches;
+    return !strcmp(kind, "epoch") && epoch < rs->epoch;
+}
+
+/* The whole file as a string (NULL when it cannot be read). */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *s = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? (char *)malloc((size_t)n + 1) : NULL;
+    if (s) s[fread(s, 1, (size_t)n, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Open the metrics file: new, or on --resume rewritten to the rows rs covers (a last line
+ * cut short by a kill has no newline and goes too). NULL with errno on failure. */
+static FILE *metrics_open(const char *path, int resume, const run_state *rs) {
+    char *old = resume ? read_text(path) : NULL;
+    FILE *f = fopen(path, "w");
+    if (f) fputs(metrics_header, f);
+    for (char *line = old, *end; f && line && (end = strchr(line, '\n')); line = end + 1) {
+        *end = 0;
+        if (metrics_row_kept(line, rs)) fprintf(f, "%s\n", line);
+    }
+    free(old);
+    return f;
+}
+
+static void metrics_step(FILE *f, const run_state *rs, float loss, float lr, double samples_per_s) {
+    if (f) fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,\n", (long long)rs->epoch, (long long)rs->batches,
+                   (long long)rs->step, (double)loss, (double)lr, samples_per_s);
+}
+
+static void metrics_epoch(FILE *f, const run_state *rs, double samples_per_s, size_t device_bytes) {
+    if (f) fprintf(f, "epoch,%lld,%lld,%lld,%.6g,%.6g,%.6g,,%.1f,%zu\n", (long long)rs->epoch, (long long)rs->batches,
+                   (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, device_bytes);
+}
+
+// ---- loss-curve picture ----
+// At the end of a run with --metrics: an SVG (plain text, deterministic) drawn from the
+// metrics file, so that a resumed run shows the whole run. x: batches trained; y: loss.
+// Each batch's loss (thin line, class "step") and its running mean (class "mean"), the
+// epochs' mean training loss (circles) and validation loss (squares), the baseline's
+// validation loss (dashed). Non-finite losses are left out.
+
+#define SVG_STEP "stroke=\"#a8a8a8\" stroke-width=\"0.8\""
+#define SVG_MEAN "stroke=\"#1f77b4\" stroke-width=\"2\""
+#define SVG_BASE "stroke=\"#555\" stroke-dasharray=\"6 4\""
+enum { SVG_W = 720, SVG_H = 420, PL = 64, PR = 16, PT = 48, PB = 44 }; /* size; plot margins */
+
+typedef struct series { double *xy; int64_t n, cap; } series; /* points x0 y0 x1 y1 ... */
+typedef struct curves {
+    series step, mean, train, val;
+    double last[3];  /* the last epoch row's train, validation and baseline losses */
+    int epochs;      /* epoch rows */
+    double x1, y0, y1; /* x from 0 to x1, y from y0 to y1 */
+} curves;
+
+static int series_add(series *s, double x, double y) { /* 0: out of memory */
+    if (!isfinite(x) || !isfinite(y)) return 1;
+    if (s->n == s->cap) {
+        double *xy = (double *)realloc(s->xy, (size_t)(s->cap ? 4 * s->cap : 512) * sizeof(double));
+        if (!xy) return 0;
+        s->xy = xy;
+        s->cap = s->cap ? 2 * s->cap : 256;
+    }
+    s->xy[2 * s->n] = x; s->xy[2 * s->n + 1] = y; s->n++;
+    return 1;
+}
+
+/* The step and epoch rows of the metrics file, the running mean (trailing window of a
+ * 25th of the steps) and the data's range. */
+static int read_curves(FILE *f, curves *c) {
+    char line[512];
+    long long e, b, s;
+    double loss, val, base, lo = INFINITY, hi = -INFINITY;
+    int ok = 1;
+    while (ok && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "step,%lld,%lld,%lld,%lf", &e, &b, &s, &loss) == 4) ok = series_add(&c->step, (double)b, loss);
+        else if (sscanf(line, "epoch,%lld,%lld,%lld,%lf,%lf,%lf", &e, &b, &s, &loss, &val, &base) == 6) {
+            ok = series_add(&c->train, (double)b, loss) && series_add(&c->val, (double)b, val);
+            c->last[0] = loss; c->last[1] = val; c->last[2] = base;
+            c->epochs++;
+        }
+    }
+    int64_t w = c->step.n / 25 > 1 ? c->step.n / 25 : 1;
+    double sum = 0;
+    for (int64_t i = 0; ok && i < c->step.n; i++) {
+        sum += c->step.xy[2 * i + 1] - (i >= w ? c->step.xy[2 * (i - w) + 1] : 0);
+        ok = series_add(&c->mean, c->step.xy[2 * i], sum / (double)(i < w ? i + 1 : w));
+    }
+    series *all[] = {&c->step, &c->train, &c->val};
+    for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < all[k]->n; i++) {
+            c->x1 = fmax(c->x1, all[k]->xy[2 * i]);
+            lo = fmin(lo, all[k]->xy[2 * i + 1]); hi = fmax(hi, all[k]->xy[2 * i + 1]);
+        }
+    if (c->epochs && isfinite(c->last[2])) { lo = fmin(lo, c->last[2]); hi = fmax(hi, c->last[2]); }
+    if (!(lo <= hi)) { lo = 0; hi = 1; } /* nothing to draw */
+    double pad = fmax((hi - lo) * 0.05, 0.05 * fmax(fabs(lo), fabs(hi)) + 1e-6); /* also when all are equal */
+    c->y0 = lo - pad; c->y1 = hi + pad;
+    if (!(c->x1 > 0)) c->x1 = 1;
+    return ok;
+}
+
+static double sx(const curves *c, double x) { return PL + x / c->x1 * (SVG_W - PL - PR); }
+static double sy(const curves *c, double y) { return SVG_H - PB - (y - c->y0) / (c->y1 - c->y0) * (SVG_H - PT - PB); }
+
+static double tick_step(double range) { /* 1, 2 or 5 x 10^k: about five ticks */
+    double s = pow(10, floor(log10(range / 4))), r = range / 4 / s;
+    return s * (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10);
+}
+
+static void svg_axes(FILE *f, const curves *c) {
+    int w = SVG_W - PL - PR, h = SVG_H - PT - PB;
+    double st = tick_step(c->y1 - c->y0);
+    for (double k = ceil(c->y0 / st); k * st <= c->y1; k++)
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>"
+                   "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
+                PL, sy(c, k * st), PL + w, sy(c, k * st), PL - 6, sy(c, k * st) + 4, k * st + 0.0);
+    st = fmax(1, tick_step(c->x1));
+    for (double k = 0; k * st <= c->x1; k++)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#999\"/>"
+                   "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
+                sx(c, k * st), PT + h, sx(c, k * st), PT + h + 5, sx(c, k * st), PT + h + 18, k * st);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", PL, PT, w, h);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">batches trained</text>\n", PL + w / 2, SVG_H - 8);
+    fprintf(f, "<text transform=\"translate(16 %d) rotate(-90)\" text-anchor=\"middle\">loss</text>\n", PT + h / 2);
+}
+
+static void svg_polyline(FILE *f, const curves *c, const char *cls, const char *style, const series *s) {
+    fprintf(f, "<polyline class=\"%s\" fill=\"none\" %s points=\"", cls, style);
+    for (int64_t i = 0; i < s->n; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", sx(c, s->xy[2 * i]), sy(c, s->xy[2 * i + 1]));
+    fprintf(f, "\"/>\n");
+}
+
+static void svg_markers_legend(FILE *f, const curves *c) {
+    for (int64_t i = 0; i < c->train.n; i++)
+        fprintf(f, "<circle class=\"train\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#1f77b4\"/>\n",
+                sx(c, c->train.xy[2 * i]), sy(c, c->train.xy[2 * i + 1]));
+    for (int64_t i = 0; i < c->val.n; i++)
+        fprintf(f, "<rect class=\"val\" x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"8\" fill=\"#d62728\"/>\n",
+                sx(c, c->val.xy[2 * i]) - 4, sy(c, c->val.xy[2 * i + 1]) - 4);
+    if (c->epochs && isfinite(c->last[2]))
+        fprintf(f, "<line class=\"baseline\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" %s/>\n", PL,
+                sy(c, c->last[2]), SVG_W - PR, sy(c, c->last[2]), SVG_BASE);
+    static const char *const legend[][2] = {
+        {"batch loss", "<line x2=\"18\" " SVG_STEP "/>"},
+        {"running mean", "<line x2=\"18\" " SVG_MEAN "/>"},
+        {"epoch: train loss", "<circle cx=\"9\" r=\"4\" fill=\"#1f77b4\"/>"},
+        {"epoch: validation loss", "<rect x=\"5\" y=\"-4\" width=\"8\" height=\"8\" fill=\"#d62728\"/>"},
+        {"baseline validation loss", "<line x2=\"18\" " SVG_BASE "/>"},
+    };
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"170\" height=\"86\" fill=\"white\" fill-opacity=\"0.8\"/>\n",
+            SVG_W - PR - 176, PT + 4);
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "<g transform=\"translate(%d %d)\">%s<text x=\"24\" y=\"4\">%s</text></g>\n", SVG_W - PR - 170,
+                PT + 14 + 16 * i, legend[i][1], legend[i][0]);
+}
+
+static void svg_title(FILE *f, const options *o, const curves *c) {
+    static const char *const sched[] = {"constant", "cosine", "onecycle"};
+    fprintf(f, "<text x=\"%d\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">train_multitf: hidden %lld, head %lld, "
+               "layers %d, batch %lld, accum %d, lr %g %s, %s loss, seed %llu</text>\n",
+            SVG_W / 2, (long long)o->hidden, (long long)o->head, o->layers, (long long)o->batch, o->accum,
+            (double)o->lr, sched[o->schedule], o->loss == MB_LOSS_HUBER ? "huber" : "mse", (unsigned long long)o->seed);
+    if (c->epochs)
+        fprintf(f, "<text x=\"%d\" y=\"36\" text-anchor=\"middle\">last epoch: train %.4f, validation %.4f, "
+                   "baseline %.4f</text>\n", SVG_W / 2, c->last[0], c->last[1], c->last[2]);
+}
+
+/* --plot FILE, or the metrics file's name with .svg for its extension. */
+static mb_result plot_path(const options *o, char *buf, size_t cap) {
+    const char *dot = strrchr(o->metrics, '.'), *slash = strrchr(o->metrics, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - o->metrics) : (int)strlen(o->metrics);
+    int n = o->plot ? snprintf(buf, cap, "%s", o->plot) : snprintf(buf, cap, "%.*s.svg", stem, o->metrics);
+    if (n < 0 || (size_t)n >= cap) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "picture path too long: %s", buf);
+    FILE *f = fopen(buf, "r"); /* writable? checked before training, the file left as it was */
+    int existed = f != NULL;
+    if (f) fclose(f);
+    if (!(f = fopen(buf, "a"))) return MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", buf, strerror(errno));
+    fclose(f);
+    if (!existed) remove(buf);
+    return MB_OK;
+}
+
+static mb_result write_plot(const char *path, const options *o) {
+    curves c;
+    memset(&c, 0, sizeof c);
+    FILE *in = fopen(o->metrics, "r"), *f = NULL;
+    int ok = in && read_curves(in, &c);
+    if (in) fclose(in);
+    if (ok && !(f = fopen(path, "w"))) ok = 0;
+    if (f) {
+        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                   "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n",
+                SVG_W, SVG_H, SVG_W, SVG_H, SVG_W, SVG_H);
+        svg_title(f, o, &c);
+        svg_axes(f, &c);
+        svg_polyline(f, &c, "step", SVG_STEP, &c.step);
+        svg_polyline(f, &c, "mean", SVG_MEAN, &c.mean);
+        svg_markers_legend(f, &c);
+        fputs("</svg>\n", f);
+        ok = !ferror(f);
+        ok = !fclose(f) && ok;
+    }
+    free(c.step.xy); free(c.mean.xy); free(c.train.xy); free(c.val.xy);
+    return ok ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot draw %s from %s", path, o->metrics);
+}
+
+// ---- the training loop ----
+
+static double rate(int64_t samples, double seconds) { return seconds > 0 ? (double)samples / seconds : 0; }
+
+/* Batches per epoch: the loader's plan, capped by --max-batches. */
+static int64_t batches_per_epoch(mb_loader *tr, const options *o) {
+    int64_t nb = mb_loader_get_plan(tr)->batches;
+    return o->max_batches && o->max_batches < nb ? o->max_batches : nb;
+}
+
 /* The rest of epoch rs->epoch over the training loader: accumulation, clipping (inside
  * AdamW), schedule, checkpoints every --ckpt-every steps (at window boundaries). */
 static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr_schedule *sched, const options *o,
-                             run_state *rs, double *seconds) {
+                             run_state *rs, double *seconds, FILE *csv, progress *pb) {
     double t0 = now_seconds();
-    int64_t samples0 = rs->samples;
+    int64_t samples0 = rs->samples, total = batches_per_epoch(tr, o);
     mb_batch b;
+    pb->drawn = 0;
     for (;;) {
         if (o->max_batches && rs->epoch_batches >= o->max_batches) { /* skip to the next epoch */
             mb_loader_pos next = {rs->epoch, 0, 0};
@@ -358,10 +650,10 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr
         MB_TRY(model_forward(m, (const float *)b.features, (const float *)b.targets, b.count,
                              mb_accum_loss_scale(&rs->acc)));
         MB_TRY(model_backward(m, b.count));
+        float lr; /* this accumulation window's learning rate */
+        MB_TRY(mb_lr_at(sched, rs->step, &lr));
         int stepped = mb_accum_tick(&rs->acc);
         if (stepped) {
-            float lr;
-            MB_TRY(mb_lr_at(sched, rs->step, &lr));
             MB_TRY(mb_adamw_step(opt, lr, NULL)); /* f32: no loss scaler */
             rs->step++;
         }
@@ -372,15 +664,15 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr
         rs->epoch_batches++;
         rs->batches++;
         rs->samples += b.count;
-        if (!o->quiet)
-            fprintf(stderr, "\repoch %lld batch %lld loss %.4f  %.0f samples/s   ", (long long)rs->epoch,
-                    (long long)rs->epoch_batches, (double)l, (double)(rs->samples - samples0) / (now_seconds() - t0));
+        double sps = rate(rs->samples - samples0, now_seconds() - t0);
+        metrics_step(csv, rs, l, lr, sps);
+        progress_draw(pb, m->dev, rs, total, sps, 0, 0); /* scale 0: f32 has no loss scale */
         if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
             rs->pos = mb_loader_position(tr);
-            MB_TRY(save_ckpt(o, m, opt, rs));
+            MB_TRY(save_ckpt(o, m, opt, rs, csv));
         }
     }
-    if (!o->quiet) fputc('\n', stderr);
+    progress_draw(pb, m->dev, rs, total, rate(rs->samples - samples0, now_seconds() - t0), 0, 1);
     MB_TRY(mb_sync(m->dev, -1));
     *seconds += now_seconds() - t0;
     rs->train_loss = rs->epoch_n ? rs->epoch_loss_sum / (double)rs->epoch_n : 0; /* mean over the epoch */
@@ -425,8 +717,6 @@ static mb_result run(const options *o, run_state *rs) {
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     if (r == MB_OK) r = mb_adamw_create(&opt, m.params, &ac);
-    if (r == MB_OK && o->metrics && !(csv = fopen(o->metrics, "w")))
-        r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->metrics, strerror(errno));
     if (r == MB_OK && !o->quiet)
         printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
                mb_device_name(dev), o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
@@ -441,43 +731,49 @@ static mb_result run(const options *o, run_state *rs) {
         if (r == MB_OK && !o->quiet)
             printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)rs->epoch, (long long)rs->step);
     }
+    char plot[1024] = "";
+    if (r == MB_OK && o->metrics) r = plot_path(o, plot, sizeof plot);
+    if (r == MB_OK && o->metrics && !(csv = metrics_open(o->metrics, o->resume, rs)))
+        r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->metrics, strerror(errno));
     sched.kind = o->schedule; sched.lr = o->lr;
     if (r == MB_OK) { /* optimizer steps in the whole run: the schedule's length */
-        int64_t nb = mb_loader_get_plan(tr)->batches;
-        if (o->max_batches && o->max_batches < nb) nb = o->max_batches;
+        int64_t nb = batches_per_epoch(tr, o);
         sched.total_steps = (int64_t)o->epochs * ((nb + o->accum - 1) / o->accum);
         if (sched.total_steps < 2) sched.total_steps = 2;
         sched.warmup_steps = o->warmup < sched.total_steps ? o->warmup : sched.total_steps / 2;
     }
-    if (csv) fprintf(csv, "epoch,steps,train_loss,val_loss,baseline_val_loss,samples_per_s,device_bytes\n");
-    size_t live0 = mb_device_mem_stats(dev ? dev : NULL).live[MB_MEM_DEVICE];
+    size_t live0 = dev ? mb_device_mem_stats(dev).live[MB_MEM_DEVICE] : 0;
+    progress pb = {!o->quiet && isatty(STDERR_FILENO), 0};
     double seconds = 0;
     int64_t samples0 = rs->samples;
     for (; r == MB_OK && rs->epoch <= o->epochs; rs->epoch++) {
-        r = train_epoch(&m, tr, opt, &sched, o, rs, &seconds);
+        r = train_epoch(&m, tr, opt, &sched, o, rs, &seconds, csv, &pb);
         if (r == MB_OK) r = evaluate(&m, va, &rs->val_loss, &rs->baseline);
         if (r != MB_OK) break;
         size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
-        double sps = seconds > 0 ? (double)(rs->samples - samples0) / seconds : 0;
-        printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %.1f MB\n",
-               (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, sps, (double)live / 1e6);
+        double sps = rate(rs->samples - samples0, seconds);
+        char mem[96];
+        memory_text(dev, mem, sizeof mem);
+        printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
+               (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, sps, mem);
         if (live > live0 + (size_t)100e6) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
         live0 = live;
-        if (csv) fprintf(csv, "%lld,%lld,%.6f,%.6f,%.6f,%.1f,%zu\n", (long long)rs->epoch, (long long)rs->step,
-                         rs->train_loss, rs->val_loss, rs->baseline, sps, live);
+        metrics_epoch(csv, rs, sps, live);
         run_state next = *rs; /* the checkpoint resumes at the start of the next epoch */
         next.epoch++;
         next.epoch_batches = next.epoch_n = 0;
         next.epoch_loss_sum = 0;
         next.pos = mb_loader_position(tr);
-        if (o->ckpt) r = save_ckpt(o, &m, opt, &next);
+        if (o->ckpt) r = save_ckpt(o, &m, opt, &next, csv);
         rs->epoch_batches = rs->epoch_n = 0;
         rs->epoch_loss_sum = 0;
     }
     rs->epoch--; /* the last epoch trained */
     rs->seconds = seconds;
     rs->samples_run = rs->samples - samples0;
-    if (csv) fclose(csv);
+    if (csv && fclose(csv) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->metrics);
+    if (r == MB_OK && plot[0]) r = write_plot(plot, o);
+    if (r == MB_OK && plot[0] && !o->quiet) printf("loss curves: %s\n", plot);
     mb_adamw_destroy(opt);
     mb_loader_close(tr); mb_loader_close(va);
     mb_dataset_close(dtr); mb_dataset_close(dva);

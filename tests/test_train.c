@@ -1,6 +1,8 @@
 /* The multi-timeframe example end to end (build/prepare + build/train_multitf, run from
  * the repo root as `make test` does): it trains to below the naive baseline on a tiny
- * synthetic dataset, and bad flags or data exit 2 with one `error:` line. */
+ * synthetic dataset, writes the metrics CSV (a row per batch and per epoch) and the SVG
+ * of the loss curves, resumes bit for bit, and bad flags or data exit 2 with one `error:`
+ * line. */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
 #include "megabatch.h"
 #include "testutil.h"
@@ -40,6 +42,45 @@ static int run_cmd(const char *cmd, const char *key, char *line, size_t cap) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* Lines of a file that start with prefix. */
+static int count_rows(const char *path, const char *prefix) {
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("no file %s", path);
+    char buf[1024];
+    int n = 0;
+    while (fgets(buf, sizeof buf, f)) n += strncmp(buf, prefix, strlen(prefix)) == 0;
+    fclose(f);
+    return n;
+}
+
+/* The loss-curve SVG: one document, <svg ...> to </svg>, its batch-loss polyline has
+ * `points` points, no NaN or Inf written anywhere; xmllint, when installed, finds it
+ * well-formed. */
+static void check_svg(const char *path, int points) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("no picture %s", path);
+    static char svg[1 << 20];
+    size_t n = fread(svg, 1, sizeof svg - 1, f);
+    fclose(f);
+    svg[n] = 0;
+    assert_true(n > 0 && n < sizeof svg - 1);
+    assert_int_equal(strncmp(svg, "<svg ", 5), 0);
+    assert_true(n >= 7 && strcmp(svg + n - 7, "</svg>\n") == 0);
+    assert_null(strstr(svg, "nan"));
+    assert_null(strstr(svg, "inf"));
+    const char *poly = strstr(svg, "<polyline class=\"step\"");
+    assert_non_null(poly);
+    assert_null(strstr(poly + 1, "<polyline class=\"step\""));
+    const char *pts = strstr(poly, "points=\"");
+    assert_non_null(pts);
+    int commas = 0; /* one per point: points="x,y x,y ..." */
+    for (pts += 8; *pts && *pts != '"'; pts++) commas += *pts == ',';
+    assert_int_equal(commas, points);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "xmllint --noout %s", path);
+    if (system("command -v xmllint >/dev/null 2>&1") == 0) assert_int_equal(system(cmd), 0);
+}
+
 static void test_trains_below_baseline(void **state) {
     (void)state;
     char cmd[512], line[1024];
@@ -57,14 +98,13 @@ static void test_trains_below_baseline(void **state) {
     assert_true(steps > 10 && sps > 0 && isfinite(tl));
     assert_true(base > 0.5 && base < 2.0); /* targets are scaled to RMS 1 on the training period */
     if (!(vl < 0.97 * base)) fail_msg("val_loss %.4f is not clearly below the baseline %.4f", vl, base);
-    char csv[128];
+    char csv[128], svg[128];
     snprintf(csv, sizeof csv, "%s/m.csv", dir);
-    FILE *f = fopen(csv, "r");
-    assert_non_null(f);
-    int rows = 0;
-    while (fgets(line, sizeof line, f)) rows++;
-    fclose(f);
-    assert_int_equal(rows, 3); /* header + one row per epoch */
+    snprintf(svg, sizeof svg, "%s/m.svg", dir); /* the default picture: next to the metrics */
+    assert_int_equal(count_rows(csv, "kind,"), 1);
+    assert_int_equal(count_rows(csv, "step,"), steps); /* one per batch; --accum 1: per step */
+    assert_int_equal(count_rows(csv, "epoch,"), 2);
+    check_svg(svg, (int)steps);
 }
 
 static void test_bad_flags_and_data(void **state) {
@@ -80,6 +120,8 @@ static void test_bad_flags_and_data(void **state) {
         {"--resume", "need --ckpt FILE"},
         {"--ckpt /tmp/x.ckpt --resume --carry", "not checkpointed yet"},
         {"--ckpt /nonexistent/dir/x.ckpt --resume", "/nonexistent/dir/x.ckpt"},
+        {"--plot x.svg", "needs --metrics FILE"},
+        {"--metrics /dev/null --plot /nonexistent/dir/p.svg", "cannot write /nonexistent/dir/p.svg"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char cmd[512], line[1024];
@@ -99,20 +141,33 @@ static int files_equal(const char *a, const char *b) {
 
 #define TINY "--batch 32 --hidden 16 --head 32 --quiet --epochs 2 --max-batches 12 --ckpt-every 3"
 
+/* The metrics of two runs agree but for the timings (samples_per_s, device_bytes). */
+static int metrics_equal(const char *a, const char *b) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cut -d, -f1-8 %s > %s.cut && cut -d, -f1-8 %s > %s.cut && cmp -s %s.cut %s.cut",
+             a, a, b, b, a, b);
+    return system(cmd) == 0;
+}
+
 /* kill -9 at a random moment (also inside checkpoint writes), then --resume: the final
  * checkpoint (weights, moments, step, loader position) equals an uninterrupted run's, byte
- * for byte. A corrupt checkpoint and other options are refused. */
+ * for byte, and so do the metrics (timings aside). A corrupt checkpoint and other options
+ * are refused. */
 static void test_kill_and_resume_bitwise(void **state) {
     (void)state;
     char cmd[1024], full[128], killed[128], line[1024];
     snprintf(full, sizeof full, "%s/full.ckpt", dir);
     snprintf(killed, sizeof killed, "%s/killed.ckpt", dir);
-    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s", dir, dir, full);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s --metrics %s.csv",
+             dir, dir, full, full);
     assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    snprintf(line, sizeof line, "%s.csv", full);
+    assert_int_equal(count_rows(line, "step,"), 24); /* 2 epochs x --max-batches 12 */
+    assert_int_equal(count_rows(line, "epoch,"), 2);
     for (int trial = 0; trial < 2; trial++) {
         remove(killed);
-        snprintf(cmd, sizeof cmd, "exec build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s >/dev/null",
-                 dir, dir, killed);
+        snprintf(cmd, sizeof cmd, "exec build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s "
+                 "--metrics %s.csv >/dev/null", dir, dir, killed, killed);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
@@ -125,11 +180,15 @@ static void test_kill_and_resume_bitwise(void **state) {
         const char *resume = f ? "--resume" : "";
         if (f) fclose(f);
         printf("trial %d: killed after %d ms, %s\n", trial, ms, f ? "resuming" : "no checkpoint yet: from scratch");
-        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s %s 2>&1",
-                 dir, dir, killed, resume);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s "
+                 "--metrics %s.csv %s 2>&1", dir, dir, killed, killed, resume);
         int rc = run_cmd(cmd, "summary:", line, sizeof line);
         if (rc != 0) fail_msg("resume failed (exit %d): %s", rc, line);
         assert_true(files_equal(full, killed));
+        char a[160], b[160];
+        snprintf(a, sizeof a, "%s.csv", full);
+        snprintf(b, sizeof b, "%s.csv", killed);
+        if (!metrics_equal(a, b)) fail_msg("the resumed run's metrics %s differ from %s", b, a);
     }
     /* a flipped byte: refused with a clear error */
     snprintf(cmd, sizeof cmd, "cp %s %s && printf 'X' | dd of=%s bs=1 seek=200 conv=notrunc 2>/dev/null", full, killed, killed);
@@ -145,12 +204,42 @@ static void test_kill_and_resume_bitwise(void **state) {
     assert_non_null(strstr(line, "other model or training options"));
 }
 
+/* The picture's edge cases: one epoch of few batches; then a hand-made metrics file (NaN
+ * and Inf losses, all values equal, rows after the checkpoint, a line cut short) kept by
+ * --resume of a finished run as far as the checkpoint covers it, and drawn. */
+static void test_plot_edge_cases(void **state) {
+    (void)state;
+    char cmd[1024], csv[128], svg[128], line[1024];
+    snprintf(csv, sizeof csv, "%s/edge.csv", dir);
+    snprintf(svg, sizeof svg, "%s/edge.svg", dir);
+    const char *base = "build/train_multitf --train %s/train.h5 --val %s/val.h5 --batch 32 --hidden 16 --head 32 "
+                       "--quiet --epochs 1 --max-batches 3 --ckpt %s/edge.ckpt --metrics %s --plot %s %s 2>&1";
+    snprintf(cmd, sizeof cmd, base, dir, dir, dir, csv, svg, "");
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    assert_int_equal(count_rows(csv, "step,"), 3);
+    assert_int_equal(count_rows(csv, "epoch,"), 1);
+    check_svg(svg, 3);
+    FILE *f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes\n"
+          "step,1,1,1,0.5,,,0.002,10.0,\nstep,1,2,2,nan,,,0.002,10.0,\nstep,1,3,3,inf,,,0.002,10.0,\n"
+          "epoch,1,3,3,0.5,0.5,0.5,,10.0,0\nstep,2,4,4,0.7,,,0.002,10.0,\nepoch,2,4,4,0.7,0.7,0.7,,10.0,0\n"
+          "step,2,5,5,0.", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, base, dir, dir, dir, csv, svg, "--resume"); /* nothing left to train */
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    assert_int_equal(count_rows(csv, "step,"), 3); /* rows after the checkpoint: dropped */
+    assert_int_equal(count_rows(csv, "epoch,"), 1);
+    check_svg(svg, 1); /* NaN and Inf left out */
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains_below_baseline),
         cmocka_unit_test(test_bad_flags_and_data),
         cmocka_unit_test(test_kill_and_resume_bitwise),
+        cmocka_unit_test(test_plot_edge_cases),
     };
     return cmocka_run_group_tests_name("train_multitf", tests, make_data, remove_data);
 }
