@@ -530,6 +530,9 @@ typedef struct mb_lstm_config {
     int carry_state;     /* 1: a forward whose h0/c0 is NULL starts from the previous forward's
                             final (h, c) (detached); 0 (default): from zeros */
     int stream;          /* device stream for all of this LSTM's work; 0 = compute stream */
+    mb_dtype precision;  /* gemm operands: MB_F32 (default), or MB_BF16 / MB_F16: weights, inputs,
+                            h and gate gradients rounded to it, f32 accumulation, f32 cell state
+                            and gradients (the f32 weights in params stay the master copy) */
 } mb_lstm_config;
 
 typedef struct mb_lstm mb_lstm;
@@ -2892,6 +2895,7 @@ typedef struct mb__lstm_layer {
     float *hs;      /* (T+1, B, H) time-major, slot 0 = h0: the layer's output, always kept */
     float *cs;      /* full storage: (T+1, B, H) cell states, slot 0 = c0; checkpoint: (nseg+1, B, H) */
     float *gates;   /* full storage: (T, B, 4H) activated gates; NULL when checkpointing */
+    void *hs_lp, *wih_lp, *whh_lp; /* low precision: hs, W_ih, W_hh as gemm operands */
 } mb__lstm_layer;
 
 struct mb_lstm {
@@ -2904,6 +2908,9 @@ struct mb_lstm {
     const float *x; /* the last forward's input (B, T, F), rows xs floats apart: the caller's */
     int64_t xs;
     float *xblk;    /* (G, B, F) one block of x, time-major; also one block of dx */
+    mb_dtype op;    /* gemm operand type (cfg.precision) */
+    void *x_lp;     /* low precision: (G, B, F) xblk */
+    void *g_lp;     /* low precision: (G, B, 4H) gblk */
     float *seg_g;   /* checkpoint: (kmax + 2G - 2, B, 4H) gates of one segment's blocks */
     float *seg_c;   /* checkpoint: (kmax+1, B, H) cells of one segment */
     float *hscr;    /* (B, H) h of a recomputed step (equal to the kept one) */
@@ -3007,16 +3014,39 @@ static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t 
     return mb_copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float));
 }
 
-/* C (m, n) = alpha op(A) op(B) + beta C, f32, on the LSTM's stream. */
-static mb_result mb__lstm_gemm(mb_lstm *l, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
-                               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+/* C (m, n) = alpha op(A) op(B) + beta C on the LSTM's stream; A and B of type t, C f32. */
+static mb_result mb__lstm_gemm_t(mb_lstm *l, mb_dtype t, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                 const void *a, int64_t lda, const void *b, int64_t ldb, float beta, float *c,
+                                 int64_t ldc) {
     mb_gemm_args g;
     memset(&g, 0, sizeof g);
     g.trans_a = ta; g.trans_b = tb; g.m = m; g.n = n; g.k = k;
-    g.alpha = 1.0f; g.beta = beta; g.ab_type = MB_F32; g.c_type = MB_F32;
+    g.alpha = 1.0f; g.beta = beta; g.ab_type = t; g.c_type = MB_F32;
     g.a = a; g.lda = lda; g.b = b; g.ldb = ldb; g.c = c; g.ldc = ldc;
     g.stream = l->cfg.stream;
     return mb_gemm(l->dev, &g);
+}
+
+/* The same with operands of the LSTM's precision (l->op). */
+static mb_result mb__lstm_gemm(mb_lstm *l, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
+                               int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    return mb__lstm_gemm_t(l, l->op, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* Element e of an operand array (of type l->op). */
+static const void *mb__lstm_el(const mb_lstm *l, const void *base, int64_t e) {
+    return (const char *)base + (size_t)e * mb_dtype_size(l->op);
+}
+
+/* Low precision: round n floats of src into the operand copy dst (no-op in f32). */
+static mb_result mb__lstm_round(mb_lstm *l, void *dst, const float *src, size_t n) {
+    if (l->op == MB_F32) return MB_OK;
+    return mb_convert(l->dev, l->cfg.stream, dst, l->op, src, MB_F32, n);
+}
+
+/* Layer k's operands: its kept outputs hs and its weights, in the operand type. */
+static const void *mb__lstm_hs_op(const mb_lstm *l, int k) {
+    return l->op == MB_F32 ? (const void *)l->layer[k].hs : l->layer[k].hs_lp;
 }
 
 /* ---- sizes ---- */
@@ -3051,6 +3081,9 @@ static mb_result mb__lstm_check_config(const mb_lstm_config *c, const mb_logger 
                        (long long)c->max_steps, (long long)c->max_batch);
     if (c->carry_state != 0 && c->carry_state != 1)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: carry_state=%d must be 0 or 1", c->carry_state);
+    if (!mb_dtype_size(c->precision))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: precision=%d is not MB_F32, MB_BF16 or MB_F16",
+                       (int)c->precision);
     return MB_OK;
 }
 
@@ -3084,9 +3117,10 @@ static int mb__lstm_sizes_of(const mb_lstm_config *c, int64_t B, int64_t T, int6
 /* Kept-activation bytes: per layer hs + cells (+ gates), the input block, and the
  * checkpoint segment buffers. The input x itself is the caller's (kept by reference until
  * backward, as PyTorch's autograd does) and not counted. */
-static size_t mb__lstm_kept(const mb__lstm_sizes *s, int64_t L, int full) {
+static size_t mb__lstm_kept(const mb__lstm_sizes *s, int64_t L, int full, mb_dtype op) {
     size_t per = s->hs + (full ? s->cs_full + s->gates : s->cs_ckpt);
-    return (per * (size_t)L + s->xblk + (full ? 0 : s->seg_g + s->seg_c)) * sizeof(float);
+    size_t lp = op == MB_F32 ? 0 : (s->hs * (size_t)L + s->xblk) * 2; /* operand copies of h and x */
+    return (per * (size_t)L + s->xblk + (full ? 0 : s->seg_g + s->seg_c)) * sizeof(float) + lp;
 }
 
 MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
@@ -3101,8 +3135,8 @@ MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, 
     if (!mb__lstm_sizes_of(cfg, B, T, 0, &sf) || !mb__lstm_sizes_of(cfg, B, T, k, &sc))
         return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mb_lstm_memory: B=%lld T=%lld F=%lld H=%lld overflows",
                        (long long)B, (long long)T, (long long)cfg->input_size, (long long)cfg->hidden_size);
-    if (full_bytes) *full_bytes = mb__lstm_kept(&sf, L, 1);
-    if (checkpointed_bytes) *checkpointed_bytes = mb__lstm_kept(k ? &sc : &sf, L, k == 0);
+    if (full_bytes) *full_bytes = mb__lstm_kept(&sf, L, 1, cfg->precision);
+    if (checkpointed_bytes) *checkpointed_bytes = mb__lstm_kept(k ? &sc : &sf, L, k == 0, cfg->precision);
     return MB_OK;
 }
 
@@ -3149,6 +3183,16 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
         MB_TRY(mb__lstm_alloc(l, &l->seg_c, s.seg_c));
     }
     MB_TRY(mb__lstm_alloc(l, &l->xblk, s.xblk));
+    if (l->op != MB_F32) { /* 2-byte operand copies */
+        for (int k = 0; k < l->L; k++) {
+            mb__lstm_layer *y = &l->layer[k];
+            MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, s.hs * 2, &y->hs_lp));
+            MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, (size_t)(4 * l->H * y->in) * 2, &y->wih_lp));
+            MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, (size_t)(4 * l->H * l->H) * 2, &y->whh_lp));
+        }
+        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, s.xblk * 2, &l->x_lp));
+        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, s.gblk * 2, &l->g_lp));
+    }
     MB_TRY(mb__lstm_alloc(l, &l->hscr, s.bh));
     MB_TRY(mb__lstm_alloc(l, &l->gblk, s.gblk));
     MB_TRY(mb__lstm_alloc(l, &l->ones, s.ones));
@@ -3167,10 +3211,12 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
     if (l->layer)
         for (int k = 0; k < l->L; k++) {
             mb_free(d, l->layer[k].hs); mb_free(d, l->layer[k].cs); mb_free(d, l->layer[k].gates);
+            mb_free(d, l->layer[k].hs_lp); mb_free(d, l->layer[k].wih_lp); mb_free(d, l->layer[k].whh_lp);
         }
     float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
                      l->cn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
+    mb_free(d, l->x_lp); mb_free(d, l->g_lp);
     MB_FREE(l->layer);
     MB_FREE(l);
 }
@@ -3186,6 +3232,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     l->dev = dev; l->params = params; l->cfg = *cfg;
     l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
     l->G = (int)mb__lstm_G(cfg);
+    l->op = cfg->precision;
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
     l->kmax = cfg->checkpoint < 0 ? 0 : cfg->checkpoint > 0 ? (cfg->checkpoint < l->maxT ? cfg->checkpoint : l->maxT)
                                                              : mb__lstm_auto_k(l->maxT, l->G);
@@ -3215,11 +3262,19 @@ static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const 
 
 /* Layer k's input rows of steps [a, a+n), time-major (n*B, in): above layer 0 the kept
  * outputs of the layer below; for layer 0 the caller's x gathered into xblk. */
-static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const float **rows) {
+static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const void **rows) {
     int64_t B = l->B, F = l->F;
-    if (k) { *rows = l->layer[k - 1].hs + (a + 1) * B * l->H; return MB_OK; }
-    *rows = l->xblk;
-    return mb__lstm_copy3(l, l->xblk, F, B * F, l->x + a * F, l->xs, F, B, n, F);
+    if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), (a + 1) * B * l->H); return MB_OK; }
+    *rows = l->op == MB_F32 ? (const void *)l->xblk : l->x_lp;
+    MB_TRY(mb__lstm_copy3(l, l->xblk, F, B * F, l->x + a * F, l->xs, F, B, n, F));
+    return mb__lstm_round(l, l->x_lp, l->xblk, (size_t)(n * B * F));
+}
+
+/* Layer k's weights as gemm operands: the f32 parameters w, or their low-precision copies. */
+static void mb__lstm_w_ops(const mb_lstm *l, int k, float *const *w, const void **wih, const void **whh) {
+    const mb__lstm_layer *y = &l->layer[k];
+    *wih = l->op == MB_F32 ? (const void *)w[MB__LSTM_WIH] : y->wih_lp;
+    *whh = l->op == MB_F32 ? (const void *)w[MB__LSTM_WHH] : y->whh_lp;
 }
 
 /* First step of the block holding step t (blocks of G steps from t = 0). */
@@ -3233,20 +3288,21 @@ static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->
 static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, a0 = mb__lstm_block0(l, s0);
     float *w[4] = {0};
+    const void *wih, *whh, *x, *hop = mb__lstm_hs_op(l, k);
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
-        const float *x;
         MB_TRY(mb__lstm_block_input(l, k, a, n, &x));
-        MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, w[MB__LSTM_WIH], in, 0.0f, g + (a - a0) * B * 4 * H,
-                             4 * H));
+        MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, wih, in, 0.0f, g + (a - a0) * B * 4 * H, 4 * H));
     }
     float *hs = l->layer[k].hs;
     for (int64_t t = s0; t < s1; t++) {
         float *gt = g + (t - a0) * B * 4 * H, *ct = c + (t - s0) * B * H;
-        MB_TRY(mb__lstm_gemm(l, 0, 1, B, 4 * H, H, hs + t * B * H, H, w[MB__LSTM_WHH], H, 1.0f, gt, 4 * H));
+        MB_TRY(mb__lstm_gemm(l, 0, 1, B, 4 * H, H, mb__lstm_el(l, hop, t * B * H), H, whh, H, 1.0f, gt, 4 * H));
         float *h = keep_h ? hs + (t + 1) * B * H : l->hscr;
         MB_TRY(mb__lstm_fwd_gates(l, B, gt, w[MB__LSTM_BIH], w[MB__LSTM_BHH], ct, ct + B * H, h));
+        if (keep_h) MB_TRY(mb__lstm_round(l, (void *)mb__lstm_el(l, hop, (t + 1) * B * H), h, (size_t)(B * H)));
     }
     return MB_OK;
 }
@@ -3303,6 +3359,21 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
     return MB_OK;
 }
 
+/* Low precision: the operand copies of every layer's weights (from the f32 master
+ * weights, so after each optimizer step) and of h0. */
+static mb_result mb__lstm_refresh(mb_lstm *l, int64_t B) {
+    if (l->op == MB_F32) return MB_OK;
+    for (int k = 0; k < l->L; k++) {
+        mb__lstm_layer *y = &l->layer[k];
+        float *w[4] = {0};
+        MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
+        MB_TRY(mb__lstm_round(l, y->wih_lp, w[MB__LSTM_WIH], (size_t)(4 * l->H * y->in)));
+        MB_TRY(mb__lstm_round(l, y->whh_lp, w[MB__LSTM_WHH], (size_t)(4 * l->H * l->H)));
+        MB_TRY(mb__lstm_round(l, y->hs_lp, y->hs, (size_t)(B * l->H)));
+    }
+    return MB_OK;
+}
+
 /* The forward with x's rows xs floats apart (xs >= T*F). */
 static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T, const float *h0,
                                   const float *c0, float *out_seq, float *h_last) {
@@ -3314,6 +3385,7 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
     float *w[4] = {0};
     MB_TRY(mb__lstm_weights(l, 0, w, 0, "mb_lstm_forward"));
     MB_TRY(mb__lstm_init_state(l, B, h0, c0));
+    MB_TRY(mb__lstm_refresh(l, B));
     l->have_fwd = 0;
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
     l->x = x; l->xs = xs;
@@ -3353,17 +3425,19 @@ MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
 static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb, float *d_in) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = nb * B;
     float *w[4] = {0}, *dw[4] = {0};
+    const void *wih, *whh, *x, *hp = mb__lstm_el(l, mb__lstm_hs_op(l, k), t0 * B * H);
+    const void *gb = l->op == MB_F32 ? (const void *)l->gblk : l->g_lp; /* rounded step by step */
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
     MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
-    const float *x, *hp = l->layer[k].hs + t0 * B * H;
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
     MB_TRY(mb__lstm_block_input(l, k, t0, nb, &x));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, l->gblk, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, l->gblk, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
-    MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BIH], 4 * H));
-    MB_TRY(mb__lstm_gemm(l, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[MB__LSTM_BHH], 4 * H));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
+    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
+        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
     float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
-    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, l->gblk, 4 * H, w[MB__LSTM_WIH], in, 0.0f, dst, in));
+    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
     if (k) return MB_OK;
     return mb__lstm_copy3(l, d_in + t0 * in, l->xs, in, l->xblk, in, B * in, B, nb, in);
 }
@@ -3375,14 +3449,19 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_
                                            const float *c, const float *dout, float *d_in) {
     int64_t B = l->B, H = l->H, bh = B * H;
     float *w[4] = {0};
+    const void *wih, *whh;
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    (void)wih;
     int64_t a0 = mb__lstm_block0(l, s0);
     for (int64_t t = s1 - 1; t >= s0; t--) {
         int64_t t0 = mb__lstm_block0(l, t), nb = t0 + l->G < l->T ? l->G : l->T - t0;
         float *dg = l->gblk + (t - t0) * B * 4 * H;
+        const void *dgop = l->op == MB_F32 ? (const void *)dg : mb__lstm_el(l, l->g_lp, (t - t0) * B * 4 * H);
         const float *ct = c + (t - s0) * bh;
         MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
-        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dg, 4 * H, w[MB__LSTM_WHH], H, 0.0f, l->dh, H));
+        MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
+        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
         if (t == t0) MB_TRY(mb__lstm_flush_block(l, k, t0, nb, d_in));
     }
     return MB_OK;

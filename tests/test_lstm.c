@@ -173,8 +173,8 @@ static void test_gradcheck_shapes(void **state) {
 
 typedef struct run_out { float *out, *hl, *hn, *cn, *grad, *dx, *dh0, *dc0; size_t np; } run_out;
 
-static run_out run_model(const shape *s, int checkpoint, int grad_block, const float *pvals, const float *x,
-                         const float *h0, const float *c0, const float *r1, const float *r2) {
+static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtype prec, const float *pvals,
+                         const float *x, const float *h0, const float *c0, const float *r1, const float *r2) {
     mb_device *dev;
     tu_ok(mb_device_open(&dev, NULL));
     mb_params *p;
@@ -182,6 +182,7 @@ static run_out run_model(const shape *s, int checkpoint, int grad_block, const f
     tu_ok(mb_params_create(&p, dev));
     mb_lstm_config cfg = make_cfg(s, checkpoint);
     cfg.grad_block = grad_block;
+    cfg.precision = prec;
     tu_ok(mb_lstm_create(&l, p, &cfg));
     tu_ok(mb_params_finalize(p));
     tu_ok(mb_params_set(p, pvals));
@@ -205,32 +206,45 @@ static void free_run(run_out *r) {
     free(r->out); free(r->hl); free(r->hn); free(r->cn); free(r->grad); free(r->dx); free(r->dh0); free(r->dc0);
 }
 
+/* Random parameters (PyTorch's init), inputs, states and upstream gradients for s. */
+typedef struct inputs { float *pv, *x, *h0, *c0, *r1, *r2; size_t np, nx, no, ns; } inputs;
+
+static inputs make_inputs(const shape *s) {
+    inputs in;
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *l;
+    tu_ok(mb_device_open(&dev, NULL));
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config cfg = make_cfg(s, -1);
+    tu_ok(mb_lstm_create(&l, p, &cfg));
+    tu_ok(mb_params_finalize(p));
+    in.np = mb_params_total(p); in.nx = (size_t)s->B * s->T * s->F; in.no = (size_t)s->B * s->T * s->H;
+    in.ns = (size_t)s->L * s->B * s->H;
+    in.pv = tu_alloc_f32(in.np); in.x = tu_alloc_f32(in.nx); in.h0 = tu_alloc_f32(in.ns); in.c0 = tu_alloc_f32(in.ns);
+    in.r1 = tu_alloc_f32(in.no); in.r2 = tu_alloc_f32((size_t)s->B * s->H);
+    tu_ok(mb_params_init(p, tu_next()));
+    tu_ok(mb_params_get(p, in.pv));
+    mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
+    tu_fill(in.x, in.nx, -2, 2); tu_fill(in.h0, in.ns, -1, 1); tu_fill(in.c0, in.ns, -1, 1);
+    tu_fill(in.r1, in.no, -1, 1); tu_fill(in.r2, (size_t)s->B * s->H, -1, 1);
+    return in;
+}
+
+static void free_inputs(inputs *in) { free(in->pv); free(in->x); free(in->h0); free(in->c0); free(in->r1); free(in->r2); }
+
 static void test_checkpoint_bitwise(void **state) {
     (void)state;
     for (int rep = 0; rep < 3; rep++) {
         shape s = {tu_int(1, 5), tu_int(8, 40), tu_int(1, 9), tu_int(1, 12), tu_int(1, 3)};
         int gb = tu_int(0, 1) ? tu_int(1, 9) : 0;
-        mb_device *dev;
-        mb_params *p;
-        mb_lstm *l;
-        tu_ok(mb_device_open(&dev, NULL));
-        tu_ok(mb_params_create(&p, dev));
-        mb_lstm_config cfg = make_cfg(&s, -1);
-        tu_ok(mb_lstm_create(&l, p, &cfg));
-        tu_ok(mb_params_finalize(p));
-        size_t np = mb_params_total(p), nx = (size_t)s.B * s.T * s.F, no = (size_t)s.B * s.T * s.H;
-        size_t ns = (size_t)s.L * s.B * s.H;
-        float *pv = tu_alloc_f32(np), *x = tu_alloc_f32(nx), *h0 = tu_alloc_f32(ns), *c0 = tu_alloc_f32(ns);
-        float *r1 = tu_alloc_f32(no), *r2 = tu_alloc_f32((size_t)s.B * s.H);
-        tu_ok(mb_params_init(p, tu_next()));
-        tu_ok(mb_params_get(p, pv));
-        mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
-        tu_fill(x, nx, -2, 2); tu_fill(h0, ns, -1, 1); tu_fill(c0, ns, -1, 1);
-        tu_fill(r1, no, -1, 1); tu_fill(r2, (size_t)s.B * s.H, -1, 1);
-        run_out full = run_model(&s, -1, gb, pv, x, h0, c0, r1, r2);
+        mb_dtype prec = (mb_dtype)(rep % 3); /* f32, bf16, f16: the same kernels in the same order */
+        inputs in = make_inputs(&s);
+        size_t np = in.np, nx = in.nx, no = in.no, ns = in.ns;
+        run_out full = run_model(&s, -1, gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
         int ks[] = {1, 2, 7, s.T, 0};
         for (int i = 0; i < 5; i++) {
-            run_out ck = run_model(&s, ks[i], gb, pv, x, h0, c0, r1, r2);
+            run_out ck = run_model(&s, ks[i], gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
             assert_memory_equal(ck.out, full.out, no * sizeof(float));
             assert_memory_equal(ck.hl, full.hl, (size_t)s.B * s.H * sizeof(float));
             assert_memory_equal(ck.hn, full.hn, ns * sizeof(float));
@@ -242,7 +256,36 @@ static void test_checkpoint_bitwise(void **state) {
             free_run(&ck);
         }
         free_run(&full);
-        free(pv); free(x); free(h0); free(c0); free(r1); free(r2);
+        free_inputs(&in);
+    }
+}
+
+/* ---- low precision: bf16/f16 operands against f32, relative norm error < 2e-2 ---- */
+
+static void assert_near_not_equal(const float *got, const float *ref, size_t n, double tol, int *differs) {
+    double e = tu_rel_norm_err(got, ref, n);
+    assert_true(e < tol);
+    if (memcmp(got, ref, n * sizeof(float)) != 0) *differs = 1;
+}
+
+static void test_low_precision(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 4; rep++) {
+        shape s = {tu_int(2, 6), tu_int(20, 60), tu_int(3, 9), tu_int(4, 16), tu_int(1, 2)};
+        inputs in = make_inputs(&s);
+        run_out ref = run_model(&s, -1, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
+        mb_dtype prec = rep % 2 ? MB_F16 : MB_BF16;
+        run_out lp = run_model(&s, 0, 0, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
+        int differs = 0; /* rounding must show somewhere, else the precision was ignored */
+        assert_near_not_equal(lp.out, ref.out, in.no, 2e-2, &differs);
+        assert_near_not_equal(lp.hn, ref.hn, in.ns, 2e-2, &differs);
+        assert_near_not_equal(lp.cn, ref.cn, in.ns, 2e-2, &differs);
+        assert_near_not_equal(lp.grad, ref.grad, in.np, 2e-2, &differs);
+        assert_near_not_equal(lp.dx, ref.dx, in.nx, 2e-2, &differs);
+        assert_near_not_equal(lp.dh0, ref.dh0, in.ns, 2e-2, &differs);
+        assert_true(differs);
+        free_run(&ref); free_run(&lp);
+        free_inputs(&in);
     }
 }
 
@@ -444,6 +487,8 @@ static void test_bad_config_sizes(void **state) {
     tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "layers=-1");
     c = make_cfg(&s, 0); c.carry_state = 2;
     tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "carry_state=2");
+    c = make_cfg(&s, 0); c.precision = (mb_dtype)7;
+    tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "precision=7");
     c = make_cfg(&s, 0); c.stream = 5;
     tu_assert_error(mb_lstm_create(&l, f.p, &c), MB_ERR_INVALID_ARG, "stream 5 out of range");
     tu_assert_error(mb_lstm_create(&l, f.p, NULL), MB_ERR_INVALID_ARG, "NULL argument");
@@ -515,16 +560,17 @@ static void test_alloc_failure_leaks_nothing(void **state) {
     mb_device *dev;
     tu_ok(mb_device_open(&dev, NULL));
     shape s = {2, 5, 3, 4, 2};
-    for (int ck = -1; ck <= 0; ck++)
-        for (uint64_t nth = 1; nth <= 20; nth++) {
+    for (int ck = -1; ck <= 1; ck++)
+        for (uint64_t nth = 1; nth <= 40; nth++) {
             mb_params *p;
             mb_lstm *l = NULL;
             tu_ok(mb_params_create(&p, dev));
-            mb_lstm_config c = make_cfg(&s, ck);
+            mb_lstm_config c = make_cfg(&s, ck < 1 ? ck : 0);
+            c.precision = ck < 1 ? MB_F32 : MB_BF16; /* bf16 adds the operand copies */
             mb_device_fail_alloc(dev, MB_MEM_DEVICE, nth);
             mb_result r = mb_lstm_create(&l, p, &c);
             mb_device_fail_alloc(dev, MB_MEM_DEVICE, 0);
-            if (r == MB_OK) { mb_lstm_destroy(l); mb_params_destroy(p); break; }
+            if (r == MB_OK) { mb_lstm_destroy(l); mb_params_destroy(p); assert_true(nth > 10); break; }
             assert_int_equal(r, MB_ERR_OUT_OF_MEMORY);
             assert_null(l);
             assert_int_equal(mb_params_num_tensors(p), 0);
@@ -542,6 +588,7 @@ int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradcheck_shapes),         cmocka_unit_test(test_checkpoint_bitwise),
+        cmocka_unit_test(test_low_precision),
         cmocka_unit_test(test_carry_over),               cmocka_unit_test(test_grad_accumulates),
         cmocka_unit_test(test_memory_query),             cmocka_unit_test(test_checkpoint_steps),
         cmocka_unit_test(test_bad_config_sizes),         cmocka_unit_test(test_bad_overflow),

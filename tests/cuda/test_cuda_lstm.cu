@@ -26,14 +26,15 @@ static void *dev_buf(mb_device *dev, size_t n, const float *init) {
 }
 
 /* Forward + backward on dev with checkpoint ck and stream; results copied to host o[]. */
-static void run_on(mb_device *dev, const shape *s, int ck, int stream, const run_in *in, float **o, size_t *n) {
+static void run_on(mb_device *dev, const shape *s, int ck, int stream, mb_dtype prec, const run_in *in, float **o,
+                   size_t *n) {
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_params_create(&p, dev));
     mb_lstm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = s->F; cfg.hidden_size = s->H; cfg.layers = s->L; cfg.checkpoint = ck;
-    cfg.max_steps = s->T; cfg.max_batch = s->B; cfg.stream = stream;
+    cfg.max_steps = s->T; cfg.max_batch = s->B; cfg.stream = stream; cfg.precision = prec;
     tu_ok(mb_lstm_create(&l, p, &cfg));
     tu_ok(mb_params_finalize(p));
     tu_ok(mb_params_set(p, in->p));
@@ -100,8 +101,8 @@ static void test_cuda_lstm_matches_cpu(void **state) {
         int ck = i == 1 ? 0 : tu_int(-1, 9);
         float *a[O_N], *b[O_N];
         size_t n[O_N];
-        run_on(cpu, s, ck, 0, &in, a, n);
-        run_on(gpu, s, ck, tu_int(0, 3), &in, b, n);
+        run_on(cpu, s, ck, 0, MB_F32, &in, a, n);
+        run_on(gpu, s, ck, tu_int(0, 3), MB_F32, &in, b, n);
         for (int k = 0; k < O_N; k++) {
             double e = tu_rel_norm_err(b[k], a[k], n[k]);
             printf("B=%d T=%d F=%d H=%d L=%d ck=%d %s: rel err %.3g\n", s->B, s->T, s->F, s->H, s->L, ck, onames[k], e);
@@ -121,10 +122,11 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     run_in in = make_inputs(cpu, &s);
     float *a[O_N], *b[O_N];
     size_t n[O_N];
-    run_on(gpu, &s, -1, 0, &in, a, n);
+    mb_dtype prec = (mb_dtype)tu_int(0, 2);
+    run_on(gpu, &s, -1, 0, prec, &in, a, n);
     int ks[] = {1, 2, 7, s.T, 0};
     for (int i = 0; i < 5; i++) {
-        run_on(gpu, &s, ks[i], 0, &in, b, n);
+        run_on(gpu, &s, ks[i], 0, prec, &in, b, n);
         for (int k = 0; k < O_N; k++) {
             if (memcmp(a[k], b[k], n[k] * sizeof(float)) != 0) fail_msg("k=%d: %s differs from full storage", ks[i], onames[k]);
             free(b[k]);
@@ -132,6 +134,36 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     }
     for (int k = 0; k < O_N; k++) free(a[k]);
     free_inputs(&in);
+    mb_device_close(cpu); mb_device_close(gpu);
+}
+
+/* bf16/f16 operands on the GPU against the CPU in f32 (< 2e-2) and, for information,
+ * against the CPU with the same rounding points. */
+static void test_cuda_lstm_low_precision(void **state) {
+    (void)state;
+    mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
+    tu_ok(mb_device_open(&cpu, NULL));
+    shape shapes[] = {{tu_int(1, 8), tu_int(1, 40), tu_int(1, 20), tu_int(1, 40), tu_int(1, 2)},
+                      {32, 480, 16, 64, 1}};
+    for (int i = 0; i < 2; i++)
+        for (int pi = 1; pi <= 2; pi++) {
+            const shape *s = &shapes[i];
+            mb_dtype prec = (mb_dtype)pi;
+            run_in in = make_inputs(cpu, s);
+            float *a[O_N], *c[O_N], *b[O_N];
+            size_t n[O_N];
+            run_on(cpu, s, 0, 0, MB_F32, &in, a, n);
+            run_on(cpu, s, 0, 0, prec, &in, c, n);
+            run_on(gpu, s, 0, 2, prec, &in, b, n);
+            for (int k = 0; k < O_N; k++) {
+                double e = tu_rel_norm_err(b[k], a[k], n[k]), e2 = tu_rel_norm_err(b[k], c[k], n[k]);
+                printf("%s B=%d T=%d F=%d H=%d L=%d %s: vs cpu f32 %.3g, vs cpu %s %.3g\n", mb_dtype_name(prec), s->B,
+                       s->T, s->F, s->H, s->L, onames[k], e, mb_dtype_name(prec), e2);
+                if (!(e < 2e-2)) fail_msg("%s %s: relative norm error %g >= 2e-2", mb_dtype_name(prec), onames[k], e);
+                free(a[k]); free(b[k]); free(c[k]);
+            }
+            free_inputs(&in);
+        }
     mb_device_close(cpu); mb_device_close(gpu);
 }
 
@@ -154,6 +186,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_lstm_matches_cpu),
         cmocka_unit_test(test_cuda_lstm_checkpoint_bitwise),
+        cmocka_unit_test(test_cuda_lstm_low_precision),
         cmocka_unit_test(test_cuda_lstm_bad_stream),
     };
     return cmocka_run_group_tests_name("cuda_lstm", tests, NULL, NULL);
