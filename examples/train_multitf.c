@@ -15,7 +15,10 @@
  * [cosine] --warmup [20] --accum [1] --clip [1.0] --weight-decay [0.01] --loss mse|huber
  * [mse] --chunk-fraction [0.75] --checkpoint-k [0: auto] --carry --seed [1] --threads [0]
  * --metrics FILE [none] --plot FILE.svg [FILE of --metrics with .svg] --max-batches N
- * [0: all] --quiet.
+ * [0: all] --precision f32|bf16|f16 [f32] --quiet.
+ * Mixed precision: bf16/f16 make the encoders' gemm operands 16-bit (f32 master weights,
+ * f32 accumulation and cell state); f16 adds the dynamic loss scaler (scaled loss,
+ * unscale, AdamW skips a step with inf/NaN gradients, the scale backs off or grows).
  * Output: a progress bar on stderr when it is a terminal (epoch, batches, samples/s, mean
  * loss, loss scale, device memory; nothing per batch in pipes or with --quiet), a line per
  * epoch; with --metrics a CSV row per batch and per epoch (section "metrics") and, at the
@@ -53,6 +56,7 @@ typedef struct options {
     int warmup;
     mb_lr_kind schedule;
     mb_loss_kind loss;
+    mb_dtype precision;
     uint64_t seed;
 } options;
 
@@ -120,6 +124,11 @@ static int parse_options(int argc, char **argv, options *o) {
             else if (v && !strcmp(v, "cosine")) o->schedule = MB_LR_WARMUP_COSINE;
             else if (v && !strcmp(v, "onecycle")) o->schedule = MB_LR_ONE_CYCLE;
             else return bad_flag(a, v, "expected constant, cosine or onecycle");
+        } else if (!strcmp(a, "--precision")) {
+            if (v && !strcmp(v, "f32")) o->precision = MB_F32;
+            else if (v && !strcmp(v, "bf16")) o->precision = MB_BF16;
+            else if (v && !strcmp(v, "f16")) o->precision = MB_F16;
+            else return bad_flag(a, v, "expected f32, bf16 or f16");
         } else if (!strcmp(a, "--loss")) {
             if (v && !strcmp(v, "mse")) o->loss = MB_LOSS_MSE;
             else if (v && !strcmp(v, "huber")) o->loss = MB_LOSS_HUBER;
@@ -151,6 +160,7 @@ typedef struct model {
     mb_lstm *enc[MAX_SEG];
     mb_linear fc1, fc2;
     mb_loss_config loss_cfg;
+    mb_scaler *scaler;                                   /* f16: the dynamic loss scaler, else NULL */
     float *hlast[MAX_SEG], *dh[MAX_SEG];                 /* (B, H) each */
     mb_lstm_call call[MAX_SEG];                          /* the encoders' calls of this batch */
     float *fused, *dfused;                               /* (B, S*H) */
@@ -184,7 +194,7 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
         memset(&lc, 0, sizeof lc);
         lc.input_size = m->F; lc.hidden_size = m->H; lc.layers = o->layers; lc.prefix = prefix;
         lc.checkpoint = o->checkpoint_k; lc.max_steps = m->seg_len[s]; lc.max_batch = m->maxB;
-        lc.carry_state = o->carry; lc.stream = 2 + s;
+        lc.carry_state = o->carry; lc.stream = 2 + s; lc.precision = o->precision;
         MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
     }
     MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", m->nseg * m->H, m->head));
@@ -204,10 +214,12 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
     MB_TRY(alloc_f32(dev, &m->dpred, m->maxB * m->K));
     MB_TRY(alloc_f32(dev, &m->zeros, m->maxB * m->K));
     MB_TRY(alloc_f32(dev, &m->loss, 1));
+    if (o->precision == MB_F16) MB_TRY(mb_scaler_create(&m->scaler, dev, NULL)); /* GradScaler defaults */
     return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, (size_t)(m->maxB * m->K) * sizeof(float));
 }
 
 static void model_destroy(model *m) {
+    mb_scaler_destroy(m->scaler);
     float *bufs[] = {m->fused, m->dfused, m->z1, m->a1, m->da1, m->pred, m->dpred, m->zeros, m->loss};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
     for (int s = 0; s < m->nseg; s++) {
@@ -238,7 +250,8 @@ static mb_result model_forward(model *m, const float *x, const float *y, int64_t
     MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));         /* (B, head) */
     MB_TRY(mb_act_forward(dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * m->head)));
     MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));          /* (B, K) */
-    return mb_loss(dev, MB_STREAM_COMPUTE, &m->loss_cfg, m->pred, y, B, m->K, grad_scale, NULL, m->loss,
+    const float *loss_scale = m->scaler ? mb_scaler_scale_ptr(m->scaler) : NULL; /* f16: scaled gradients */
+    return mb_loss(dev, MB_STREAM_COMPUTE, &m->loss_cfg, m->pred, y, B, m->K, grad_scale, loss_scale, m->loss,
                    grad_scale > 0 ? m->dpred : NULL);
 }
 
@@ -327,6 +340,7 @@ static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_
     mb_result r = mb_ckpt_writer_create(&w, m->dev);
     if (r == MB_OK) r = mb_ckpt_add_params(w, m->params);
     if (r == MB_OK) r = mb_ckpt_add_adamw(w, opt);
+    if (r == MB_OK && m->scaler) r = mb_ckpt_add_scaler(w, m->scaler);
     if (r == MB_OK) r = mb_ckpt_add(w, "run", &st, sizeof st);
     if (r == MB_OK) r = mb_ckpt_add(w, "options", &k, sizeof k);
     if (r == MB_OK) r = mb_ckpt_write(w, o->ckpt);
@@ -343,6 +357,7 @@ static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state 
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", o->ckpt);
     if (r == MB_OK) r = mb_ckpt_load_params(rd, m->params);
     if (r == MB_OK) r = mb_ckpt_load_adamw(rd, opt);
+    if (r == MB_OK && m->scaler) r = mb_ckpt_load_scaler(rd, m->scaler);
     if (r == MB_OK) r = mb_ckpt_get(rd, "run", rs, sizeof *rs);
     mb_ckpt_close(rd);
     return r;
@@ -368,14 +383,17 @@ static void memory_text(mb_device *dev, char *buf, size_t cap) {
                  (double)total / 1e9);
 }
 
-/* Redraw (throttled; always when final, which also ends the line). scale: the loss
- * scale of mixed precision, 0 when there is none (shown as "-"). */
-static void progress_draw(progress *p, mb_device *dev, const run_state *rs, int64_t total, double samples_per_s,
-                          double scale, int final) {
+/* Redraw (throttled; always when final, which also ends the line). The loss scale (f16)
+ * is read from the device only when drawing; "-" without a scaler. */
+static void progress_draw(progress *p, model *m, const run_state *rs, int64_t total, double samples_per_s,
+                          int final) {
     if (!p->on) return;
     double now = now_seconds();
     if (!final && now - p->drawn < 0.1) return;
     p->drawn = now;
+    mb_device *dev = m->dev;
+    mb_scaler_state st;
+    double scale = m->scaler && mb_scaler_get(m->scaler, &st) == MB_OK ? st.scale : 0;
     enum { WIDTH = 24 };
     char bar[WIDTH + 1], sc[32] = "-", mem[96];
     int64_t done = total > 0 ? rs->epoch_batches * WIDTH / total : (int64_t)WIDTH;
@@ -630,6 +648,15 @@ static int64_t batches_per_epoch(mb_loader *tr, const options *o) {
     return o->max_batches && o->max_batches < nb ? o->max_batches : nb;
 }
 
+/* One optimizer step. f16: unscale the gradients, AdamW (skipped on the device when any
+ * gradient is inf/NaN), then the scaler backs off or grows. No host sync. */
+static mb_result optimizer_step(model *m, mb_adamw *opt, float lr) {
+    if (!m->scaler) return mb_adamw_step(opt, lr, NULL); /* f32 and bf16: no loss scaling */
+    MB_TRY(mb_scaler_unscale(m->scaler, mb_params_grad(m->params), mb_params_total(m->params)));
+    MB_TRY(mb_adamw_step(opt, lr, m->scaler));
+    return mb_scaler_update(m->scaler);
+}
+
 /* The rest of epoch rs->epoch over the training loader: accumulation, clipping (inside
  * AdamW), schedule, checkpoints every --ckpt-every steps (at window boundaries). */
 static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr_schedule *sched, const options *o,
@@ -654,7 +681,7 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr
         MB_TRY(mb_lr_at(sched, rs->step, &lr));
         int stepped = mb_accum_tick(&rs->acc);
         if (stepped) {
-            MB_TRY(mb_adamw_step(opt, lr, NULL)); /* f32: no loss scaler */
+            MB_TRY(optimizer_step(m, opt, lr));
             rs->step++;
         }
         float l; /* fetching the loss waits for the batch: one host sync per batch, after its step */
@@ -666,13 +693,13 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr
         rs->samples += b.count;
         double sps = rate(rs->samples - samples0, now_seconds() - t0);
         metrics_step(csv, rs, l, lr, sps);
-        progress_draw(pb, m->dev, rs, total, sps, 0, 0); /* scale 0: f32 has no loss scale */
+        progress_draw(pb, m, rs, total, sps, 0);
         if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
             rs->pos = mb_loader_position(tr);
             MB_TRY(save_ckpt(o, m, opt, rs, csv));
         }
     }
-    progress_draw(pb, m->dev, rs, total, rate(rs->samples - samples0, now_seconds() - t0), 0, 1);
+    progress_draw(pb, m, rs, total, rate(rs->samples - samples0, now_seconds() - t0), 1);
     MB_TRY(mb_sync(m->dev, -1));
     *seconds += now_seconds() - t0;
     rs->train_loss = rs->epoch_n ? rs->epoch_loss_sum / (double)rs->epoch_n : 0; /* mean over the epoch */
@@ -756,6 +783,8 @@ static mb_result run(const options *o, run_state *rs) {
         memory_text(dev, mem, sizeof mem);
         printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
                (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, sps, mem);
+        mb_scaler_state sst;
+        if (m.scaler && mb_scaler_get(m.scaler, &sst) == MB_OK) printf("  f16 loss scale %g\n", (double)sst.scale);
         if (live > live0 + (size_t)100e6) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
         live0 = live;
         metrics_epoch(csv, rs, sps, live);

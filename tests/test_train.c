@@ -115,6 +115,7 @@ static void test_bad_flags_and_data(void **state) {
         {"--lr -1", "--lr '-1'"},
         {"--schedule linear", "expected constant, cosine or onecycle"},
         {"--loss l1", "expected mse or huber"},
+        {"--precision f8", "expected f32, bf16 or f16"},
         {"--train /nonexistent.h5", "/nonexistent.h5"},
         {"--train /etc/hostname", "/etc/hostname"},
         {"--resume", "need --ckpt FILE"},
@@ -204,6 +205,35 @@ static void test_kill_and_resume_bitwise(void **state) {
     assert_non_null(strstr(line, "other model or training options"));
 }
 
+/* Mixed precision: bf16 and f16 (with the loss scaler) train below the baseline, and an f16
+ * run resumed from its epoch-1 checkpoint (scaler state included) ends bitwise equal to
+ * an uninterrupted one. */
+static void test_mixed_precision(void **state) {
+    (void)state;
+    const char *precs[] = {"bf16", "f16"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024], line[1024], full[128], part[128];
+        snprintf(full, sizeof full, "%s/%s-full.ckpt", dir, precs[i]);
+        snprintf(part, sizeof part, "%s/%s-part.ckpt", dir, precs[i]);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --precision %s "
+                 "--schedule constant --warmup 0 --ckpt %s 2>&1", dir, dir, precs[i], full);
+        assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+        double vl, base;
+        const char *v = strstr(line, "val_loss="), *b = strstr(line, "baseline_val_loss=");
+        if (!v || !b || sscanf(v, "val_loss=%lf", &vl) != 1 || sscanf(b, "baseline_val_loss=%lf", &base) != 1)
+            fail_msg("no summary line: '%s'", line);
+        printf("%s: %s", precs[i], line);
+        if (!(vl < base)) fail_msg("%s: val_loss %.4f not below the baseline %.4f", precs[i], vl, base);
+        /* epoch 1 alone, then resumed for epoch 2 (a constant schedule: its length does not matter) */
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --precision %s "
+                 "--schedule constant --warmup 0 --ckpt %s --epochs 1 2>&1 && build/train_multitf --train %s/train.h5 "
+                 "--val %s/val.h5 " TINY " --precision %s --schedule constant --warmup 0 --ckpt %s --resume 2>&1",
+                 dir, dir, precs[i], part, dir, dir, precs[i], part);
+        assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+        assert_true(files_equal(full, part));
+    }
+}
+
 /* The picture's edge cases: one epoch of few batches; then a hand-made metrics file (NaN
  * and Inf losses, all values equal, rows after the checkpoint, a line cut short) kept by
  * --resume of a finished run as far as the checkpoint covers it, and drawn. */
@@ -239,6 +269,7 @@ int main(void) {
         cmocka_unit_test(test_trains_below_baseline),
         cmocka_unit_test(test_bad_flags_and_data),
         cmocka_unit_test(test_kill_and_resume_bitwise),
+        cmocka_unit_test(test_mixed_precision),
         cmocka_unit_test(test_plot_edge_cases),
     };
     return cmocka_run_group_tests_name("train_multitf", tests, make_data, remove_data);
