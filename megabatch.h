@@ -561,6 +561,13 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
 MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n);
 /* Forget the carried state: the next forward starts from zeros (or its h0/c0). */
 MBDEF void mb_lstm_reset_state(mb_lstm *l);
+/* Batch size of the carried state (the last forward's B, or mb_lstm_set_state's), 0
+ * when there is none (no forward yet, or reset). */
+MBDEF int64_t mb_lstm_state_batch(const mb_lstm *l);
+/* Set the carried state to h_n, c_n (layers, B, H), as if a forward of batch B had just
+ * ended with them: for restoring a checkpointed run with carry_state. No backward
+ * follows it (MB_ERR_STATE until the next forward). */
+MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const float *c_n);
 /* Bytes of activations one forward keeps for backward at (B, T): with full storage and
  * with checkpointing as cfg asks (checkpoint -1 gives the same number twice). */
 MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
@@ -3248,6 +3255,22 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
 
 MBDEF void mb_lstm_reset_state(mb_lstm *l) {
     if (l) l->have_state = 0;
+}
+
+MBDEF int64_t mb_lstm_state_batch(const mb_lstm *l) { return l && l->have_state ? l->B : 0; }
+
+MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const float *c_n) {
+    if (!l || !h_n || !c_n) return MB_FAIL(l ? mb__lstm_log(l) : NULL, MB_ERR_INVALID_ARG, "mb_lstm_set_state: NULL argument");
+    if (B < 1 || B > l->maxB)
+        return MB_FAIL(mb__lstm_log(l), MB_ERR_INVALID_ARG, "mb_lstm_set_state: B=%lld must be in 1..max_batch=%lld",
+                       (long long)B, (long long)l->maxB);
+    size_t n = (size_t)(l->L * B * l->H);
+    MB_TRY(mb__lstm_copy(l, l->hn, h_n, n));
+    MB_TRY(mb__lstm_copy(l, l->cn, c_n, n));
+    l->B = B;
+    l->have_state = 1;
+    l->have_fwd = 0;
+    return MB_OK;
 }
 
 /* ---- forward ---- */

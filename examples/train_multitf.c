@@ -138,8 +138,6 @@ static int parse_options(int argc, char **argv, options *o) {
     }
     if ((o->resume || o->ckpt_every) && !o->ckpt) return bad_flag("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return bad_flag("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
-    if (o->resume && o->carry)
-        return bad_flag("--resume", "--carry", "the carried hidden state is not checkpointed yet: resume without --carry");
     return 1;
 }
 
@@ -161,6 +159,8 @@ typedef struct model {
     mb_linear fc1, fc2;
     mb_loss_config loss_cfg;
     mb_scaler *scaler;                                   /* f16: the dynamic loss scaler, else NULL */
+    int layers;
+    float *state_h, *state_c;                            /* --carry: (layers, B, H) for checkpoints */
     float *hlast[MAX_SEG], *dh[MAX_SEG];                 /* (B, H) each */
     mb_lstm_call call[MAX_SEG];                          /* the encoders' calls of this batch */
     float *fused, *dfused;                               /* (B, S*H) */
@@ -214,13 +214,19 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
     MB_TRY(alloc_f32(dev, &m->dpred, m->maxB * m->K));
     MB_TRY(alloc_f32(dev, &m->zeros, m->maxB * m->K));
     MB_TRY(alloc_f32(dev, &m->loss, 1));
+    m->layers = o->layers;
+    if (o->carry) {
+        MB_TRY(alloc_f32(dev, &m->state_h, m->layers * m->maxB * m->H));
+        MB_TRY(alloc_f32(dev, &m->state_c, m->layers * m->maxB * m->H));
+    }
     if (o->precision == MB_F16) MB_TRY(mb_scaler_create(&m->scaler, dev, NULL)); /* GradScaler defaults */
     return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, (size_t)(m->maxB * m->K) * sizeof(float));
 }
 
 static void model_destroy(model *m) {
     mb_scaler_destroy(m->scaler);
-    float *bufs[] = {m->fused, m->dfused, m->z1, m->a1, m->da1, m->pred, m->dpred, m->zeros, m->loss};
+    float *bufs[] = {m->fused, m->dfused, m->z1, m->a1, m->da1, m->pred, m->dpred, m->zeros, m->loss,
+                     m->state_h, m->state_c};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
     for (int s = 0; s < m->nseg; s++) {
         mb_lstm_destroy(m->enc[s]);
@@ -237,6 +243,8 @@ static mb_result model_forward(model *m, const float *x, const float *y, int64_t
     const float *hs[MAX_SEG];
     memset(m->call, 0, sizeof m->call);
     for (int s = 0; s < m->nseg; s++) {
+        int64_t carried = mb_lstm_state_batch(m->enc[s]); /* --carry: a batch of another size */
+        if (carried && carried != B) mb_lstm_reset_state(m->enc[s]); /* (the epoch's last) starts fresh */
         mb_lstm_call *c = &m->call[s];
         c->lstm = m->enc[s]; c->B = B; c->T = m->seg_len[s];
         c->x = x + m->seg_off[s] * m->F; c->x_stride = m->T * m->F; /* segment s of each sample */
@@ -330,6 +338,44 @@ static options shape_of(const options *o) {
 }
 
 /* The metrics rows so far reach the file first: a resume keeps them (section "metrics"). */
+/* --carry: each encoder's carried (h, c) and its batch size (0: none), so a resumed run
+ * continues the carried state exactly. */
+static mb_result save_carry(mb_ckpt_writer *w, model *m) {
+    for (int s = 0; s < m->nseg; s++) {
+        char name[3][32];
+        snprintf(name[0], sizeof name[0], "enc%d.carry_batch", s);
+        snprintf(name[1], sizeof name[1], "enc%d.h_n", s);
+        snprintf(name[2], sizeof name[2], "enc%d.c_n", s);
+        int64_t B = mb_lstm_state_batch(m->enc[s]);
+        size_t bytes = (size_t)(m->layers * B * m->H) * sizeof(float);
+        MB_TRY(mb_ckpt_add(w, name[0], &B, sizeof B));
+        if (!B) continue;
+        MB_TRY(mb_lstm_final_state(m->enc[s], m->state_h, m->state_c));
+        MB_TRY(mb_ckpt_add(w, name[1], m->state_h, bytes));
+        MB_TRY(mb_ckpt_add(w, name[2], m->state_c, bytes));
+    }
+    return MB_OK;
+}
+
+static mb_result load_carry(mb_ckpt_reader *rd, model *m) {
+    for (int s = 0; s < m->nseg; s++) {
+        char name[3][32];
+        snprintf(name[0], sizeof name[0], "enc%d.carry_batch", s);
+        snprintf(name[1], sizeof name[1], "enc%d.h_n", s);
+        snprintf(name[2], sizeof name[2], "enc%d.c_n", s);
+        int64_t B = 0;
+        MB_TRY(mb_ckpt_get(rd, name[0], &B, sizeof B));
+        mb_lstm_reset_state(m->enc[s]);
+        if (!B) continue;
+        if (B < 0 || B > m->maxB) return MB_FAIL(NULL, MB_ERR_FORMAT, "checkpoint: %s = %lld", name[0], (long long)B);
+        size_t bytes = (size_t)(m->layers * B * m->H) * sizeof(float);
+        MB_TRY(mb_ckpt_get(rd, name[1], m->state_h, bytes));
+        MB_TRY(mb_ckpt_get(rd, name[2], m->state_c, bytes));
+        MB_TRY(mb_lstm_set_state(m->enc[s], B, m->state_h, m->state_c));
+    }
+    return MB_OK;
+}
+
 static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_state *rs, FILE *metrics) {
     mb_ckpt_writer *w = NULL;
     if (metrics) fflush(metrics);
@@ -341,6 +387,7 @@ static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_
     if (r == MB_OK) r = mb_ckpt_add_params(w, m->params);
     if (r == MB_OK) r = mb_ckpt_add_adamw(w, opt);
     if (r == MB_OK && m->scaler) r = mb_ckpt_add_scaler(w, m->scaler);
+    if (r == MB_OK && o->carry) r = save_carry(w, m);
     if (r == MB_OK) r = mb_ckpt_add(w, "run", &st, sizeof st);
     if (r == MB_OK) r = mb_ckpt_add(w, "options", &k, sizeof k);
     if (r == MB_OK) r = mb_ckpt_write(w, o->ckpt);
@@ -358,6 +405,7 @@ static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state 
     if (r == MB_OK) r = mb_ckpt_load_params(rd, m->params);
     if (r == MB_OK) r = mb_ckpt_load_adamw(rd, opt);
     if (r == MB_OK && m->scaler) r = mb_ckpt_load_scaler(rd, m->scaler);
+    if (r == MB_OK && o->carry) r = load_carry(rd, m);
     if (r == MB_OK) r = mb_ckpt_get(rd, "run", rs, sizeof *rs);
     mb_ckpt_close(rd);
     return r;

@@ -318,7 +318,8 @@ static void test_carry_over(void **state) {
     }
     size_t nx = (size_t)s.B * s.T * s.F, no = (size_t)s.B * s.T * s.H, nb = (size_t)s.B * s.H;
     float *x = tu_alloc_f32(nx), *xh = tu_alloc_f32(nx), *out = tu_alloc_f32(no), *o2 = tu_alloc_f32(no);
-    float *hl = tu_alloc_f32(nb), *hl2 = tu_alloc_f32(nb), *first = tu_alloc_f32(no);
+    float *hl = tu_alloc_f32(nb), *hl2 = tu_alloc_f32(nb), *first = tu_alloc_f32(no), *o3 = tu_alloc_f32(no);
+    float *hn = tu_alloc_f32((size_t)s.L * nb), *cn = tu_alloc_f32((size_t)s.L * nb);
     tu_fill(x, nx, -1, 1);
     tu_ok(mb_lstm_forward(whole, x, s.B, s.T, NULL, NULL, out, hl));
     for (int half_i = 0; half_i < 2; half_i++) { /* (B, T2, F) halves */
@@ -326,11 +327,21 @@ static void test_carry_over(void **state) {
             memcpy(xh + (size_t)b * T2 * s.F, x + ((size_t)b * s.T + half_i * T2) * s.F, (size_t)T2 * s.F * sizeof(float));
         tu_ok(mb_lstm_forward(half, xh, s.B, T2, NULL, NULL, o2, hl2));
         if (half_i == 0) memcpy(first, o2, (size_t)s.B * T2 * s.H * sizeof(float));
+        if (half_i == 0) tu_ok(mb_lstm_final_state(half, hn, cn)); /* what a checkpoint saves */
         for (int b = 0; b < s.B; b++)
             tu_assert_close(o2 + (size_t)b * T2 * s.H, out + ((size_t)b * s.T + half_i * T2) * s.H, (size_t)T2 * s.H,
                             1e-6, 1e-5, "carried half vs whole sequence");
     }
     tu_assert_close(hl2, hl, nb, 1e-6, 1e-5, "h_last after two halves");
+    /* set_state with the state saved after the first half: the second half again, bitwise */
+    mb_lstm_reset_state(half);
+    assert_int_equal(mb_lstm_state_batch(half), 0);
+    tu_ok(mb_lstm_set_state(half, s.B, hn, cn));
+    assert_int_equal(mb_lstm_state_batch(half), s.B);
+    tu_assert_error(mb_lstm_backward(half, NULL, NULL, NULL, NULL, NULL), MB_ERR_STATE, "before mb_lstm_forward");
+    tu_assert_error(mb_lstm_set_state(half, s.B + 100, hn, cn), MB_ERR_INVALID_ARG, "max_batch");
+    tu_ok(mb_lstm_forward(half, xh, s.B, T2, NULL, NULL, o3, NULL));
+    assert_memory_equal(o3, o2, (size_t)s.B * T2 * s.H * sizeof(float));
     /* reset: the first half again gives the first half's outputs exactly */
     mb_lstm_reset_state(half);
     for (int b = 0; b < s.B; b++)
@@ -341,7 +352,7 @@ static void test_carry_over(void **state) {
     if (s.B > 1)
         tu_assert_error(mb_lstm_forward(half, xh, s.B - 1, T2, NULL, NULL, NULL, NULL), MB_ERR_INVALID_ARG,
                         "carried state has batch");
-    free(x); free(xh); free(out); free(o2); free(hl); free(hl2); free(first);
+    free(x); free(xh); free(out); free(o2); free(hl); free(hl2); free(first); free(hn); free(cn); free(o3);
     mb_lstm_destroy(whole); mb_lstm_destroy(half); mb_params_destroy(p);
     mb_device_close(dev);
 }

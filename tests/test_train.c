@@ -119,7 +119,6 @@ static void test_bad_flags_and_data(void **state) {
         {"--train /nonexistent.h5", "/nonexistent.h5"},
         {"--train /etc/hostname", "/etc/hostname"},
         {"--resume", "need --ckpt FILE"},
-        {"--ckpt /tmp/x.ckpt --resume --carry", "not checkpointed yet"},
         {"--ckpt /nonexistent/dir/x.ckpt --resume", "/nonexistent/dir/x.ckpt"},
         {"--plot x.svg", "needs --metrics FILE"},
         {"--metrics /dev/null --plot /nonexistent/dir/p.svg", "cannot write /nonexistent/dir/p.svg"},
@@ -157,18 +156,19 @@ static int metrics_equal(const char *a, const char *b) {
 static void test_kill_and_resume_bitwise(void **state) {
     (void)state;
     char cmd[1024], full[128], killed[128], line[1024];
-    snprintf(full, sizeof full, "%s/full.ckpt", dir);
-    snprintf(killed, sizeof killed, "%s/killed.ckpt", dir);
-    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s --metrics %s.csv",
-             dir, dir, full, full);
-    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
-    snprintf(line, sizeof line, "%s.csv", full);
-    assert_int_equal(count_rows(line, "step,"), 24); /* 2 epochs x --max-batches 12 */
-    assert_int_equal(count_rows(line, "epoch,"), 2);
     for (int trial = 0; trial < 2; trial++) {
+        const char *carry = trial ? "--carry" : ""; /* trial 1: the carried hidden state too */
+        snprintf(full, sizeof full, "%s/full%d.ckpt", dir, trial);
+        snprintf(killed, sizeof killed, "%s/killed.ckpt", dir);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " %s --ckpt %s "
+                 "--metrics %s.csv", dir, dir, carry, full, full);
+        assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+        snprintf(line, sizeof line, "%s.csv", full);
+        assert_int_equal(count_rows(line, "step,"), 24); /* 2 epochs x --max-batches 12 */
+        assert_int_equal(count_rows(line, "epoch,"), 2);
         remove(killed);
-        snprintf(cmd, sizeof cmd, "exec build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s "
-                 "--metrics %s.csv >/dev/null", dir, dir, killed, killed);
+        snprintf(cmd, sizeof cmd, "exec build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " %s --ckpt %s "
+                 "--metrics %s.csv >/dev/null", dir, dir, carry, killed, killed);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
@@ -181,8 +181,8 @@ static void test_kill_and_resume_bitwise(void **state) {
         const char *resume = f ? "--resume" : "";
         if (f) fclose(f);
         printf("trial %d: killed after %d ms, %s\n", trial, ms, f ? "resuming" : "no checkpoint yet: from scratch");
-        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --ckpt %s "
-                 "--metrics %s.csv %s 2>&1", dir, dir, killed, killed, resume);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " %s --ckpt %s "
+                 "--metrics %s.csv %s 2>&1", dir, dir, carry, killed, killed, resume);
         int rc = run_cmd(cmd, "summary:", line, sizeof line);
         if (rc != 0) fail_msg("resume failed (exit %d): %s", rc, line);
         assert_true(files_equal(full, killed));
