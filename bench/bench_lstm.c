@@ -1,50 +1,81 @@
-/* bench_lstm: CPU LSTM forward+backward time per step and kept activation memory, full
- * storage vs checkpointed.  Usage: build/bench/bench_lstm [B T F H [iters]]
- * (default 128 480 128 256 1). Peer: bench/pytorch/lstm_cpu.py with the same arguments. */
+/* bench_lstm: one LSTM layer, forward+backward time per step and kept activation memory,
+ * full storage vs checkpointed (auto k).
+ *   build/bench/bench_lstm      [B T F H [iters [f32|bf16|f16]]]   (CPU)
+ *   build/bench/bench_lstm_cuda [B T F H [iters [f32|bf16|f16]]]   (GPU: nvcc, same source)
+ * Defaults 128 480 128 256 1 f32. Loss: the mean of h_last. Timings end with a device sync.
+ * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
+ * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
+#ifdef __CUDACC__
+#include "megabatch_cuda.cuh"
+#define BACKEND MB_CUDA
+#else
 #include "megabatch.h"
+#define BACKEND MB_CPU
+#endif
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters) {
+/* A device buffer of n floats holding init(i). */
+static float *dev_floats(mb_device *dev, int64_t n, float (*init)(int64_t, int64_t), int64_t arg) {
+    float *h = (float *)malloc((size_t)n * sizeof(float)), *d = NULL;
+    if (!h) return NULL;
+    for (int64_t i = 0; i < n; i++) h[i] = init(i, arg);
+    if (mb_alloc(dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)&d) != MB_OK ||
+        mb_copy(dev, 0, d, h, (size_t)n * sizeof(float)) != MB_OK || mb_sync(dev, 0) != MB_OK)
+        d = NULL;
+    free(h);
+    return d;
+}
+static float hashed(int64_t i, int64_t arg) { (void)arg; return (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f; }
+static float mean_grad(int64_t i, int64_t n) { (void)i; return 1.0f / (float)n; }
+
+static int fail(const char *what) {
+    fprintf(stderr, "%s failed: %s\n", what, mb_last_error());
+    return 1;
+}
+
+static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec) {
     mb_device *dev;
     mb_params *p;
     mb_lstm *l;
-    mb_lstm_config cfg = {0};
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.backend = BACKEND;
+    mb_lstm_config cfg;
+    memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
-    cfg.max_steps = T; cfg.max_batch = B;
-    if (mb_device_open(&dev, NULL) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
-        mb_params_finalize(p) || mb_params_init(p, 1)) {
-        fprintf(stderr, "setup failed: %s\n", mb_last_error());
-        return 1;
-    }
-    float *x = (float *)calloc((size_t)(B * T * F), 4), *hl = (float *)calloc((size_t)(B * H), 4);
-    float *dl = (float *)calloc((size_t)(B * H), 4);
-    for (int64_t i = 0; i < B * T * F; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    for (int64_t i = 0; i < B * H; i++) dl[i] = 1.0f / (float)(B * H);
+    cfg.max_steps = T; cfg.max_batch = B; cfg.precision = prec;
+    if (mb_device_open(&dev, &dc) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
+        mb_params_finalize(p) || mb_params_init(p, 1))
+        return fail("setup");
+    float *x = dev_floats(dev, B * T * F, hashed, 0), *dl = dev_floats(dev, B * H, mean_grad, B * H);
+    float *hl = dev_floats(dev, B * H, hashed, 0);
+    if (!x || !dl || !hl) return fail("device buffers");
     double tf = 0, tb = 0;
     for (int it = 0; it <= iters; it++) { /* iteration 0 warms up */
         double t0 = now();
-        if (mb_lstm_forward(l, x, B, T, NULL, NULL, NULL, hl)) { fprintf(stderr, "%s\n", mb_last_error()); return 1; }
+        if (mb_lstm_forward(l, x, B, T, NULL, NULL, NULL, hl) || mb_sync(dev, -1)) return fail("forward");
         double t1 = now();
-        if (mb_lstm_backward(l, dl, NULL, NULL, NULL, NULL)) { fprintf(stderr, "%s\n", mb_last_error()); return 1; }
+        if (mb_lstm_backward(l, dl, NULL, NULL, NULL, NULL) || mb_sync(dev, -1)) return fail("backward");
         double t2 = now();
         if (it) { tf += t1 - t0; tb += t2 - t1; }
     }
     size_t full, kept;
     mb_lstm_memory(&cfg, B, T, &full, &kept);
-    printf("B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fwd %8.1f us/step  fwd+bwd %8.1f us/step  "
-           "activations %.1f MiB\n", (long long)B, (long long)T, (long long)F, (long long)H,
-           (long long)mb_lstm_checkpoint_steps(l, T), 1e6 * tf / iters / T, 1e6 * (tf + tb) / iters / T,
-           kept / 1048576.0);
-    free(x); free(hl); free(dl);
+    printf("%s %s B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fwd %8.1f us/step  fwd+bwd %8.1f us/step  "
+           "activations %.1f MiB\n", mb_device_name(dev), mb_dtype_name(prec), (long long)B, (long long)T,
+           (long long)F, (long long)H, (long long)mb_lstm_checkpoint_steps(l, T), 1e6 * tf / iters / (double)T,
+           1e6 * (tf + tb) / iters / (double)T, (double)kept / 1048576.0);
+    mb_free(dev, x); mb_free(dev, dl); mb_free(dev, hl);
     mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
     return 0;
 }
@@ -53,5 +84,11 @@ int main(int argc, char **argv) {
     int64_t B = argc > 4 ? atoll(argv[1]) : 128, T = argc > 4 ? atoll(argv[2]) : 480;
     int64_t F = argc > 4 ? atoll(argv[3]) : 128, H = argc > 4 ? atoll(argv[4]) : 256;
     int iters = argc > 5 ? atoi(argv[5]) : 1;
-    return run(B, T, F, H, -1, iters) || run(B, T, F, H, 0, iters);
+    const char *ps = argc > 6 ? argv[6] : "f32";
+    mb_dtype prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
+    if (B < 1 || T < 1 || F < 1 || H < 1 || iters < 1 || (prec == MB_F32 && strcmp(ps, "f32"))) {
+        fprintf(stderr, "usage: %s [B T F H [iters [f32|bf16|f16]]]\n", argv[0]);
+        return 2;
+    }
+    return run(B, T, F, H, -1, iters, prec) || run(B, T, F, H, 0, iters, prec);
 }

@@ -5,19 +5,32 @@
 #      racecheck, initcheck and synccheck over each;
 #   2. the multi-timeframe example on synthetic data (prepare, then train_multitf_cuda);
 #   3. the loader benchmark on the GPU;
+#   4. one LSTM layer (B=128 T=480 F=128 H=256): megabatch f32/bf16/f16 vs PyTorch cuDNN
+#      (f32 and fp16 autocast), and the whole multi-TF step vs both PyTorch pipelines
+#      (bench/compare_multitf.sh --gpu), when python3 has torch;
 # and a pass/fail table last. Its whole output goes to bench/results/ (see docs/GPU.md).
+# run.sh BUNDLE PARTS: only some parts (a device call has 10 minutes), a comma list of
+# tests,sanitize,example,loader,lstm,compare (default: all).
 set -u
 dir=${1:-build/gpu}
+parts=${2:-tests,sanitize,example,loader,lstm,compare}
+want() { case ",$parts," in *",$1,"*) return 0 ;; esac; return 1; }
+logrun() { # FILE CMD...: run CMD with its output in FILE and on stdout; CMD's exit status
+    log=$1; shift
+    "$@" >"$log" 2>&1; rc=$?
+    cat "$log"
+    return $rc
+}
 nvidia-smi -L || echo "nvidia-smi: no GPU"
 echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 table=""
 row() { table="$table$(printf '%-44s %s' "$1" "$2")\n"; }
 for t in "$dir"/test_cuda_*; do
-    [ -x "$t" ] || continue
+    [ -x "$t" ] && want tests || continue
     name=$(basename "$t")
     echo "== $name"
     if "$t"; then row "$name" PASS; else row "$name" FAIL; fi
-    command -v compute-sanitizer >/dev/null 2>&1 || continue
+    command -v compute-sanitizer >/dev/null 2>&1 && want sanitize || continue
     [ "$name" = test_cuda_poison ] && continue # its illegal access is the point: no sanitizer
     for tool in memcheck racecheck initcheck synccheck; do
         if compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" >/tmp/cs.log 2>&1; then
@@ -28,21 +41,42 @@ for t in "$dir"/test_cuda_*; do
         fi
     done
 done
-if [ -x "$dir/prepare" ] && [ -x "$dir/train_multitf_cuda" ]; then
+if [ -x "$dir/prepare" ] && [ -x "$dir/train_multitf_cuda" ] && want example; then
     echo "== multi-timeframe example"
     mkdir -p /tmp/mbdata
     "$dir/prepare" --synthetic --bars 400000 --features 8 --stride 15 --quiet \
         --out-train /tmp/mbdata/train.h5 --out-val /tmp/mbdata/val.h5
     for prec in f32 bf16 f16; do
-        if "$dir/train_multitf_cuda" --train /tmp/mbdata/train.h5 --val /tmp/mbdata/val.h5 --epochs 3 --quiet \
-            --precision $prec | tee /tmp/train.log; then
+        if logrun /tmp/train.log "$dir/train_multitf_cuda" --train /tmp/mbdata/train.h5 --val /tmp/mbdata/val.h5 \
+            --epochs 3 --quiet --precision $prec; then
             row "train_multitf_cuda $prec" "$(grep '^summary:' /tmp/train.log | cut -c1-80)"
         else row "train_multitf_cuda $prec" FAIL; fi
     done
 fi
-if [ -x "$dir/bench_loader_cuda" ]; then
+if [ -x "$dir/bench_loader_cuda" ] && want loader; then
     echo "== loader benchmark"
     if "$dir/bench_loader_cuda" --gpu --file /tmp/bench_loader.h5; then row bench_loader_cuda ran; else row bench_loader_cuda FAIL; fi
+fi
+if [ -x "$dir/bench_lstm_cuda" ] && want lstm; then
+    echo "== LSTM layer benchmark"
+    for prec in f32 bf16 f16; do
+        if logrun /tmp/lstm.log "$dir/bench_lstm_cuda" 128 480 128 256 5 $prec; then
+            row "bench_lstm_cuda $prec (us/step full, ckpt)" "$(grep -o 'fwd+bwd *[0-9.]*' /tmp/lstm.log | awk '{print $2}' | paste -sd' ')"
+        else row "bench_lstm_cuda $prec" FAIL; fi
+    done
+fi
+if python3 -c 'import torch, h5py; assert torch.cuda.is_available()' 2>/dev/null; then
+    want lstm && for amp in "" --amp; do
+        if logrun /tmp/tlstm.log python3 bench/pytorch/lstm.py 128 480 128 256 5 --device cuda $amp; then
+            row "torch nn.LSTM ${amp:-f32} (us/step)" "$(grep -o 'fwd+bwd *[0-9.]*' /tmp/tlstm.log | awk '{print $2}')"
+        else row "torch nn.LSTM ${amp:-f32}" FAIL; fi
+    done
+    if want compare && [ -x "$dir/train_multitf_cuda" ]; then
+        if logrun /tmp/cmp.log env BIN_DIR="$dir" bash bench/compare_multitf.sh --gpu --bars 400000 --stride 15 \
+            --epochs 3 --batch 128 --hidden 64 --head 64; then
+            row "compare_multitf --gpu (megabatch/peers)" "$(awk '/^torch_/ {printf "%s %s  ", $1, $5}' /tmp/cmp.log)"
+        else row "compare_multitf --gpu" FAIL; fi
+    fi
 fi
 printf '\n%-44s %s\n' "binary / check" result
 printf "$table"

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""PyTorch peer of bench/bench_lstm.c: one nn.LSTM layer, forward+backward time per step.
+Usage: python3 bench/pytorch/lstm.py [B T F H [iters]] [--device cpu|cuda] [--amp]
+(default 128 480 128 256 1, cpu). --amp: fp16 autocast (on a GPU cuDNN then uses its
+persistent kernel where it can). Loss: the mean of h_last; timings end with a sync."""
+import argparse, time
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("shape", nargs="*", type=int)
+ap.add_argument("--device", default="cpu")
+ap.add_argument("--amp", action="store_true")
+a = ap.parse_args()
+B, T, F, H = a.shape[:4] if len(a.shape) >= 4 else (128, 480, 128, 256)
+iters = a.shape[4] if len(a.shape) > 4 else 1
+dev = torch.device(a.device)
+sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+torch.manual_seed(1)
+m = torch.nn.LSTM(F, H, batch_first=True).to(dev)
+x = (torch.rand(B, T, F) - 0.5).to(dev)
+tf = tb = 0.0
+peak = 0
+for it in range(iters + 1):  # iteration 0 warms up
+    sync()
+    t0 = time.perf_counter()
+    with torch.autocast(device_type=dev.type, dtype=torch.float16, enabled=a.amp):
+        out, (hn, cn) = m(x)
+        loss = hn[-1].float().mean()
+    sync()
+    t1 = time.perf_counter()
+    loss.backward()
+    sync()
+    t2 = time.perf_counter()
+    if it:
+        tf += t1 - t0
+        tb += t2 - t1
+if dev.type == "cuda":
+    peak = torch.cuda.max_memory_allocated() / 2**20
+name = torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu threads={torch.get_num_threads()}"
+print(f"torch {torch.__version__} {name} {'fp16-autocast' if a.amp else 'f32'} B={B} T={T} F={F} H={H} "
+      f"fwd {1e6 * tf / iters / T:8.1f} us/step  fwd+bwd {1e6 * (tf + tb) / iters / T:8.1f} us/step"
+      + (f"  peak {peak:.1f} MiB" if peak else ""))
