@@ -1,8 +1,8 @@
 /* bench_lstm: one LSTM layer, forward+backward time per step and kept activation memory,
  * full storage vs checkpointed (auto k).
- *   build/bench/bench_lstm      [B T F H [iters [f32|bf16|f16]]]   (CPU)
- *   build/bench/bench_lstm_cuda [B T F H [iters [f32|bf16|f16]]]   (GPU: nvcc, same source)
- * Defaults 128 480 128 256 1 f32. Loss: the mean of h_last. Timings end with a device sync.
+ *   build/bench/bench_lstm      [B T F H [iters [f32|bf16|f16 [threads]]]]   (CPU)
+ *   build/bench/bench_lstm_cuda [B T F H [iters [f32|bf16|f16]]]             (GPU: nvcc, same source)
+ * Defaults 128 480 128 256 1 f32, threads 0 (= the cores). Loss: the mean of h_last. Timings end with a device sync.
  * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
  * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
@@ -43,13 +43,13 @@ static int fail(const char *what) {
     return 1;
 }
 
-static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec) {
+static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec, int threads) {
     mb_device *dev;
     mb_params *p;
     mb_lstm *l;
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
-    dc.backend = BACKEND;
+    dc.backend = BACKEND; dc.threads = threads;
     mb_lstm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
@@ -86,9 +86,10 @@ int main(int argc, char **argv) {
     int iters = argc > 5 ? atoi(argv[5]) : 1;
     const char *ps = argc > 6 ? argv[6] : "f32";
     mb_dtype prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
-    if (B < 1 || T < 1 || F < 1 || H < 1 || iters < 1 || (prec == MB_F32 && strcmp(ps, "f32"))) {
-        fprintf(stderr, "usage: %s [B T F H [iters [f32|bf16|f16]]]\n", argv[0]);
+    int threads = argc > 7 ? atoi(argv[7]) : 0;
+    if (B < 1 || T < 1 || F < 1 || H < 1 || iters < 1 || threads < 0 || (prec == MB_F32 && strcmp(ps, "f32"))) {
+        fprintf(stderr, "usage: %s [B T F H [iters [f32|bf16|f16 [threads]]]]\n", argv[0]);
         return 2;
     }
-    return run(B, T, F, H, -1, iters, prec) || run(B, T, F, H, 0, iters, prec);
+    return run(B, T, F, H, -1, iters, prec, threads) || run(B, T, F, H, 0, iters, prec, threads);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench/bench_lstm.c: one nn.LSTM layer, forward+backward time per step.
-Usage: python3 bench/pytorch/lstm.py [B T F H [iters]] [--device cpu|cuda] [--amp]
+Usage: python3 bench/pytorch/lstm.py [B T F H [iters]] [--device cpu|cuda] [--amp] [--threads N]
 (default 128 480 128 256 1, cpu). --amp: fp16 autocast (on a GPU cuDNN then uses its
 persistent kernel where it can). Loss: the mean of h_last; timings end with a sync."""
 import argparse, time
@@ -10,7 +10,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("shape", nargs="*", type=int)
 ap.add_argument("--device", default="cpu")
 ap.add_argument("--amp", action="store_true")
+ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
 a = ap.parse_args()
+if a.threads:
+    torch.set_num_threads(a.threads)
 B, T, F, H = a.shape[:4] if len(a.shape) >= 4 else (128, 480, 128, 256)
 iters = a.shape[4] if len(a.shape) > 4 else 1
 dev = torch.device(a.device)
