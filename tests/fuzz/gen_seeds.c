@@ -1,0 +1,107 @@
+/* gen_seeds.c - writes the fuzzer's seed corpus: small HDF5 files, mostly valid training
+ * files (features (N, T, F), targets (N, K)) in the layouts, types, filters and attributes
+ * megabatch reads, plus a few it refuses (soft link, compact layout). Deterministic data.
+ *
+ *   build/fuzz/gen_seeds tests/fuzz/seeds      (make fuzz-seeds; the files are committed) */
+#include <hdf5.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct seed {
+    const char *name;
+    int n, t, f, k;
+    int latest;          /* libver bounds latest (superblock v3, new object headers) */
+    int chunk;           /* chunk rows (0: contiguous) */
+    int gzip, fletcher;  /* filters (with chunk) */
+    hid_t ftype, ttype;  /* file types */
+    int targ_rank1;
+    const char *segments, *names; /* "1,3" and "a,b" attributes on features */
+    int vlen_names;      /* segment_names as a variable-length string */
+    int nan_at;          /* >= 0: a NaN in that sample's features */
+    int soft_link;       /* features reached by a soft link */
+    int compact_targets; /* targets in compact layout */
+} seed;
+
+static hid_t dset(hid_t file, const char *name, hid_t type, int rank, const hsize_t *dims, const seed *s,
+                  int compact) {
+    hid_t sp = H5Screate_simple(rank, dims, NULL), pl = H5Pcreate(H5P_DATASET_CREATE);
+    if (compact) H5Pset_layout(pl, H5D_COMPACT);
+    else if (s->chunk) {
+        hsize_t cd[3] = {(hsize_t)s->chunk, rank > 1 ? dims[1] : 1, rank > 2 ? dims[2] : 1};
+        H5Pset_chunk(pl, rank, cd);
+        if (s->gzip) { H5Pset_shuffle(pl); H5Pset_deflate(pl, 4); }
+        if (s->fletcher) H5Pset_fletcher32(pl);
+    }
+    hid_t d = H5Dcreate2(file, name, type, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    H5Sclose(sp); H5Pclose(pl);
+    return d;
+}
+
+static int write_seed(const char *dir, const seed *s) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, s->name);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (s->latest) H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (file < 0) return 1;
+    float feat[8 * 6 * 3], targ[8 * 3];
+    for (int i = 0; i < s->n * s->t * s->f; i++) feat[i] = (float)(i / (s->t * s->f)) + 0.25f * (float)(i % 7);
+    for (int i = 0; i < s->n * s->k; i++) targ[i] = -(float)(i / s->k) - 0.5f * (float)(i % 3);
+    if (s->nan_at >= 0) feat[s->nan_at * s->t * s->f + 1] = 0.0f / 0.0f;
+    hsize_t fd[3] = {(hsize_t)s->n, (hsize_t)s->t, (hsize_t)s->f}, td[2] = {(hsize_t)s->n, (hsize_t)s->k};
+    const char *fname = s->soft_link ? "data/features" : "features";
+    if (s->soft_link) H5Gclose(H5Gcreate2(file, "data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    hid_t df = dset(file, fname, s->ftype ? s->ftype : H5T_IEEE_F32LE, 3, fd, s, 0);
+    hid_t dt = dset(file, "targets", s->ttype ? s->ttype : H5T_IEEE_F32LE, s->targ_rank1 ? 1 : 2, td, s,
+                    s->compact_targets);
+    if (s->soft_link) H5Lcreate_soft("/data/features", file, "features", H5P_DEFAULT, H5P_DEFAULT);
+    int bad = df < 0 || dt < 0 || H5Dwrite(df, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, feat) < 0 ||
+              H5Dwrite(dt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, targ) < 0;
+    if (s->segments) {
+        int v[16], m = 0;
+        for (const char *p = s->segments; p && m < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+            v[m] = 0;
+            sscanf(p, "%d", &v[m]);
+            m++;
+        }
+        hsize_t md = (hsize_t)m;
+        hid_t sp = H5Screate_simple(1, &md, NULL);
+        hid_t a = H5Acreate2(df, "segments", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+        bad |= H5Awrite(a, H5T_NATIVE_INT, v) < 0;
+        H5Aclose(a); H5Sclose(sp);
+    }
+    if (s->names) {
+        hid_t st = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+        H5Tset_size(st, s->vlen_names ? H5T_VARIABLE : strlen(s->names));
+        hid_t a = H5Acreate2(df, "segment_names", st, sp, H5P_DEFAULT, H5P_DEFAULT);
+        bad |= (s->vlen_names ? H5Awrite(a, st, &s->names) : H5Awrite(a, st, s->names)) < 0;
+        H5Aclose(a); H5Sclose(sp); H5Tclose(st);
+    }
+    H5Dclose(df); H5Dclose(dt); H5Fclose(file);
+    if (bad) fprintf(stderr, "gen_seeds: %s failed\n", path);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) { fprintf(stderr, "usage: gen_seeds DIR\n"); return 2; }
+    const seed seeds[] = {
+        /* name                  n  t  f  k  lat chunk gz fl ftype            ttype            r1 segs   names  vl nan sl ct */
+        {"contig_f32.h5",        5, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
+        {"contig_n1.h5",         1, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
+        {"chunk_gzip.h5",        6, 4, 3, 2, 0, 2,    1, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
+        {"latest_fletcher.h5",   5, 3, 2, 2, 1, 2,    0, 1, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
+        {"latest_gzip_segs.h5",  4, 4, 2, 1, 1, 3,    1, 0, 0,               0,               1, "1,3", NULL,  0, -1, 0, 0},
+        {"types_i16_f64.h5",     5, 3, 3, 2, 0, 0,    0, 0, H5T_STD_I16LE,   H5T_IEEE_F64LE,  0, NULL,  NULL,  0, -1, 0, 0},
+        {"types_be.h5",          4, 2, 3, 1, 1, 0,    0, 0, H5T_IEEE_F32BE,  H5T_STD_U8LE,    1, NULL,  NULL,  0, -1, 0, 0},
+        {"segments_names.h5",    5, 6, 2, 2, 0, 0,    0, 0, 0,               0,               0, "2,4", "m1,m5", 0, -1, 0, 0},
+        {"segments_vlen.h5",     5, 6, 2, 2, 1, 2,    0, 0, 0,               0,               0, "1,2,3", "a,b,c", 1, -1, 0, 0},
+        {"nan_sample2.h5",       6, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, 2, 0, 0},
+        {"soft_link.h5",         4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 1, 0},
+        {"compact_targets.h5",   4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 1},
+    };
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) bad |= write_seed(argv[1], &seeds[i]);
+    return bad;
+}
