@@ -1958,10 +1958,15 @@ static mb_result mb__h5_validate(mb_dataset *ds) {
     return mb__h5_set_cache(ds, &ds->dtarg, ds->tname);
 }
 
+/* On some corrupt files H5Fclose fails and HDF5 keeps the file open; HDF5's own shutdown
+ * at exit then crashes on it (found by fuzzing: docs/RELIABILITY.md). Nothing here can
+ * undo that (a second H5Fclose crashes too); the warning says so. */
 static void mb__h5_close(mb_dataset *ds) {
     if (ds->dfeat >= 0) H5Dclose(ds->dfeat);
     if (ds->dtarg >= 0) H5Dclose(ds->dtarg);
-    if (ds->file >= 0) H5Fclose(ds->file);
+    if (ds->file >= 0 && H5Fclose(ds->file) < 0)
+        MB_LOG(&ds->cfg.log, MB_LOG_WARN, "%s: HDF5 could not close the file; it stays open inside HDF5, whose "
+               "shutdown at exit may crash on it (open untrusted files with isolate = 1)", ds->meta.source);
     ds->dfeat = ds->dtarg = ds->file = -1;
 }
 

@@ -128,7 +128,7 @@ static mb_result fz_run_file(const char *path, int nan_policy) {
 
 /* Bytes from the fuzzer: written to `path` (truncated first), then fz_run_file. The
  * NaN policy comes from the input's length, so every policy gets inputs. */
-static mb_result fz_run_bytes(const uint8_t *data, size_t size, const char *path) {
+static inline mb_result fz_run_bytes(const uint8_t *data, size_t size, const char *path) {
     FILE *fp = fopen(path, "wb");
     if (!fp) fz_die("cannot write the input file", path);
     if (size && fwrite(data, 1, size, fp) != size) fz_die("cannot write the input file", path);
