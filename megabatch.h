@@ -1892,12 +1892,17 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         m->segments = (int)n;
     }
     if (H5Aexists(ds->dfeat, "segment_names") <= 0) return MB_OK;
-    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT), ty = H5Aget_type(a);
+    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT), ty = H5Aget_type(a), asp = H5Aget_space(a);
+    hssize_t np = H5Sget_simple_extent_npoints(asp); /* H5Aread writes every element: one buffer, one string */
+    H5Sclose(asp);
     char text[MB_MAX_SEGMENTS * MB_MAX_NAME];
     text[0] = 0;
     mb_result r = MB_OK;
     if (H5Tget_class(ty) != H5T_STRING) {
         r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' is not a string", m->source, ds->fname);
+    } else if (np != 1) {
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' must be one string (\"A,B,C\"); it "
+                    "has %lld elements", m->source, ds->fname, (long long)np);
     } else if (H5Tis_variable_str(ty) > 0) {
         char *s = NULL;
         hid_t mt = H5Tcopy(H5T_C_S1);

@@ -13,6 +13,7 @@
 #include "megabatch.h"
 #include "testutil.h"
 #include "fuzz/fuzz_entry.h"
+#include "h5fixture.h"
 #include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -56,7 +57,7 @@ static int probe_died(const char *msg) {
 
 /* Expected result of a seed under a NaN policy (see tests/fuzz/gen_seeds.c). */
 static mb_result seed_expect(const char *name, int policy) {
-    if (strstr(name, "soft_link") || strstr(name, "compact")) return MB_ERR_FORMAT;
+    if (strstr(name, "soft_link") || strstr(name, "compact") || strstr(name, "names_array")) return MB_ERR_FORMAT;
     if (strstr(name, "nan") && policy == MB_NAN_ERROR) return MB_ERR_NONFINITE;
     return MB_OK;
 }
@@ -156,11 +157,63 @@ static void test_close_failure_warns(void **state) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Found while reviewing what the fuzzer reaches (not by the fuzzer itself): a
+ * `segment_names` attribute holding an array of strings (h5py writes a list of str that
+ * way) made H5Aread write every element into a buffer for one string, a stack overflow
+ * in mb__h5_segments. It must be refused with a clear error, fixed and variable length. */
+static void add_names_array(const char *path, int vlen, hsize_t count) {
+    hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(file >= 0);
+    hid_t df = H5Dopen2(file, "features", H5P_DEFAULT), st = H5Tcopy(H5T_C_S1), sp = H5Screate_simple(1, &count, NULL);
+    static char fixed[200 * 20];
+    const char *v[200];
+    memset(fixed, 'x', sizeof fixed);
+    for (int i = 0; i < 200; i++) v[i] = "M1";
+    assert_true(count <= 200);
+    H5Tset_size(st, vlen ? H5T_VARIABLE : 20);
+    hid_t a = H5Acreate2(df, "segment_names", st, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Awrite(a, st, vlen ? (const void *)v : (const void *)fixed) >= 0);
+    H5Aclose(a); H5Sclose(sp); H5Tclose(st); H5Dclose(df); H5Fclose(file);
+}
+
+static void test_segment_names_array(void **state) {
+    (void)state;
+    enum { N = 4, T = 2, F = 3, K = 1 };
+    float feat[N * T * F], targ[N * K];
+    fx_data(feat, targ, N, T, F, K);
+    const struct { int vlen; hsize_t count; mb_result want; } cases[] = {
+        {0, 200, MB_ERR_FORMAT}, {1, 4, MB_ERR_FORMAT}, {1, 2, MB_ERR_FORMAT}, {0, 1, MB_OK}, {1, 1, MB_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *p = fx_path("names_array.h5");
+        fx_opts o;
+        memset(&o, 0, sizeof o);
+        o.segments = "2"; /* one segment: one name */
+        fx_write(p, feat, targ, N, T, F, K, &o);
+        add_names_array(p, cases[i].vlen, cases[i].count);
+        mb_dataset *ds = NULL;
+        mb_result r = mb_dataset_open_file(&ds, p, NULL);
+        printf("segment_names: %s x %llu -> %d %s\n", cases[i].vlen ? "vlen" : "fixed 20",
+               (unsigned long long)cases[i].count, (int)r, r ? mb_last_error() : "");
+        if (cases[i].want == MB_OK) {
+            tu_ok(r);
+            assert_int_equal(mb_dataset_info(ds)->segments, 1);
+        } else {
+            assert_int_equal(r, cases[i].want);
+            assert_non_null(strstr(mb_last_error(), "must be one string"));
+        }
+        mb_dataset_close(ds);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_reproducers),
         cmocka_unit_test(test_close_failure_warns),
+        cmocka_unit_test(test_segment_names_array),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fx_cleanup();
+    return rc;
 }
