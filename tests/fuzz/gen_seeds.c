@@ -1,6 +1,7 @@
 /* gen_seeds.c - writes the fuzzer's seed corpus: small HDF5 files, mostly valid training
  * files (features (N, T, F), targets (N, K)) in the layouts, types, filters and attributes
- * megabatch reads, plus a few it refuses (soft link, compact layout). Deterministic data.
+ * megabatch reads, plus a few it refuses (soft link, compact layout, segment_names as an
+ * array of strings). Deterministic data.
  *
  *   build/fuzz/gen_seeds tests/fuzz/seeds      (make fuzz-seeds; the files are committed) */
 #include <hdf5.h>
@@ -20,11 +21,13 @@ typedef struct seed {
     int nan_at;          /* >= 0: a NaN in that sample's features */
     int soft_link;       /* features reached by a soft link */
     int compact_targets; /* targets in compact layout */
+    int names_array;     /* > 0: segment_names as a 1-D array of that many strings (refused) */
 } seed;
 
 static hid_t dset(hid_t file, const char *name, hid_t type, int rank, const hsize_t *dims, const seed *s,
                   int compact) {
     hid_t sp = H5Screate_simple(rank, dims, NULL), pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(pl, 0); /* no timestamps: the same bytes on every run */
     if (compact) H5Pset_layout(pl, H5D_COMPACT);
     else if (s->chunk) {
         hsize_t cd[3] = {(hsize_t)s->chunk, rank > 1 ? dims[1] : 1, rank > 2 ? dims[2] : 1};
@@ -42,8 +45,11 @@ static int write_seed(const char *dir, const seed *s) {
     snprintf(path, sizeof path, "%s/%s", dir, s->name);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (s->latest) H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_obj_track_times(fcpl, 0); /* the root group too */
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
     H5Pclose(fapl);
+    H5Pclose(fcpl);
     if (file < 0) return 1;
     float feat[8 * 6 * 3], targ[8 * 3];
     for (int i = 0; i < s->n * s->t * s->f; i++) feat[i] = (float)(i / (s->t * s->f)) + 0.25f * (float)(i % 7);
@@ -51,7 +57,12 @@ static int write_seed(const char *dir, const seed *s) {
     if (s->nan_at >= 0) feat[s->nan_at * s->t * s->f + 1] = 0.0f / 0.0f;
     hsize_t fd[3] = {(hsize_t)s->n, (hsize_t)s->t, (hsize_t)s->f}, td[2] = {(hsize_t)s->n, (hsize_t)s->k};
     const char *fname = s->soft_link ? "data/features" : "features";
-    if (s->soft_link) H5Gclose(H5Gcreate2(file, "data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (s->soft_link) {
+        hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+        H5Pset_obj_track_times(gcpl, 0);
+        H5Gclose(H5Gcreate2(file, "data", H5P_DEFAULT, gcpl, H5P_DEFAULT));
+        H5Pclose(gcpl);
+    }
     hid_t df = dset(file, fname, s->ftype ? s->ftype : H5T_IEEE_F32LE, 3, fd, s, 0);
     hid_t dt = dset(file, "targets", s->ttype ? s->ttype : H5T_IEEE_F32LE, s->targ_rank1 ? 1 : 2, td, s,
                     s->compact_targets);
@@ -72,10 +83,12 @@ static int write_seed(const char *dir, const seed *s) {
         H5Aclose(a); H5Sclose(sp);
     }
     if (s->names) {
-        hid_t st = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+        hsize_t na = (hsize_t)s->names_array;
+        const char *v[4] = {s->names, s->names, s->names, s->names};
+        hid_t st = H5Tcopy(H5T_C_S1), sp = na ? H5Screate_simple(1, &na, NULL) : H5Screate(H5S_SCALAR);
         H5Tset_size(st, s->vlen_names ? H5T_VARIABLE : strlen(s->names));
         hid_t a = H5Acreate2(df, "segment_names", st, sp, H5P_DEFAULT, H5P_DEFAULT);
-        bad |= (s->vlen_names ? H5Awrite(a, st, &s->names) : H5Awrite(a, st, s->names)) < 0;
+        bad |= (s->vlen_names ? H5Awrite(a, st, v) : H5Awrite(a, st, s->names)) < 0;
         H5Aclose(a); H5Sclose(sp); H5Tclose(st);
     }
     H5Dclose(df); H5Dclose(dt); H5Fclose(file);
@@ -86,19 +99,20 @@ static int write_seed(const char *dir, const seed *s) {
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: gen_seeds DIR\n"); return 2; }
     const seed seeds[] = {
-        /* name                  n  t  f  k  lat chunk gz fl ftype            ttype            r1 segs   names  vl nan sl ct */
-        {"contig_f32.h5",        5, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
-        {"contig_n1.h5",         1, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
-        {"chunk_gzip.h5",        6, 4, 3, 2, 0, 2,    1, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
-        {"latest_fletcher.h5",   5, 3, 2, 2, 1, 2,    0, 1, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0},
-        {"latest_gzip_segs.h5",  4, 4, 2, 1, 1, 3,    1, 0, 0,               0,               1, "1,3", NULL,  0, -1, 0, 0},
-        {"types_i16_f64.h5",     5, 3, 3, 2, 0, 0,    0, 0, H5T_STD_I16LE,   H5T_IEEE_F64LE,  0, NULL,  NULL,  0, -1, 0, 0},
-        {"types_be.h5",          4, 2, 3, 1, 1, 0,    0, 0, H5T_IEEE_F32BE,  H5T_STD_U8LE,    1, NULL,  NULL,  0, -1, 0, 0},
-        {"segments_names.h5",    5, 6, 2, 2, 0, 0,    0, 0, 0,               0,               0, "2,4", "m1,m5", 0, -1, 0, 0},
-        {"segments_vlen.h5",     5, 6, 2, 2, 1, 2,    0, 0, 0,               0,               0, "1,2,3", "a,b,c", 1, -1, 0, 0},
-        {"nan_sample2.h5",       6, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, 2, 0, 0},
-        {"soft_link.h5",         4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 1, 0},
-        {"compact_targets.h5",   4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 1},
+        /* name                  n  t  f  k  lat chunk gz fl ftype            ttype            r1 segs   names  vl nan sl ct [arr] */
+        {"contig_f32.h5",        5, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"contig_n1.h5",         1, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"chunk_gzip.h5",        6, 4, 3, 2, 0, 2,    1, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"latest_fletcher.h5",   5, 3, 2, 2, 1, 2,    0, 1, 0,               0,               0, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"latest_gzip_segs.h5",  4, 4, 2, 1, 1, 3,    1, 0, 0,               0,               1, "1,3", NULL,  0, -1, 0, 0, 0},
+        {"types_i16_f64.h5",     5, 3, 3, 2, 0, 0,    0, 0, H5T_STD_I16LE,   H5T_IEEE_F64LE,  0, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"types_be.h5",          4, 2, 3, 1, 1, 0,    0, 0, H5T_IEEE_F32BE,  H5T_STD_U8LE,    1, NULL,  NULL,  0, -1, 0, 0, 0},
+        {"segments_names.h5",    5, 6, 2, 2, 0, 0,    0, 0, 0,               0,               0, "2,4", "m1,m5", 0, -1, 0, 0, 0},
+        {"segments_vlen.h5",     5, 6, 2, 2, 1, 2,    0, 0, 0,               0,               0, "1,2,3", "a,b,c", 1, -1, 0, 0, 0},
+        {"nan_sample2.h5",       6, 4, 3, 2, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, 2, 0, 0, 0},
+        {"soft_link.h5",         4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 1, 0, 0},
+        {"compact_targets.h5",   4, 2, 2, 1, 0, 0,    0, 0, 0,               0,               0, NULL,  NULL,  0, -1, 0, 1, 0},
+        {"names_array.h5",       4, 4, 2, 1, 0, 0,    0, 0, 0,               0,               0, "1,3", "a,b", 1, -1, 0, 0, 3},
     };
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     int bad = 0;
