@@ -2131,6 +2131,16 @@ static void mb__probe_child(int wfd, const char *path, const mb_dataset_config *
     _exit(0); /* no atexit handlers: HDF5's library shutdown is skipped */
 }
 
+/* Parent: the child ran HDF5 on a hostile file, so its report is checked before use:
+ * dimensions >= 1, segments in range, every string terminated. */
+static int mb__probe_meta_ok(const mb_dataset_meta *m) {
+    if (m->n < 1 || m->t < 1 || m->f < 1 || m->k < 1 || m->segments < 0 || m->segments > MB_MAX_SEGMENTS) return 0;
+    for (int i = 0; i < MB_MAX_SEGMENTS; i++)
+        if (!memchr(m->segment_name[i], 0, MB_MAX_NAME)) return 0;
+    return memchr(m->features_type, 0, sizeof m->features_type) && memchr(m->targets_type, 0, sizeof m->targets_type)
+           && memchr(m->source, 0, sizeof m->source);
+}
+
 static double mb__probe_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -2186,6 +2196,8 @@ MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg,
         if (msg.code > 0 || msg.code < MB_ERR_CORRUPT)
             return MB_FAIL(lg, MB_ERR_FORMAT, "%s: probe: bad report from the child (code %d)", path, (int)msg.code);
         if (msg.code != MB_OK) return MB_FAIL(lg, (mb_result)msg.code, "%s", msg.text[0] ? msg.text : path);
+        if (!mb__probe_meta_ok(&msg.meta))
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: probe: bad report from the child (metadata out of range)", path);
         if (meta) *meta = msg.meta;
         return MB_OK;
     }

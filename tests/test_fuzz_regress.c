@@ -206,12 +206,37 @@ static void test_segment_names_array(void **state) {
     }
 }
 
+/* Found by review of the probe's trust boundary: the parent used the child's metadata as
+ * sent. The child ran HDF5 on a hostile file, so a report with unterminated strings or an
+ * out-of-range segment count must be refused, not copied to the caller. */
+static void test_probe_report_checked(void **state) {
+    (void)state;
+    mb_dataset_meta m;
+    memset(&m, 0, sizeof m);
+    tu_ok(mb_dataset_probe(SEED_DIR "/segments_names.h5", NULL, &m));
+    assert_true(mb__probe_meta_ok(&m));
+    mb_dataset_meta b = m;
+    b.segments = MB_MAX_SEGMENTS + 1;
+    assert_false(mb__probe_meta_ok(&b));
+    b = m; b.segments = -1;
+    assert_false(mb__probe_meta_ok(&b));
+    b = m; memset(b.source, 'x', sizeof b.source);
+    assert_false(mb__probe_meta_ok(&b));
+    b = m; memset(b.features_type, 'x', sizeof b.features_type);
+    assert_false(mb__probe_meta_ok(&b));
+    b = m; memset(b.segment_name[MB_MAX_SEGMENTS - 1], 'x', MB_MAX_NAME);
+    assert_false(mb__probe_meta_ok(&b));
+    b = m; b.k = 0;
+    assert_false(mb__probe_meta_ok(&b));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_reproducers),
         cmocka_unit_test(test_close_failure_warns),
         cmocka_unit_test(test_segment_names_array),
+        cmocka_unit_test(test_probe_report_checked),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fx_cleanup();
