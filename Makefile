@@ -9,7 +9,8 @@
 #   make asan        CPU tests under AddressSanitizer + UBSan
 #   make tsan        threaded tests under ThreadSanitizer
 #   make fuzz        the libFuzzer target build/fuzz/fuzz_dataset (needs clang; not part of build/test)
-#   make fuzz-run    fuzz for FUZZ_TIME seconds (default 60); make fuzz-seeds rewrites tests/fuzz/seeds
+#   make fuzz-run    fuzz for FUZZ_TIME seconds (default 60); make fuzz-seeds rewrites tests/fuzz/seeds;
+#                    make fuzz-cov builds the coverage binary for tests/fuzz/coverage.sh
 #   make install PREFIX=/usr/local   headers + megabatch.pc
 #   make deps        install the Debian packages (as root), else print the command
 #
@@ -71,7 +72,7 @@ ifneq ($(NVCC),)
 CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o
 endif
 
-.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-seeds install deps clean
+.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean
 all: build
 
 check-deps:
@@ -179,8 +180,9 @@ tsan: check-deps $(TSAN_BINS)
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 60
 FUZZ_CVE  ?= ../shared/testdata/hdf5-cve
-FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer -Wall -Wextra -Werror \
-              -DMEGABATCH_NO_CBLAS -I. -Itests $(HDF5_CFLAGS) -pthread
+FUZZ_BASE  := -std=c11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Werror -DMEGABATCH_NO_CBLAS -I. -Itests \
+              $(HDF5_CFLAGS) -pthread
+FUZZ_FLAGS := $(FUZZ_BASE) -fsanitize=fuzzer,address,undefined
 FUZZ_OPTS := -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -detect_leaks=0 -timeout=10 \
              -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
 fuzz: $(BUILD)/fuzz/fuzz_dataset
@@ -193,6 +195,11 @@ fuzz-run: $(BUILD)/fuzz/fuzz_dataset
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 $(BUILD)/fuzz/fuzz_dataset $(FUZZ_OPTS) \
 	  -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(BUILD)/fuzz/artifacts/ $(BUILD)/fuzz/corpus tests/fuzz/seeds \
 	  $(wildcard $(FUZZ_CVE))
+# line coverage of the dataset section by a corpus: make fuzz-cov; tests/fuzz/coverage.sh DIR...
+fuzz-cov: tests/fuzz/fuzz_dataset.c $(HEADERS)
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping \
+	  -o $(BUILD)/fuzz/fuzz_dataset_cov $< $(HDF5_LIBS) -lpthread -lm
 fuzz-seeds: tests/fuzz/gen_seeds.c
 	@mkdir -p $(BUILD)/fuzz tests/fuzz/seeds
 	$(CC) $(ALL_CFLAGS) -o $(BUILD)/fuzz/gen_seeds $< $(HDF5_LIBS)

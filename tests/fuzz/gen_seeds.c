@@ -1,7 +1,8 @@
 /* gen_seeds.c - writes the fuzzer's seed corpus: small HDF5 files, mostly valid training
  * files (features (N, T, F), targets (N, K)) in the layouts, types, filters and attributes
- * megabatch reads, plus a few it refuses (soft link, compact layout, segment_names as an
- * array of strings). Deterministic data.
+ * megabatch reads, plus some it refuses (soft link, compact layout, segment_names as an
+ * array of strings or an integer, a filter off the allow list, an absurd chunk, float
+ * segments). Deterministic data.
  *
  *   build/fuzz/gen_seeds tests/fuzz/seeds      (make fuzz-seeds; the files are committed) */
 #include <hdf5.h>
@@ -96,6 +97,55 @@ static int write_seed(const char *dir, const seed *s) {
     return bad;
 }
 
+/* Files that reach the refusals the table above does not: a filter off the allow list
+ * (scaleoffset), an absurd chunk, `segments` as floats, `segment_names` as an integer. */
+static int write_extra(const char *dir, const char *name, const char *kind) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_obj_track_times(fcpl, 0);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
+    if (file < 0) return 1;
+    enum { N = 4, T = 2, F = 2, K = 1 };
+    float feat[N * T * F], targ[N * K];
+    for (int i = 0; i < N * T * F; i++) feat[i] = (float)i;
+    for (int i = 0; i < N * K; i++) targ[i] = -(float)i;
+    hsize_t fd[3] = {N, T, F}, td[2] = {N, K}, one = 1;
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE), tpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(pl, 0);
+    H5Pset_obj_track_times(tpl, 0);
+    hid_t ftype = H5T_IEEE_F32LE;
+    if (!strcmp(kind, "scaleoffset")) {
+        hsize_t cd[3] = {2, T, F};
+        H5Pset_chunk(pl, 3, cd);
+        H5Pset_scaleoffset(pl, H5Z_SO_INT, H5Z_SO_INT_MINBITS_DEFAULT);
+        ftype = H5T_STD_I16LE;
+    } else if (!strcmp(kind, "bigchunk")) {
+        hsize_t cd[3] = {1, T, 2048}; /* 2048 > 16 * F + 1024 */
+        H5Pset_chunk(pl, 3, cd);
+    }
+    hsize_t unl[3] = {H5S_UNLIMITED, H5S_UNLIMITED, H5S_UNLIMITED}; /* a chunk may exceed the dims only then */
+    hid_t s3 = H5Screate_simple(3, fd, strcmp(kind, "bigchunk") ? NULL : unl), s2 = H5Screate_simple(2, td, NULL), s1 = H5Screate_simple(1, &one, NULL);
+    hid_t df = H5Dcreate2(file, "features", ftype, s3, H5P_DEFAULT, pl, H5P_DEFAULT);
+    hid_t dt = H5Dcreate2(file, "targets", H5T_IEEE_F32LE, s2, H5P_DEFAULT, tpl, H5P_DEFAULT);
+    int bad = df < 0 || dt < 0 || H5Dwrite(df, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, feat) < 0 ||
+              H5Dwrite(dt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, targ) < 0;
+    if (!strcmp(kind, "segments_float") || !strcmp(kind, "names_int")) {
+        int isf = kind[0] == 's';
+        float fv = (float)T;
+        int iv = 7;
+        hid_t a = H5Acreate2(df, isf ? "segments" : "segment_names", isf ? H5T_IEEE_F32LE : H5T_STD_I32LE, s1,
+                             H5P_DEFAULT, H5P_DEFAULT);
+        bad |= H5Awrite(a, isf ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT, isf ? (const void *)&fv : (const void *)&iv) < 0;
+        H5Aclose(a);
+    }
+    H5Sclose(s1); H5Sclose(s2); H5Sclose(s3); H5Pclose(pl); H5Pclose(tpl);
+    H5Dclose(df); H5Dclose(dt); H5Fclose(file);
+    if (bad) fprintf(stderr, "gen_seeds: %s failed\n", path);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: gen_seeds DIR\n"); return 2; }
     const seed seeds[] = {
@@ -117,5 +167,9 @@ int main(int argc, char **argv) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     int bad = 0;
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) bad |= write_seed(argv[1], &seeds[i]);
+    bad |= write_extra(argv[1], "filter_scaleoffset.h5", "scaleoffset");
+    bad |= write_extra(argv[1], "chunk_too_big.h5", "bigchunk");
+    bad |= write_extra(argv[1], "segments_float.h5", "segments_float");
+    bad |= write_extra(argv[1], "names_int.h5", "names_int");
     return bad;
 }
