@@ -1881,8 +1881,9 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         MB_TRY(r);
         long long sum = 0;
         for (int i = 0; i < (int)n; i++) {
-            if (v[i] < 1) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: segment %d of '%s' has length %lld", m->source, i,
-                                         ds->fname, v[i]);
+            if (v[i] < 1 || v[i] > (long long)m->t) /* bounded, so the sum cannot overflow */
+                return MB_FAIL(lg, MB_ERR_FORMAT, "%s: segment %d of '%s' has length %lld (T = %lld)", m->source, i,
+                               ds->fname, v[i], (long long)m->t);
             sum += v[i];
             m->segment_len[i] = v[i];
         }

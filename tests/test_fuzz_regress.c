@@ -209,6 +209,30 @@ static void test_segment_names_array(void **state) {
     }
 }
 
+/* Found while triaging the fuzzer's artifacts (one ends in "'segments' sums to 2656398160"):
+ * segment lengths were summed in a long long with no bound, so lengths near INT64_MAX
+ * overflowed (undefined behaviour) and could wrap to exactly T, and the file was accepted
+ * with a segment longer than the sample. Each length must be 1..T. */
+static void test_segments_overflow(void **state) {
+    (void)state;
+    enum { N = 3, T = 5, F = 2, K = 1 };
+    float feat[N * T * F], targ[N * K];
+    fx_data(feat, targ, N, T, F, K);
+    const char *p = fx_path("segments_wrap.h5");
+    fx_write(p, feat, targ, N, T, F, K, NULL);
+    hid_t file = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t df = H5Dopen2(file, "features", H5P_DEFAULT);
+    hsize_t three = 3;
+    long long v[3] = {INT64_MAX, INT64_MAX, T + 2}; /* 2 * (2^63 - 1) + T + 2 wraps to T */
+    hid_t sp = H5Screate_simple(1, &three, NULL), a = H5Acreate2(df, "segments", H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Awrite(a, H5T_NATIVE_LLONG, v) >= 0);
+    H5Aclose(a); H5Sclose(sp); H5Dclose(df); H5Fclose(file);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "segment 0 of 'features' has length "
+                    "9223372036854775807 (T = 5)");
+    assert_null(ds);
+}
+
 /* Found by review of the probe's trust boundary: the parent used the child's metadata as
  * sent. The child ran HDF5 on a hostile file, so a report with unterminated strings or an
  * out-of-range segment count must be refused, not copied to the caller. */
@@ -240,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_close_failure_warns),
         cmocka_unit_test(test_segment_names_array),
         cmocka_unit_test(test_probe_report_checked),
+        cmocka_unit_test(test_segments_overflow),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fx_cleanup();
