@@ -182,7 +182,7 @@ FUZZ_TIME ?= 60
 FUZZ_CVE  ?= ../shared/testdata/hdf5-cve
 FUZZ_BASE  := -std=c11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Werror -DMEGABATCH_NO_CBLAS -I. -Itests \
               $(HDF5_CFLAGS) -pthread
-FUZZ_FLAGS := $(FUZZ_BASE) -fsanitize=fuzzer,address,undefined
+FUZZ_FLAGS := $(FUZZ_BASE) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_OPTS := -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -detect_leaks=0 -timeout=10 \
              -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
 fuzz: $(BUILD)/fuzz/fuzz_dataset
