@@ -129,7 +129,8 @@ static int write_extra(const char *dir, const char *name, const char *kind) {
     hid_t s3 = H5Screate_simple(3, fd, strcmp(kind, "bigchunk") ? NULL : unl), s2 = H5Screate_simple(2, td, NULL), s1 = H5Screate_simple(1, &one, NULL);
     hid_t df = H5Dcreate2(file, "features", ftype, s3, H5P_DEFAULT, pl, H5P_DEFAULT);
     hid_t dt = H5Dcreate2(file, "targets", H5T_IEEE_F32LE, s2, H5P_DEFAULT, tpl, H5P_DEFAULT);
-    int bad = df < 0 || dt < 0 || H5Dwrite(df, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, feat) < 0 ||
+    int big = !strcmp(kind, "bigchunk"); /* no data written: no chunk stored, a small file */
+    int bad = df < 0 || dt < 0 || (!big && H5Dwrite(df, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, feat) < 0) ||
               H5Dwrite(dt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, targ) < 0;
     if (!strcmp(kind, "segments_float") || !strcmp(kind, "names_int")) {
         int isf = kind[0] == 's';
