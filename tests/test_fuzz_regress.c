@@ -233,6 +233,25 @@ static void test_segments_overflow(void **state) {
     assert_null(ds);
 }
 
+/* Found by fuzzing (run 2, a mutant of seed types_i16_f64.h5): features stored as int16
+ * with precision 0 at bit offset 4096 (and targets as a float64 whose exponent overlaps
+ * its mantissa) passed validation, and HDF5's conversion on read crashed with SIGBUS in
+ * H5T__bit_copy. Such a type must be refused at open. The seeds' types must still pass. */
+static void test_malformed_type(void **state) {
+    (void)state;
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, REGRESS_DIR "/type-bit-offset-07d11999.h5", NULL), MB_ERR_FORMAT,
+                    "dataset 'features' has a malformed int16 type (precision 0, bit offset 4096)");
+    assert_null(ds);
+    static const char *ok[] = {"types_i16_f64.h5", "types_be.h5", "contig_f32.h5"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", SEED_DIR, ok[i]);
+        tu_ok(mb_dataset_open_file(&ds, path, NULL));
+        mb_dataset_close(ds);
+    }
+}
+
 /* Found by review of the probe's trust boundary: the parent used the child's metadata as
  * sent. The child ran HDF5 on a hostile file, so a report with unterminated strings or an
  * out-of-range segment count must be refused, not copied to the caller. */
@@ -265,6 +284,7 @@ int main(void) {
         cmocka_unit_test(test_segment_names_array),
         cmocka_unit_test(test_probe_report_checked),
         cmocka_unit_test(test_segments_overflow),
+        cmocka_unit_test(test_malformed_type),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fx_cleanup();
