@@ -8,6 +8,9 @@
 #   make gpu-bundle  binaries + shared libraries for a bare GPU machine (build/gpu/)
 #   make asan        CPU tests under AddressSanitizer + UBSan
 #   make tsan        threaded tests under ThreadSanitizer
+#   make fuzz        the libFuzzer target build/fuzz/fuzz_dataset (needs clang; not part of build/test)
+#   make fuzz-run    fuzz for FUZZ_TIME seconds (default 60); make fuzz-seeds rewrites tests/fuzz/seeds;
+#                    make fuzz-cov builds the coverage binary for tests/fuzz/coverage.sh
 #   make install PREFIX=/usr/local   headers + megabatch.pc
 #   make deps        install the Debian packages (as root), else print the command
 #
@@ -63,13 +66,13 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
-HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h)
+HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h)
 
 ifneq ($(NVCC),)
 CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o
 endif
 
-.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan install deps clean
+.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean
 all: build
 
 check-deps:
@@ -171,6 +174,36 @@ asan: check-deps $(ASAN_BINS)
 
 tsan: check-deps $(TSAN_BINS)
 	@if [ -n "$(TSAN_BINS)" ]; then TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TSAN_BINS); else echo "no threaded tests yet"; fi
+
+# libFuzzer over open + validate + first/last reads (docs/RELIABILITY.md, "Fuzzing"). Needs
+# clang with libFuzzer; the reproducers it found run in `make test` (tests/test_fuzz_regress.c).
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 60
+FUZZ_CVE  ?= ../shared/testdata/hdf5-cve
+FUZZ_BASE  := -std=c11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Werror -DMEGABATCH_NO_CBLAS -I. -Itests \
+              $(HDF5_CFLAGS) -pthread
+FUZZ_FLAGS := $(FUZZ_BASE) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_OPTS := -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -detect_leaks=0 -timeout=10 \
+             -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
+fuzz: $(BUILD)/fuzz/fuzz_dataset
+$(BUILD)/fuzz/fuzz_dataset: tests/fuzz/fuzz_dataset.c $(HEADERS)
+	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { echo "✗ $(FUZZ_CC) not found: make fuzz needs clang with libFuzzer"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(HDF5_LIBS) -lpthread -lm
+fuzz-run: $(BUILD)/fuzz/fuzz_dataset
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/artifacts
+	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 $(BUILD)/fuzz/fuzz_dataset $(FUZZ_OPTS) \
+	  -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(BUILD)/fuzz/artifacts/ $(BUILD)/fuzz/corpus tests/fuzz/seeds \
+	  $(wildcard $(FUZZ_CVE))
+# line coverage of the dataset section by a corpus: make fuzz-cov; tests/fuzz/coverage.sh DIR...
+fuzz-cov: tests/fuzz/fuzz_dataset.c $(HEADERS)
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping \
+	  -o $(BUILD)/fuzz/fuzz_dataset_cov $< $(HDF5_LIBS) -lpthread -lm
+fuzz-seeds: tests/fuzz/gen_seeds.c
+	@mkdir -p $(BUILD)/fuzz tests/fuzz/seeds
+	$(CC) $(ALL_CFLAGS) -o $(BUILD)/fuzz/gen_seeds $< $(HDF5_LIBS)
+	$(BUILD)/fuzz/gen_seeds tests/fuzz/seeds
 
 install:
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig

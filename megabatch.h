@@ -1751,6 +1751,21 @@ static void mb__h5_type_name(hid_t type, char *out, size_t cap) {
                   : c == H5T_OPAQUE ? "opaque" : c == H5T_BITFIELD ? "bitfield" : c == H5T_TIME ? "time" : "unknown");
 }
 
+/* A numeric type whose bit layout fits its size: HDF5 1.10.8 takes the precision, bit
+ * offset and float fields from the file as they are, and its conversion on read then
+ * copies bits far outside the element (an int16 at bit offset 4096, found by fuzzing,
+ * crashes with SIGBUS). Float fields count from the offset and must not overlap. */
+static int mb__h5_type_sane(hid_t type, H5T_class_t c) {
+    size_t bits = H5Tget_size(type) * 8, prec = H5Tget_precision(type);
+    int off = H5Tget_offset(type);
+    if (prec < 1 || off < 0 || (size_t)off > bits || prec > bits - (size_t)off) return 0;
+    if (c != H5T_FLOAT) return 1;
+    size_t sp = 0, ep = 0, es = 0, mp = 0, ms = 0;
+    if (H5Tget_fields(type, &sp, &ep, &es, &mp, &ms) < 0 || es < 1 || ms < 1) return 0;
+    return sp < prec && ep + es <= prec && mp + ms <= prec && (ep >= mp + ms || mp >= ep + es) &&
+           (sp < mp || sp >= mp + ms) && (sp < ep || sp >= ep + es);
+}
+
 /* Filters HDF5 has built in that we accept; anything else (including plugins) is refused. */
 static int mb__h5_filter_ok(H5Z_filter_t id) {
     return id == H5Z_FILTER_DEFLATE || id == H5Z_FILTER_SHUFFLE || id == H5Z_FILTER_FLETCHER32;
@@ -1857,6 +1872,9 @@ static mb_result mb__h5_open_ds(mb_dataset *ds, const char *name, int rmin, int 
     else if (cls != H5T_FLOAT && cls != H5T_INTEGER)
         res = MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has dtype %s, not a number (float or integer)", src, name,
                       tname);
+    else if (!mb__h5_type_sane(ty, cls))
+        res = MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has a malformed %s type (precision %zu, bit offset %d)",
+                      src, name, tname, H5Tget_precision(ty), H5Tget_offset(ty));
     if (res == MB_OK) {
         H5Sget_simple_extent_dims(sp, dims, NULL);
         *rank = r;
@@ -1921,8 +1939,9 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         MB_TRY(r);
         long long sum = 0;
         for (int i = 0; i < (int)n; i++) {
-            if (v[i] < 1) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: segment %d of '%s' has length %lld", m->source, i,
-                                         ds->fname, v[i]);
+            if (v[i] < 1 || v[i] > (long long)m->t) /* bounded, so the sum cannot overflow */
+                return MB_FAIL(lg, MB_ERR_FORMAT, "%s: segment %d of '%s' has length %lld (T = %lld)", m->source, i,
+                               ds->fname, v[i], (long long)m->t);
             sum += v[i];
             m->segment_len[i] = v[i];
         }
@@ -1932,12 +1951,17 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         m->segments = (int)n;
     }
     if (H5Aexists(ds->dfeat, "segment_names") <= 0) return MB_OK;
-    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT), ty = H5Aget_type(a);
+    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT), ty = H5Aget_type(a), asp = H5Aget_space(a);
+    hssize_t np = H5Sget_simple_extent_npoints(asp); /* H5Aread writes every element: one buffer, one string */
+    H5Sclose(asp);
     char text[MB_MAX_SEGMENTS * MB_MAX_NAME];
     text[0] = 0;
     mb_result r = MB_OK;
     if (H5Tget_class(ty) != H5T_STRING) {
         r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' is not a string", m->source, ds->fname);
+    } else if (np != 1) {
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' must be one string (\"A,B,C\"); it "
+                    "has %lld elements", m->source, ds->fname, (long long)np);
     } else if (H5Tis_variable_str(ty) > 0) {
         char *s = NULL;
         hid_t mt = H5Tcopy(H5T_C_S1);
@@ -1998,10 +2022,15 @@ static mb_result mb__h5_validate(mb_dataset *ds) {
     return mb__h5_set_cache(ds, &ds->dtarg, ds->tname);
 }
 
+/* On some corrupt files H5Fclose fails and HDF5 keeps the file open; HDF5's own shutdown
+ * at exit then crashes on it (found by fuzzing: docs/RELIABILITY.md). Nothing here can
+ * undo that (a second H5Fclose crashes too); the warning says so. */
 static void mb__h5_close(mb_dataset *ds) {
     if (ds->dfeat >= 0) H5Dclose(ds->dfeat);
     if (ds->dtarg >= 0) H5Dclose(ds->dtarg);
-    if (ds->file >= 0) H5Fclose(ds->file);
+    if (ds->file >= 0 && H5Fclose(ds->file) < 0)
+        MB_LOG(&ds->cfg.log, MB_LOG_WARN, "%s: HDF5 could not close the file; it stays open inside HDF5, whose "
+               "shutdown at exit may crash on it (open untrusted files with isolate = 1)", ds->meta.source);
     ds->dfeat = ds->dtarg = ds->file = -1;
 }
 
@@ -2161,6 +2190,16 @@ static void mb__probe_child(int wfd, const char *path, const mb_dataset_config *
     _exit(0); /* no atexit handlers: HDF5's library shutdown is skipped */
 }
 
+/* Parent: the child ran HDF5 on a hostile file, so its report is checked before use:
+ * dimensions >= 1, segments in range, every string terminated. */
+static int mb__probe_meta_ok(const mb_dataset_meta *m) {
+    if (m->n < 1 || m->t < 1 || m->f < 1 || m->k < 1 || m->segments < 0 || m->segments > MB_MAX_SEGMENTS) return 0;
+    for (int i = 0; i < MB_MAX_SEGMENTS; i++)
+        if (!memchr(m->segment_name[i], 0, MB_MAX_NAME)) return 0;
+    return memchr(m->features_type, 0, sizeof m->features_type) && memchr(m->targets_type, 0, sizeof m->targets_type)
+           && memchr(m->source, 0, sizeof m->source);
+}
+
 static double mb__probe_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -2216,6 +2255,8 @@ MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg,
         if (msg.code > 0 || msg.code < MB_ERR_CORRUPT)
             return MB_FAIL(lg, MB_ERR_FORMAT, "%s: probe: bad report from the child (code %d)", path, (int)msg.code);
         if (msg.code != MB_OK) return MB_FAIL(lg, (mb_result)msg.code, "%s", msg.text[0] ? msg.text : path);
+        if (!mb__probe_meta_ok(&msg.meta))
+            return MB_FAIL(lg, MB_ERR_FORMAT, "%s: probe: bad report from the child (metadata out of range)", path);
         if (meta) *meta = msg.meta;
         return MB_OK;
     }
