@@ -266,6 +266,9 @@ MBDEF void mb_free(mb_device *dev, void *ptr);
 /* Test hook: the nth allocation of this kind from now on fails with
  * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
 MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
+/* Test hook: every allocation of this kind fails (MB_ERR_OUT_OF_MEMORY) while deny is 1,
+ * e.g. pinned memory denied entirely. */
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 
 /* Copy bytes between any two places (host, pinned, device) on a stream, asynchronously
  * where the backend can. */
@@ -1050,6 +1053,7 @@ struct mb_device {
     int cuda_index;
     mb_mem_stats stats;
     uint64_t fail_at[MB_MEM_KINDS]; /* fail when allocs[kind] reaches this (0: never) */
+    int deny[MB_MEM_KINDS];         /* fail every allocation of this kind */
     mb__alloc_rec *recs;            /* live allocations */
     size_t nrecs, caprecs;
 };
@@ -1162,6 +1166,10 @@ MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) 
     dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
 }
 
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
+    if ((unsigned)kind < MB_MEM_KINDS) dev->deny[kind] = deny != 0;
+}
+
 static int mb__track(mb_device *dev, void *ptr, size_t bytes, mb_mem_kind kind) {
     if (dev->nrecs == dev->caprecs) {
         size_t cap = dev->caprecs ? dev->caprecs * 2 : 16;
@@ -1191,10 +1199,11 @@ MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **
         return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_alloc: bad arguments");
     *out = NULL;
     uint64_t n = ++dev->stats.allocs[kind];
-    if (dev->fail_at[kind] && n == dev->fail_at[kind]) {
-        dev->fail_at[kind] = 0;
+    if ((dev->fail_at[kind] && n == dev->fail_at[kind]) || dev->deny[kind]) {
+        if (!dev->deny[kind]) dev->fail_at[kind] = 0;
         return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: %s allocation #%llu of %zu bytes "
-                       "failed (injected by mb_device_fail_alloc)", mb__kind_name(kind), (unsigned long long)n, bytes);
+                       "failed (injected by %s)", mb__kind_name(kind), (unsigned long long)n, bytes,
+                       dev->deny[kind] ? "mb_device_deny_alloc" : "mb_device_fail_alloc");
     }
     void *p = NULL;
 #ifdef MEGABATCH_CUDA

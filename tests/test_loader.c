@@ -3,6 +3,16 @@
  * seeded reproducible shuffles, resume mid-epoch, NaN handling, injected pinned and
  * device allocation failures (same data, no leaks), bad input. */
 #define _GNU_SOURCE /* mkdtemp */
+#include <stdint.h>
+#include <stdlib.h>
+/* The library's host allocations (MB_MALLOC) through a hook that can fail the nth one. */
+static uint64_t g_host_allocs, g_host_fail_at;
+static void *host_malloc(size_t n) {
+    uint64_t k = __atomic_add_fetch(&g_host_allocs, 1, __ATOMIC_SEQ_CST);
+    return k == __atomic_load_n(&g_host_fail_at, __ATOMIC_SEQ_CST) ? NULL : malloc(n);
+}
+#define MB_MALLOC(n) host_malloc(n)
+#define MB_FREE(p) free(p)
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
@@ -375,6 +385,87 @@ static void test_pinned_failure_falls_back(void **state) {
     close_checked(dev);
 }
 
+/* One epoch that may fail: MB_OK with every row equal to its source row and the ids in
+ * order, or the first error. */
+static mb_result try_epoch(mb_device *dev, mb_dataset *ds, const mb_loader_config *c, int64_t *ids, int64_t *rows) {
+    mb_loader *ld = NULL;
+    mb_result r = mb_loader_open(&ld, dev, ds, c);
+    *rows = 0;
+    while (r == MB_OK) {
+        mb_batch b;
+        r = mb_loader_next(ld, &b);
+        if (r != MB_OK || b.end_of_epoch) break;
+        const float *f = (const float *)b.features, *t = (const float *)b.targets;
+        for (int64_t i = 0; i < b.count; i++) {
+            int64_t id = (int64_t)floorf(-t[i * K]);
+            assert_true(id >= 0 && id < N && *rows < N);
+            assert_memory_equal(f + i * ROW, g_feat + id * ROW, ROW * sizeof(float));
+            ids[(*rows)++] = id;
+        }
+    }
+    mb_loader_close(ld);
+    return r;
+}
+
+/* Fail the nth allocation of a kind from now on: host through the MB_MALLOC hook, pinned
+ * and device through mb_device_fail_alloc. 0 cancels. Returns the kind's count so far. */
+static uint64_t fail_nth(mb_device *dev, int kind, uint64_t nth) {
+    if (kind != MB_MEM_HOST) {
+        mb_device_fail_alloc(dev, (mb_mem_kind)kind, nth);
+        return mb_device_mem_stats(dev).allocs[kind];
+    }
+    uint64_t now = __atomic_load_n(&g_host_allocs, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_host_fail_at, nth ? now + nth : 0, __ATOMIC_SEQ_CST);
+    return now;
+}
+
+/* Every host, pinned and device allocation made while opening and loading fails in turn:
+ * each run ends with the very same epoch (smaller slabs or chunks, or the pageable path)
+ * or a clean out-of-memory error, and nothing is left allocated either way. Then pinned
+ * memory denied entirely: the pageable path, the same batches. */
+static void test_every_allocation_fails_in_turn(void **state) {
+    (void)state;
+    int64_t ref[N], got[N], rows;
+    mb_device *dev = cpu();
+    mb_loader_config c = config(4, 12, 5);
+    c.shuffle = 1;
+    epoch_of(dev, &c, ref);
+    mb_dataset *ds = open_file();
+    const char *kinds[] = {"host", "pinned", "device"};
+    for (int kind = 0; kind < MB_MEM_KINDS; kind++) {
+        int same = 0, errors = 0;
+        for (uint64_t nth = 1;; nth++) {
+            uint64_t before = fail_nth(dev, kind, nth);
+            mb_result r = try_epoch(dev, ds, &c, got, &rows);
+            int hit = fail_nth(dev, kind, 0) - before >= nth;
+            mb_mem_stats st = mb_device_mem_stats(dev);
+            for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(st.live[k], 0); /* nothing leaked */
+            if (r == MB_OK) {
+                assert_int_equal(rows, N);
+                assert_memory_equal(got, ref, sizeof ref);
+                same += hit;
+            } else {
+                assert_int_equal(r, MB_ERR_OUT_OF_MEMORY);
+                if (!strstr(mb_last_error(), "memory") && !strstr(mb_last_error(), "allocation"))
+                    fail_msg("%s #%llu: unclear message: %s", kinds[kind], (unsigned long long)nth, mb_last_error());
+                printf("  %s #%llu: %s\n", kinds[kind], (unsigned long long)nth, mb_last_error());
+                errors++;
+            }
+            if (!hit) break; /* past the last allocation of this kind */
+        }
+        printf("%s allocations failed in turn: %d runs gave the same epoch, %d a clean error\n", kinds[kind], same,
+               errors);
+    }
+    mb_device_deny_alloc(dev, MB_MEM_PINNED, 1);
+    tu_ok(try_epoch(dev, ds, &c, got, &rows));
+    mb_device_deny_alloc(dev, MB_MEM_PINNED, 0);
+    assert_int_equal(rows, N);
+    assert_memory_equal(got, ref, sizeof ref);
+    assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
+    mb_dataset_close(ds);
+    close_checked(dev);
+}
+
 static void test_device_failure_retries_smaller(void **state) {
     (void)state;
     int64_t ref[N], got[N];
@@ -566,6 +657,7 @@ int main(void) {
         cmocka_unit_test(test_shuffle_seeded_permutation), cmocka_unit_test(test_resume_mid_epoch),
         cmocka_unit_test(test_set_position_bad),       cmocka_unit_test(test_open_bad_input),
         cmocka_unit_test(test_pinned_failure_falls_back), cmocka_unit_test(test_device_failure_retries_smaller),
+        cmocka_unit_test(test_every_allocation_fails_in_turn),
         cmocka_unit_test(test_nan_through_loader),
         cmocka_unit_test(test_half_epoch_matches_source), cmocka_unit_test(test_half_stage_failure),
     };
