@@ -524,8 +524,9 @@ typedef struct mb_lstm_config {
     int64_t hidden_size; /* H: hidden units of every layer, >= 1 */
     int layers;          /* stacked layers; 0 = 1 */
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
-    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T)) rounded
-                            up to a multiple of grad_block), -1 = off (full storage of gates and cells), k >= 1 = every k steps */
+    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T)) rounded up
+                            to a multiple of grad_block), -1 = off (full storage of gates and
+                            cells), k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
     int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
@@ -588,7 +589,7 @@ typedef struct mb_lstm_call {
     const float *dh_last, *dout_seq; float *dx, *dh0, *dc0;
 } mb_lstm_call;
 
-/* The forwards (backwards) of n distinct LSTMs of one device; results equal, bit for
+/* The forwards (backwards) of n (<= 64) distinct LSTMs of one device; results equal, bit for
  * bit, those of n single calls in order. CUDA: each LSTM runs on its own stream (its
  * cfg.stream), which first waits for the compute stream; the compute stream then waits
  * for all of them. CPU: up to the device's threads run the LSTMs side by side, longest
@@ -3578,37 +3579,51 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
 
 /* ---- many LSTMs at once ---- */
 
+enum { MB__LSTM_MANY_MAX = 64 }; /* calls per mb_lstm_*_many */
+
 typedef struct mb__lstm_pool {
     mb_lstm_call *calls;
     int n, backward, next;
-    int *order;           /* calls by decreasing work */
-    mb_result *res;
-    char (*msg)[MB_MAX_ERROR]; /* each failed call's mb_last_error(), taken on its thread */
+    int order[MB__LSTM_MANY_MAX];  /* calls by decreasing work */
+    int failed;                    /* the first failing call, in order (n: none) */
+    mb_result failed_res;
+    char failed_msg[MB_MAX_ERROR]; /* its mb_last_error(), taken on its thread */
 #ifndef MEGABATCH_NO_THREADS
     pthread_mutex_t mu;
 #endif
 } mb__lstm_pool;
 
+static void mb__lstm_pool_lock(mb__lstm_pool *p, int lock) {
+#ifndef MEGABATCH_NO_THREADS
+    if (lock) pthread_mutex_lock(&p->mu);
+    else pthread_mutex_unlock(&p->mu);
+#else
+    (void)p; (void)lock;
+#endif
+}
+
 static void mb__lstm_run_call(mb__lstm_pool *p, int i) {
     mb_lstm_call *c = &p->calls[i];
     mb_lstm *l = c->lstm;
-    p->res[i] = p->backward ? mb_lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
-                            : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0,
-                                               c->c0, c->out_seq, c->h_last);
-    if (p->res[i] != MB_OK) snprintf(p->msg[i], sizeof p->msg[i], "%s", mb_last_error());
+    mb_result r = p->backward ? mb_lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
+                              : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0,
+                                                 c->c0, c->out_seq, c->h_last);
+    if (r == MB_OK) return;
+    mb__lstm_pool_lock(p, 1);
+    if (i < p->failed) {
+        p->failed = i;
+        p->failed_res = r;
+        snprintf(p->failed_msg, sizeof p->failed_msg, "%s", mb_last_error());
+    }
+    mb__lstm_pool_lock(p, 0);
 }
 
 static void *mb__lstm_worker(void *arg) {
     mb__lstm_pool *p = (mb__lstm_pool *)arg;
     for (;;) {
-        int i;
-#ifndef MEGABATCH_NO_THREADS
-        pthread_mutex_lock(&p->mu);
-        i = p->next++;
-        pthread_mutex_unlock(&p->mu);
-#else
-        i = p->next++;
-#endif
+        mb__lstm_pool_lock(p, 1);
+        int i = p->next++;
+        mb__lstm_pool_lock(p, 0);
         if (i >= p->n) return NULL;
         mb__lstm_run_call(p, p->order[i]);
     }
@@ -3627,14 +3642,14 @@ static void mb__lstm_pool_run(mb__lstm_pool *p, int threads) {
             int t = p->order[j]; p->order[j] = p->order[j - 1]; p->order[j - 1] = t;
         }
 #ifndef MEGABATCH_NO_THREADS
-    pthread_t th[64];
+    pthread_t th[MB__LSTM_MANY_MAX];
     int started = 0;
-    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->mu, NULL); /* also serves the caller's thread alone */
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     int blas_threads = openblas_get_num_threads();
     if (threads > 1) openblas_set_num_threads(1);
 #endif
-    for (; started < threads - 1 && started < 64; started++)
+    for (; started < threads - 1; started++) /* threads <= n <= MB__LSTM_MANY_MAX */
         if (pthread_create(&th[started], NULL, mb__lstm_worker, p) != 0) break; /* fewer threads: still correct */
     mb__lstm_worker(p);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
@@ -3650,7 +3665,8 @@ static void mb__lstm_pool_run(mb__lstm_pool *p, int threads) {
 
 static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     const char *what = backward ? "mb_lstm_backward_many" : "mb_lstm_forward_many";
-    if (n < 0 || (n > 0 && !calls)) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: n=%d calls=%p", what, n, (void *)calls);
+    if (n < 0 || n > MB__LSTM_MANY_MAX || (n > 0 && !calls))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: n=%d (0..%d) calls=%p", what, n, MB__LSTM_MANY_MAX, (void *)calls);
     if (n == 0) return MB_OK;
     for (int i = 0; i < n; i++) {
         if (!calls[i].lstm) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: calls[%d].lstm is NULL", what, i);
@@ -3660,24 +3676,16 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
                                calls[j].lstm == calls[i].lstm ? "are the same LSTM" : "are on different devices");
     }
     mb_device *dev = calls[0].lstm->dev;
-    mb__lstm_pool p;
+    mb__lstm_pool p; /* on the stack: no allocation per batch */
     memset(&p, 0, sizeof p);
-    p.calls = calls; p.n = n; p.backward = backward;
-    p.order = (int *)mb__host_calloc((size_t)n, sizeof *p.order);
-    p.res = (mb_result *)mb__host_calloc((size_t)n, sizeof *p.res);
-    p.msg = (char (*)[MB_MAX_ERROR])mb__host_calloc((size_t)n, sizeof *p.msg);
-    mb_result r = p.order && p.res && p.msg ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
-    for (int i = 0; r == MB_OK && i < n; i++) r = mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE);
-    if (r == MB_OK) {
-        int threads = dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1;
-        mb__lstm_pool_run(&p, threads);
-        for (int i = 0; i < n; i++) {
-            mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
-            if (r == MB_OK && p.res[i] != MB_OK) r = MB_FAIL(NULL, p.res[i], "%s", p.msg[i]); /* logged already */
-            if (r == MB_OK) r = w;
-        }
+    p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
+    for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));
+    mb__lstm_pool_run(&p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
+    mb_result r = p.failed < n ? MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg) : MB_OK; /* logged already */
+    for (int i = 0; i < n; i++) {
+        mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
+        if (r == MB_OK) r = w;
     }
-    MB_FREE(p.order); MB_FREE(p.res); MB_FREE(p.msg);
     return r;
 }
 

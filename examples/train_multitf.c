@@ -340,37 +340,40 @@ static options shape_of(const options *o) {
 /* The metrics rows so far reach the file first: a resume keeps them (section "metrics"). */
 /* --carry: each encoder's carried (h, c) and its batch size (0: none), so a resumed run
  * continues the carried state exactly. */
+typedef struct carry_names { char batch[32], h[32], c[32]; } carry_names;
+static carry_names carry_names_of(int s) {
+    carry_names n;
+    snprintf(n.batch, sizeof n.batch, "enc%d.carry_batch", s);
+    snprintf(n.h, sizeof n.h, "enc%d.h_n", s);
+    snprintf(n.c, sizeof n.c, "enc%d.c_n", s);
+    return n;
+}
+
 static mb_result save_carry(mb_ckpt_writer *w, model *m) {
     for (int s = 0; s < m->nseg; s++) {
-        char name[3][32];
-        snprintf(name[0], sizeof name[0], "enc%d.carry_batch", s);
-        snprintf(name[1], sizeof name[1], "enc%d.h_n", s);
-        snprintf(name[2], sizeof name[2], "enc%d.c_n", s);
+        carry_names name = carry_names_of(s);
         int64_t B = mb_lstm_state_batch(m->enc[s]);
         size_t bytes = (size_t)(m->layers * B * m->H) * sizeof(float);
-        MB_TRY(mb_ckpt_add(w, name[0], &B, sizeof B));
+        MB_TRY(mb_ckpt_add(w, name.batch, &B, sizeof B));
         if (!B) continue;
         MB_TRY(mb_lstm_final_state(m->enc[s], m->state_h, m->state_c));
-        MB_TRY(mb_ckpt_add(w, name[1], m->state_h, bytes));
-        MB_TRY(mb_ckpt_add(w, name[2], m->state_c, bytes));
+        MB_TRY(mb_ckpt_add(w, name.h, m->state_h, bytes));
+        MB_TRY(mb_ckpt_add(w, name.c, m->state_c, bytes));
     }
     return MB_OK;
 }
 
 static mb_result load_carry(mb_ckpt_reader *rd, model *m) {
     for (int s = 0; s < m->nseg; s++) {
-        char name[3][32];
-        snprintf(name[0], sizeof name[0], "enc%d.carry_batch", s);
-        snprintf(name[1], sizeof name[1], "enc%d.h_n", s);
-        snprintf(name[2], sizeof name[2], "enc%d.c_n", s);
+        carry_names name = carry_names_of(s);
         int64_t B = 0;
-        MB_TRY(mb_ckpt_get(rd, name[0], &B, sizeof B));
+        MB_TRY(mb_ckpt_get(rd, name.batch, &B, sizeof B));
         mb_lstm_reset_state(m->enc[s]);
         if (!B) continue;
-        if (B < 0 || B > m->maxB) return MB_FAIL(NULL, MB_ERR_FORMAT, "checkpoint: %s = %lld", name[0], (long long)B);
+        if (B < 0 || B > m->maxB) return MB_FAIL(NULL, MB_ERR_FORMAT, "checkpoint: %s = %lld", name.batch, (long long)B);
         size_t bytes = (size_t)(m->layers * B * m->H) * sizeof(float);
-        MB_TRY(mb_ckpt_get(rd, name[1], m->state_h, bytes));
-        MB_TRY(mb_ckpt_get(rd, name[2], m->state_c, bytes));
+        MB_TRY(mb_ckpt_get(rd, name.h, m->state_h, bytes));
+        MB_TRY(mb_ckpt_get(rd, name.c, m->state_c, bytes));
         MB_TRY(mb_lstm_set_state(m->enc[s], B, m->state_h, m->state_c));
     }
     return MB_OK;

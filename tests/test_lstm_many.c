@@ -133,6 +133,7 @@ static void test_bad_calls(void **state) {
     tu_ok(mb_lstm_forward_many(calls, 0));
     tu_assert_error(mb_lstm_forward_many(NULL, 2), MB_ERR_INVALID_ARG, "calls=");
     tu_assert_error(mb_lstm_forward_many(calls, -1), MB_ERR_INVALID_ARG, "n=-1");
+    tu_assert_error(mb_lstm_forward_many(calls, 65), MB_ERR_INVALID_ARG, "n=65 (0..64)");
     mb_lstm_call two[2] = {calls[1], calls[1]};
     tu_assert_error(mb_lstm_forward_many(two, 2), MB_ERR_INVALID_ARG, "same LSTM");
     two[1].lstm = NULL;
