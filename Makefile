@@ -130,7 +130,23 @@ $(BUILD)/bench/% : bench/%.cu $(HEADERS) $(wildcard bench/*.c)
 
 # Compile checks: the headers as C11 -pedantic, as C++17, two translation units
 # linked together (one with the implementation), and through nvcc.
-compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static
+compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static \
+                $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
+                $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o)
+# strict C11 as a user compiles it: -pedantic, no -pthread, no feature macros on the command line
+$(BUILD)/compile/c11_strict: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -pedantic $(WARN) -O1 -I. $(DEP_CFLAGS) -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c $(DEP_LIBS)
+# every public struct zero-initialises with `= {0}` in C, C++ and nvcc (the list is read from the header)
+$(BUILD)/compile/zero_init.c: tests/compile/zero_init.sh megabatch.h
+	@mkdir -p $(dir $@)
+	sh tests/compile/zero_init.sh megabatch.h > $@
+$(BUILD)/compile/zero_init_c.o: $(BUILD)/compile/zero_init.c
+	$(CC) -std=c11 $(WARN) -I. -c -o $@ $<
+$(BUILD)/compile/zero_init_cxx.o: $(BUILD)/compile/zero_init.c
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -Wno-missing-field-initializers -I. -x c++ -c -o $@ $<
+$(BUILD)/compile/zero_init_nvcc.o: $(BUILD)/compile/zero_init.c
+	$(NVCC) -std=c++17 -Werror all-warnings -I. -x cu -c -o $@ $<
 $(BUILD)/compile/c11: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c $(DEP_LIBS)
@@ -145,7 +161,7 @@ $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 test: build
-	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static; do \
+	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
 	@sh tests/run.sh $(TEST_BINS) $(if $(NVCC),$(CUDA_BINS))
 

@@ -27,6 +27,15 @@
 #ifndef MEGABATCH_H
 #define MEGABATCH_H
 
+/* The implementation uses POSIX.1-2008 (clock_gettime, kill, fork, pthreads). Request it
+ * before the first system header, so strict `-std=c11 -pedantic` builds declare them; a
+ * translation unit that includes a system header first must define it itself (checked
+ * in the implementation, with a clear #error). */
+#if defined(MEGABATCH_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
+    !defined(_DEFAULT_SOURCE) && !defined(_XOPEN_SOURCE) && !defined(_WIN32)
+#define _POSIX_C_SOURCE 200809L
+#endif
+
 #define MEGABATCH_VERSION_MAJOR 0
 #define MEGABATCH_VERSION_MINOR 1
 #define MEGABATCH_VERSION_PATCH 0
@@ -219,9 +228,11 @@ typedef enum mb_mem_kind { MB_MEM_HOST = 0, MB_MEM_PINNED = 1, MB_MEM_DEVICE = 2
  * every operation completes before it returns, so streams only order nothing. */
 enum { MB_STREAM_COMPUTE = 0, MB_STREAM_COPY = 1 };
 
+/* Zero-initialise (`mb_device_config cfg = {0};`, also in C++): every 0 is the default.
+ * No public config starts with an enum field, so `= {0}` compiles in C++ as well. */
 typedef struct mb_device_config {
-    mb_backend backend; /* MB_CPU (default) or MB_CUDA */
     int index;          /* GPU ordinal (CUDA); ignored on CPU */
+    mb_backend backend; /* MB_CPU (default) or MB_CUDA */
     int streams;        /* total streams, 0 = 2 (compute + copy); at most MB_MAX_STREAMS */
     int threads;        /* CPU threads for BLAS and loops; 0 = library default */
     int tf32;           /* 1: allow TF32 tensor cores for f32 gemm (CUDA); 0: exact f32 */
@@ -658,8 +669,8 @@ MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_
 
 typedef enum mb_loss_kind { MB_LOSS_MSE = 0, MB_LOSS_HUBER = 1 } mb_loss_kind;
 typedef struct mb_loss_config {
-    mb_loss_kind kind;   /* MB_LOSS_MSE (default) */
     float huber_delta;   /* Huber threshold; 0 = 1.0 (torch.nn.HuberLoss default) */
+    mb_loss_kind kind;   /* MB_LOSS_MSE (default) */
 } mb_loss_config;
 
 /* Loss of pred (B, K) against target (B, K), computed in fp32 (summed in double),
@@ -757,8 +768,8 @@ MBDEF mb_result mb_adamw_set_steps(mb_adamw *o, int64_t steps);
 /* Learning-rate schedules: pure host functions of the step (0-based). */
 typedef enum mb_lr_kind { MB_LR_CONSTANT = 0, MB_LR_WARMUP_COSINE = 1, MB_LR_ONE_CYCLE = 2 } mb_lr_kind;
 typedef struct mb_lr_schedule {
-    mb_lr_kind kind;        /* MB_LR_CONSTANT (default) */
     float lr;               /* base (constant), peak (cosine), max_lr (one-cycle); > 0 */
+    mb_lr_kind kind;        /* MB_LR_CONSTANT (default) */
     int64_t total_steps;    /* cosine, one-cycle: steps in the schedule; step must be < it */
     int64_t warmup_steps;   /* cosine: linear ramp lr*(step+1)/warmup; 0 = none */
     float min_lr;           /* cosine: final value, 0 <= min_lr < lr; default 0 */
@@ -892,6 +903,10 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 #include <string.h>
 #include <math.h>
 #include <unistd.h>
+#include <time.h>
+#if !defined(_WIN32) && !defined(CLOCK_MONOTONIC)
+#error "megabatch: the implementation needs POSIX.1-2008: include megabatch.h before any system header in this file, or define _POSIX_C_SOURCE 200809L first"
+#endif
 
 #ifndef MEGABATCH_NO_CBLAS
 #include <cblas.h>

@@ -142,10 +142,10 @@ static void test_adamw_torch_golden(void **state) {
 static void test_lr_schedules(void **state) {
     (void)state;
     float lr;
-    mb_lr_schedule c = {MB_LR_CONSTANT, 3e-4f, 0, 0, 0, 0, 0, 0};
+    mb_lr_schedule c = {.kind = MB_LR_CONSTANT, .lr = 3e-4f};
     tu_ok(mb_lr_at(&c, 123456, &lr));
     assert_true(lr == 3e-4f);
-    mb_lr_schedule wc = {MB_LR_WARMUP_COSINE, 1e-3f, 110, 10, 1e-5f, 0, 0, 0};
+    mb_lr_schedule wc = {.kind = MB_LR_WARMUP_COSINE, .lr = 1e-3f, .total_steps = 110, .warmup_steps = 10, .min_lr = 1e-5f};
     tu_ok(mb_lr_at(&wc, 0, &lr));
     assert_true(fabsf(lr - 1e-4f) < 1e-10f);              /* 1e-3 * 1/10 */
     tu_ok(mb_lr_at(&wc, 4, &lr));
@@ -161,7 +161,7 @@ static void test_lr_schedules(void **state) {
     tu_ok(mb_lr_at(&wc, 109, &lr));
     assert_true(lr > 1e-5f && lr < 1.1e-5f);
     /* one-cycle, torch defaults: 1000 steps, max 1e-2: start 4e-4, peak at step 299, end 4e-8 */
-    mb_lr_schedule oc = {MB_LR_ONE_CYCLE, 1e-2f, 1000, 0, 0, 0, 0, 0};
+    mb_lr_schedule oc = {.kind = MB_LR_ONE_CYCLE, .lr = 1e-2f, .total_steps = 1000};
     tu_ok(mb_lr_at(&oc, 0, &lr));
     assert_true(fabsf(lr - 4e-4f) < 1e-10f);
     tu_ok(mb_lr_at(&oc, 299, &lr));

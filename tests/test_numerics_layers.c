@@ -221,7 +221,7 @@ static void test_losses(void **state) {
     float *pred = tu_alloc_f32((size_t)n), *tgt = tu_alloc_f32((size_t)n), *d = tu_alloc_f32((size_t)n);
     float *ref = tu_alloc_f32((size_t)n);
     for (int huber = 0; huber <= 1; huber++) {
-        mb_loss_config cfg = {huber ? MB_LOSS_HUBER : MB_LOSS_MSE, huber ? 0.5f : 0.0f};
+        mb_loss_config cfg = {.kind = huber ? MB_LOSS_HUBER : MB_LOSS_MSE, .huber_delta = huber ? 0.5f : 0.0f};
         double delta = huber ? 0.5 : 1.0;
         tu_fill(pred, (size_t)n, -2, 2);
         tu_fill(tgt, (size_t)n, -2, 2);
@@ -249,7 +249,7 @@ static void test_losses(void **state) {
     }
     /* Huber with the default delta (1) equals MSE/2 where every |diff| <= 1 */
     for (int i = 0; i < n; i++) { pred[i] = tu_uniform(-0.4f, 0.4f); tgt[i] = tu_uniform(-0.4f, 0.4f); }
-    mb_loss_config hub = {MB_LOSS_HUBER, 0};
+    mb_loss_config hub = {.kind = MB_LOSS_HUBER};
     float lh, lm;
     tu_ok(mb_loss(dev, 0, &hub, pred, tgt, B, K, 1, NULL, &lh, NULL));
     tu_ok(mb_loss(dev, 0, NULL, pred, tgt, B, K, 1, NULL, &lm, NULL));
@@ -284,7 +284,7 @@ static void test_layers_bad_input(void **state) {
     dims[1] = 2;
     xs[1] = NULL;
     tu_assert_error(mb_concat_forward(dev, 0, 2, xs, dims, 1, buf), MB_ERR_INVALID_ARG, "input 1 is NULL");
-    mb_loss_config bad = {(mb_loss_kind)7, 0}, badd = {MB_LOSS_HUBER, -1.0f};
+    mb_loss_config bad = {.kind = (mb_loss_kind)7}, badd = {.kind = MB_LOSS_HUBER, .huber_delta = -1.0f};
     tu_assert_error(mb_loss(dev, 0, &bad, buf, buf, 2, 2, 1, NULL, &loss, NULL), MB_ERR_INVALID_ARG, "kind 7");
     tu_assert_error(mb_loss(dev, 0, &badd, buf, buf, 2, 2, 1, NULL, &loss, NULL), MB_ERR_INVALID_ARG, "huber_delta -1");
     tu_assert_error(mb_loss(dev, 0, NULL, buf, buf, 0, 2, 1, NULL, &loss, NULL), MB_ERR_INVALID_ARG, "shape (0, 2)");
