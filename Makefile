@@ -66,6 +66,7 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
+DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h)
 
 ifneq ($(NVCC),)
@@ -132,7 +133,18 @@ $(BUILD)/bench/% : bench/%.cu $(HEADERS) $(wildcard bench/*.c)
 # linked together (one with the implementation), and through nvcc.
 compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static \
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
-                $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o)
+                $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
+                $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(if $(NVCC),$(BUILD)/compile/cuda_open)
+# the docs' code: every C block in README.md and docs/ is a region of these files (tests/docs/check.sh)
+$(BUILD)/compile/snippets_c.o: tests/docs/snippets.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+$(BUILD)/compile/snippets_cxx.o: tests/docs/snippets.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_CXXFLAGS) -Wno-missing-field-initializers -x c++ -c -o $@ $<
+$(BUILD)/compile/cuda_open: tests/docs/cuda_open.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wno-missing-field-initializers -o $@ $< $(NVCC_LIBS)
 # strict C11 as a user compiles it: -pedantic, no -pthread, no feature macros on the command line
 $(BUILD)/compile/c11_strict: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -163,7 +175,7 @@ $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 test: build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(if $(NVCC),$(CUDA_BINS))
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS))
 
 cuda:
 ifeq ($(NVCC),)
@@ -224,9 +236,10 @@ fuzz-seeds: tests/fuzz/gen_seeds.c
 install:
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 megabatch.h megabatch_cuda.cuh $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MEGABATCH_VERSION_STRING "\(.*\)"/\1/p' megabatch.h)|' \
-	    megabatch.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/megabatch.pc
-	@echo "✓ installed megabatch.h, megabatch_cuda.cuh and megabatch.pc under $(DESTDIR)$(PREFIX)"
+	for pc in megabatch megabatch-cuda; do \
+	  sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MEGABATCH_VERSION_STRING "\(.*\)"/\1/p' megabatch.h)|' \
+	      $$pc.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/$$pc.pc; done
+	@echo "✓ installed megabatch.h, megabatch_cuda.cuh, megabatch.pc and megabatch-cuda.pc under $(DESTDIR)$(PREFIX)"
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -110,6 +110,10 @@ MBDEF const char *mb_result_string(mb_result r);
 MBDEF const char *mb_last_error(void);
 MBDEF void mb_clear_error(void);
 
+/* Propagate a failed result from a function that returns mb_result: `MB_TRY(mb_x(...));`
+ * returns the result unchanged when it is not MB_OK (its message is already recorded). */
+#define MB_TRY(expr) do { mb_result mb_try_r_ = (expr); if (mb_try_r_ != MB_OK) return mb_try_r_; } while (0)
+
 typedef enum mb_log_level { MB_LOG_ERROR = 0, MB_LOG_WARN = 1, MB_LOG_INFO = 2, MB_LOG_DEBUG = 3 } mb_log_level;
 
 /* Log callback: silent by default (no callback, nothing printed, ever). */
@@ -992,8 +996,6 @@ static mb_result mb__fail(const mb_logger *lg, mb_result r, const char *file, in
     return r;
 }
 #define MB_FAIL(lg, r, ...) mb__fail((lg), (r), __FILE__, __LINE__, __VA_ARGS__)
-/* Propagate a failed result unchanged (its message is already recorded). */
-#define MB_TRY(expr) do { mb_result mb__r = (expr); if (mb__r != MB_OK) return mb__r; } while (0)
 
 MBDEF size_t mb_dtype_size(mb_dtype t) {
     return t == MB_F32 ? 4 : (t == MB_BF16 || t == MB_F16) ? 2 : 0;

@@ -1,14 +1,19 @@
 #!/bin/sh
-# Run test binaries (cmocka), print each one's result and one closing line:
+# Run test binaries (cmocka) and script tests (*.sh, closing with "NAME: N passed, N failed"), print each one's result and one closing line:
 #   tests: N passed, N failed, N skipped
 # A binary that crashes or exits non-zero without a cmocka summary counts as 1 failed.
 passed=0 failed=0 skipped=0 bad=""
 log=$(mktemp)
 for bin in "$@"; do
-    "$bin" >"$log" 2>&1
+    case "$bin" in *.sh) sh "$bin" >"$log" 2>&1 ;; *) "$bin" >"$log" 2>&1 ;; esac
     rc=$?
     p=$(grep -o '\[  PASSED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
     f=$(grep -o '\[  FAILED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
+    # a script test closes with "NAME: N passed, N failed"
+    case "$bin" in *.sh)
+        p=$(sed -n 's/^[a-z-]*: \([0-9]*\) passed, [0-9]* failed.*/\1/p' "$log" | tail -n 1); p=${p:-0}
+        f=$(sed -n 's/^[a-z-]*: [0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -n 1); f=${f:-0} ;;
+    esac
     s=$(grep -o '\[  SKIPPED \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))

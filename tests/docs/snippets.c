@@ -1,0 +1,218 @@
+/* snippets.c - every C example in README.md and docs/ (every .md), in the context that makes it
+ * compile. A fenced ```c block in the docs is a verbatim copy of one region here, between
+ * `// snippet: NAME` and `// end snippet` (dedented); tests/docs/check.sh verifies each copy
+ * and the Makefile compiles this file as C11 -pedantic and as C++17, so the docs' code
+ * compiles as written. Edit the code here, then paste it into the doc. */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include <math.h>
+#include <stdio.h>
+
+/* A training step supplied by the reader's program (used by the loader example). */
+static mb_result train_step(const float *features, const float *targets, int64_t count) {
+    (void)features; (void)targets; (void)count;
+    return MB_OK;
+}
+
+mb_result doc_readme_quickstart(const float *x, float *y, int64_t B, int64_t F, int64_t H);
+mb_result doc_readme_quickstart(const float *x, float *y, int64_t B, int64_t F, int64_t H) {
+    // snippet: readme-quickstart
+    mb_device *dev;
+    if (mb_device_open(&dev, NULL) != MB_OK) {            /* CPU; MB_CUDA needs megabatch_cuda.cuh */
+        fprintf(stderr, "error: %s\n", mb_last_error());
+        return MB_ERR_NO_DEVICE;
+    }
+    mb_params *p;                                          /* every weight in one flat buffer */
+    int64_t w_shape[2] = {4 * H, F};
+    int w;
+    MB_TRY(mb_params_create(&p, dev));                     /* MB_TRY: return the error as is */
+    MB_TRY(mb_params_add(p, "weight_ih_l0", 2, w_shape, 1 / sqrtf((float)H), &w));
+    MB_TRY(mb_params_finalize(p));                         /* one allocation for data, one for grads */
+    MB_TRY(mb_params_init(p, 42));                         /* the same bits on CPU and CUDA */
+
+    mb_gemm_args g = {0};                                  /* the one matrix multiply, row-major */
+    g.m = B; g.n = 4 * H; g.k = F; g.alpha = 1; g.trans_b = 1;
+    g.a = x; g.lda = F; g.b = mb_params_tensor(p, w); g.ldb = F; g.c = y; g.ldc = 4 * H;
+    mb_result r = mb_gemm(dev, &g);                        /* y (B, 4H) = x (B, F) @ W^T */
+
+    mb_params_destroy(p);
+    mb_device_close(dev);
+    // end snippet
+    return r;
+}
+
+mb_result doc_foundation_params(mb_device *dev, int64_t H, uint64_t seed);
+mb_result doc_foundation_params(mb_device *dev, int64_t H, uint64_t seed) {
+    mb_params *p;
+    int64_t shape[2] = {4 * H, 8};
+    int idx;
+    // snippet: foundation-params
+    MB_TRY(mb_params_create(&p, dev));
+    MB_TRY(mb_params_add(p, "weight_ih_l0", 2, shape, 1 / sqrtf((float)H), &idx));  /* before finalize */
+    MB_TRY(mb_params_finalize(p));      /* two device allocations, both zeroed */
+    MB_TRY(mb_params_init(p, seed));    /* element j of tensor t = mb_rng_symmetric(seed, t, j, bound) */
+    float *w = mb_params_tensor(p, idx), *gw = mb_params_tensor_grad(p, idx);
+    MB_TRY(mb_params_zero_grad(p));
+    // end snippet
+    (void)w; (void)gw;
+    mb_params_destroy(p);
+    return MB_OK;
+}
+
+mb_result doc_loader_loop(mb_device *dev);
+mb_result doc_loader_loop(mb_device *dev) {
+    // snippet: loader-loop
+    mb_dataset *ds;
+    MB_TRY(mb_dataset_open_file(&ds, "train.h5", NULL));
+    const mb_dataset_meta *m = mb_dataset_info(ds);      /* m->n, m->t, m->f, m->k */
+    printf("%lld samples of (%lld, %lld) -> %lld\n", (long long)m->n, (long long)m->t,
+           (long long)m->f, (long long)m->k);
+    mb_loader_config lc = {0};
+    lc.batch = 128;                      /* shuffle off, drop_last off, 75% of free memory */
+    mb_loader *ld;
+    mb_result r = mb_loader_open(&ld, dev, ds, &lc);
+    for (int epoch = 0; r == MB_OK && epoch < 10; epoch++) {
+        mb_batch b = {0};
+        while ((r = mb_loader_next(ld, &b)) == MB_OK && !b.end_of_epoch)
+            /* device memory in the loader's dtype (f32 by default); the cast is needed in C++ */
+            train_step((const float *)b.features /* (count, T, F) */,
+                       (const float *)b.targets /* (count, K) */, b.count);
+    }
+    mb_loader_close(ld);                 /* NULL is fine, as for every close/destroy */
+    mb_dataset_close(ds);
+    // end snippet
+    return r;
+}
+
+mb_result doc_lstm_usage(mb_params *params, const float *x, float *h_last, const float *dh_last,
+                         int64_t B, int64_t T, uint64_t seed);
+mb_result doc_lstm_usage(mb_params *params, const float *x, float *h_last, const float *dh_last,
+                         int64_t B, int64_t T, uint64_t seed) {
+    // snippet: lstm-usage
+    mb_lstm_config c = {0};            /* 0 means default everywhere */
+    c.input_size = 128; c.hidden_size = 256; c.layers = 2;
+    c.prefix = "m5.";                  /* names m5.weight_ih_l0 ... */
+    c.checkpoint = 0;                  /* auto ~sqrt(T); -1 = full storage */
+    c.max_steps = 480; c.max_batch = 128;
+    mb_lstm *l;
+    MB_TRY(mb_lstm_create(&l, params, &c));                  /* before mb_params_finalize */
+    MB_TRY(mb_params_finalize(params));
+    MB_TRY(mb_params_init(params, seed));
+    MB_TRY(mb_lstm_forward(l, x, B, T, NULL, NULL, NULL, h_last));    /* x (B,T,F), h_last (B,H) */
+    /* ... head, loss, dh_last ... */
+    MB_TRY(mb_lstm_backward(l, dh_last, NULL, NULL, NULL, NULL));     /* grads += ; dx not needed */
+    mb_lstm_destroy(l);
+    // end snippet
+    return MB_OK;
+}
+
+mb_result doc_numerics_step(mb_device *dev, mb_params *params, mb_linear fc, const float *x,
+                            const float *target, float *y, float *dy, float *loss_dev, int64_t B,
+                            int64_t K, int micro_batches);
+mb_result doc_numerics_step(mb_device *dev, mb_params *params, mb_linear fc, const float *x,
+                            const float *target, float *y, float *dy, float *loss_dev, int64_t B,
+                            int64_t K, int micro_batches) {
+    mb_lr_schedule sched = {0};
+    sched.lr = 1e-3f;
+    // snippet: numerics-step
+    mb_scaler *scaler;                                       /* fp16: dynamic loss scaling */
+    mb_adamw *opt;                                           /* NULL configs: the defaults */
+    MB_TRY(mb_scaler_create(&scaler, dev, NULL));
+    MB_TRY(mb_adamw_create(&opt, params, NULL));
+    mb_accum acc;
+    MB_TRY(mb_accum_init(&acc, 4));                          /* step every 4 micro-batches */
+    for (int i = 0; i < micro_batches; i++) {
+        if (mb_accum_window_start(&acc)) MB_TRY(mb_params_zero_grad(params));
+        MB_TRY(mb_linear_forward(&fc, 0, x, B, y));
+        MB_TRY(mb_loss(dev, 0, NULL, y, target, B, K, mb_accum_loss_scale(&acc),
+                       mb_scaler_scale_ptr(scaler), loss_dev, dy));
+        MB_TRY(mb_linear_backward(&fc, 0, x, dy, B, NULL));
+        if (mb_accum_tick(&acc)) {
+            float lr;
+            MB_TRY(mb_lr_at(&sched, acc.windows - 1, &lr));
+            MB_TRY(mb_scaler_unscale(scaler, mb_params_grad(params), mb_params_total(params)));
+            MB_TRY(mb_adamw_step(opt, lr, scaler));          /* skipped on the device on inf/NaN */
+            MB_TRY(mb_scaler_update(scaler));
+        }
+    }
+    mb_adamw_destroy(opt);
+    mb_scaler_destroy(scaler);
+    // end snippet
+    return MB_OK;
+}
+
+mb_result doc_checkpoint_calls(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
+                               const char *name, const void *data, size_t bytes, void *dst);
+mb_result doc_checkpoint_calls(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
+                               const char *name, const void *data, size_t bytes, void *dst) {
+    mb_ckpt_writer *w;
+    mb_ckpt_reader *r;
+    const char *path = "run/last.mbckpt";
+    // snippet: checkpoint-calls
+    mb_ckpt_writer_create(&w, dev);          // dev: where added data may live (NULL: host only)
+    mb_ckpt_add(w, name, data, bytes);       // snapshot a host or device blob as a section
+    mb_ckpt_add_params(w, params);           // "params" + "params.layout"
+    mb_ckpt_add_adamw(w, opt);               // "adamw.m", "adamw.v", "adamw.steps"
+    mb_ckpt_add_scaler(w, scaler);           // "scaler"
+    mb_ckpt_write(w, path);                  // path.tmp, fsync, rename, fsync the directory
+    mb_ckpt_writer_destroy(w);
+
+    mb_ckpt_read(&r, dev, path);             // reads the whole file and verifies it first
+    mb_ckpt_has(r, name, &bytes);            // 1 if present (and its size)
+    mb_ckpt_get(r, name, dst, bytes);        // copy out (dst host or device memory)
+    mb_ckpt_load_params(r, params);          // refuses another layout, naming the tensor
+    mb_ckpt_load_adamw(r, opt);
+    mb_ckpt_load_scaler(r, scaler);
+    mb_ckpt_close(r);
+    // end snippet
+    return MB_OK;
+}
+
+mb_result doc_checkpoint_loop(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
+                              int64_t step, int64_t k, mb_accum accum, int resume);
+mb_result doc_checkpoint_loop(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
+                              int64_t step, int64_t k, mb_accum accum, int resume) {
+    // snippet: checkpoint-loop
+    if (step % k == 0) {
+        mb_ckpt_writer *w;
+        MB_TRY(mb_ckpt_writer_create(&w, dev));
+        mb_result res = mb_ckpt_add_params(w, params);
+        if (res == MB_OK) res = mb_ckpt_add_adamw(w, opt);
+        if (res == MB_OK) res = mb_ckpt_add_scaler(w, scaler);
+        if (res == MB_OK) res = mb_ckpt_add(w, "step", &step, sizeof step);
+        if (res == MB_OK) res = mb_ckpt_add(w, "accum", &accum, sizeof accum);
+        if (res == MB_OK) res = mb_ckpt_write(w, "run/last.mbckpt");
+        mb_ckpt_writer_destroy(w);
+        MB_TRY(res);
+    }
+    if (resume) {                                          /* --resume */
+        mb_ckpt_reader *r;
+        MB_TRY(mb_ckpt_read(&r, dev, "run/last.mbckpt"));  // MB_ERR_CORRUPT on any damage
+        mb_result res = mb_ckpt_load_params(r, params);    // MB_ERR_FORMAT on another model
+        if (res == MB_OK) res = mb_ckpt_load_adamw(r, opt);
+        if (res == MB_OK) res = mb_ckpt_load_scaler(r, scaler);
+        if (res == MB_OK) res = mb_ckpt_get(r, "step", &step, sizeof step);
+        mb_ckpt_close(r);
+        MB_TRY(res);
+    }
+    // end snippet
+    return MB_OK;
+}
+
+mb_result doc_reliability_probe(mb_dataset_meta *meta);
+mb_result doc_reliability_probe(mb_dataset_meta *meta) {
+    mb_dataset *ds;
+    // snippet: reliability-probe
+    /* open + validate + read the first and last samples in a child process */
+    mb_result pr = mb_dataset_probe("untrusted.h5", NULL, meta /* or NULL */);
+
+    mb_dataset_config c = {0};
+    c.isolate = 1;            /* mb_dataset_open_file probes first (default 0: off) */
+    c.probe_timeout_s = 5;    /* hung child is killed; 0 = 10 s */
+    mb_result r = mb_dataset_open_file(&ds, "untrusted.h5", &c);
+    /* r == MB_ERR_FORMAT, mb_last_error():
+       "HDF5 crashed while parsing 'untrusted.h5' (signal 11)" */
+    // end snippet
+    if (r == MB_OK) mb_dataset_close(ds);
+    return pr != MB_OK ? pr : r;
+}
