@@ -139,7 +139,7 @@ static void test_cuda_losses(void **state) {
     float sdev = 65536.0f, scale = 0.25f;
     float *dp = up(g, pr, n), *dt = up(g, t, n), *dd = up(g, d, n), *ds = up(g, &sdev, 1), *dl = up(g, &sdev, 1);
     for (int huber = 0; huber <= 1; huber++) {
-        mb_loss_config cfg = {0};
+        mb_loss_config cfg = {};
         cfg.kind = huber ? MB_LOSS_HUBER : MB_LOSS_MSE;
         cfg.huber_delta = huber ? tu_uniform(0.1f, 2.0f) : 0.0f;
         float lc, lgv;
