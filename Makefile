@@ -172,7 +172,10 @@ $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
-test: build
+# the build runs with one job per core (JOBS=1 for a serial build); the tests then run in order
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test:
+	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
 	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS))
@@ -197,10 +200,12 @@ gpu-bundle:
 	@sh tests/gpu/bundle.sh $(BUILD)/gpu $(BUILD)/gpu-build/prepare \
 	  $(patsubst $(BUILD)/%,$(BUILD)/gpu-build/%,$(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA))
 
-asan: check-deps $(ASAN_BINS)
+asan: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(ASAN_BINS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(ASAN_BINS)
 
-tsan: check-deps $(TSAN_BINS)
+tsan: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TSAN_BINS)
 	@if [ -n "$(TSAN_BINS)" ]; then TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TSAN_BINS); else echo "no threaded tests yet"; fi
 
 # libFuzzer over open + validate + first/last reads (docs/RELIABILITY.md, "Fuzzing"). Needs
