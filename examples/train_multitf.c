@@ -762,15 +762,22 @@ static void log_warnings(mb_log_level level, const char *msg, const char *file, 
     if (level != MB_LOG_ERROR) mb_log_stderr(level, msg, file, line, user);
 }
 
-static mb_result open_data(mb_device *dev, const char *path, const options *o, int shuffle, mb_dataset **ds,
-                           mb_loader **ld) {
+/* Untrusted files: each is validated first in a child process (mb_dataset_probe), so a
+ * file that crashes or hangs HDF5 ends in an error line. Both are opened before the device
+ * and the loaders start threads: the probe must not fork while another thread is inside
+ * HDF5. */
+static mb_result open_dataset(const char *path, mb_dataset **ds) {
     mb_dataset_config dc;
     memset(&dc, 0, sizeof dc);
-    MB_TRY(mb_dataset_open_file(ds, path, &dc));
+    dc.isolate = 1;
+    return mb_dataset_open_file(ds, path, &dc);
+}
+
+static mb_result open_loader(mb_device *dev, mb_dataset *ds, const options *o, mb_loader **ld) {
     mb_loader_config lc;
     memset(&lc, 0, sizeof lc);
-    lc.batch = o->batch; lc.shuffle = shuffle; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
-    return mb_loader_open(ld, dev, *ds, &lc);
+    lc.batch = o->batch; lc.shuffle = 0; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
+    return mb_loader_open(ld, dev, ds, &lc);
 }
 
 static mb_result run(const options *o, run_state *rs) {
@@ -785,9 +792,11 @@ static mb_result run(const options *o, run_state *rs) {
     model m;
     memset(&m, 0, sizeof m);
     FILE *csv = NULL;
-    mb_result r = mb_device_open(&dev, &dc);
-    if (r == MB_OK) r = open_data(dev, o->train, o, 0, &dtr, &tr);
-    if (r == MB_OK) r = open_data(dev, o->val, o, 0, &dva, &va);
+    mb_result r = open_dataset(o->train, &dtr);
+    if (r == MB_OK) r = open_dataset(o->val, &dva);
+    if (r == MB_OK) r = mb_device_open(&dev, &dc);
+    if (r == MB_OK) r = open_loader(dev, dtr, o, &tr);
+    if (r == MB_OK) r = open_loader(dev, dva, o, &va);
     const mb_dataset_meta *mt = dtr ? mb_dataset_info(dtr) : NULL, *mv = dva ? mb_dataset_info(dva) : NULL;
     if (r == MB_OK && (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k))
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
 
 static char dir[64];
 
@@ -263,6 +264,42 @@ static void test_plot_edge_cases(void **state) {
     check_svg(svg, 1); /* NaN and Inf left out */
 }
 
+/* Hostile files (tests/fuzz/regress: each crashes, hangs or overflows inside HDF5): the
+ * trainer probes every file it opens in a child, so each run as --train (and the crashers
+ * as --val) ends in exit 2 and one `error:` line naming the file; none crashes or hangs
+ * (each run is bounded by timeout -s KILL: a hang would show as a signal). */
+static void test_hostile_files(void **state) {
+    (void)state;
+    DIR *d = opendir("tests/fuzz/regress");
+    if (!d) skip();
+    int ran = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (!strstr(e->d_name, ".h5")) continue;
+        for (int as_val = 0; as_val < (strstr(e->d_name, "segv") ? 2 : 1); as_val++) {
+            char cmd[1024], line[1024], file[512];
+            snprintf(file, sizeof file, "tests/fuzz/regress/%s", e->d_name);
+            snprintf(cmd, sizeof cmd, "timeout -s KILL 60 build/train_multitf --train %s/%s --val %s/%s --quiet --epochs 1 "
+                     "2>&1 >/dev/null", as_val ? dir : "tests/fuzz/regress", as_val ? "train.h5" : e->d_name,
+                     as_val ? "tests/fuzz/regress" : dir, as_val ? e->d_name : "val.h5");
+            FILE *p = popen(cmd, "r");
+            assert_non_null(p);
+            int lines = 0;
+            line[0] = 0;
+            while (fgets(cmd, sizeof cmd, p)) if (lines++ == 0) snprintf(line, sizeof line, "%s", cmd);
+            int st = pclose(p);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
+                fail_msg("%s (%s): %s %d, output '%s'", file, as_val ? "--val" : "--train",
+                         WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), line);
+            if (lines != 1 || strncmp(line, "error: ", 7) || !strstr(line, e->d_name))
+                fail_msg("%s: %d lines, first '%s'", file, lines, line);
+            ran++;
+        }
+    }
+    closedir(d);
+    printf("%d runs on hostile files, each a clean error\n", ran);
+    assert_true(ran >= 12);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -271,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_kill_and_resume_bitwise),
         cmocka_unit_test(test_mixed_precision),
         cmocka_unit_test(test_plot_edge_cases),
+        cmocka_unit_test(test_hostile_files),
     };
     return cmocka_run_group_tests_name("train_multitf", tests, make_data, remove_data);
 }
