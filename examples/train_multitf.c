@@ -39,6 +39,7 @@
 #include "megabatch.h"
 #define BACKEND MB_CPU
 #endif
+#include "mb_args.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,28 +72,40 @@ static options default_options(void) {
     return o;
 }
 
+static const char usage[] =
+    "usage: train_multitf [--train data/train.h5] [--val data/val.h5] [flags]   (train_multitf_cuda: the GPU)\n"
+    "Trains five LSTM encoders (one per timeframe segment) + fusion + head on the files that\n"
+    "build/prepare writes; a line per epoch and a last `summary:` line (docs/EXAMPLE.md).\n"
+    "model:      --hidden H [32]  --head N [64]  --layers L [1]  --loss mse|huber [mse]\n"
+    "            --carry (carry the encoders' state from batch to batch)\n"
+    "training:   --epochs E [3]  --batch B [128]  --lr X [2e-3]  --schedule constant|cosine|onecycle [cosine]\n"
+    "            --warmup STEPS [20]  --accum N [1]  --clip X [1.0]  --weight-decay X [0.01]\n"
+    "            --precision f32|bf16|f16 [f32]  --seed S [1]  --max-batches N [0: all]\n"
+    "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
+    "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
+    "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
+    "            -h, --help: this text\n"
+    "Exit 2 with one line `error: ...` on stderr on bad flags or data.\n";
+
 static int bad_flag(const char *flag, const char *value, const char *want) {
-    fprintf(stderr, "error: %s '%s': %s\n", flag, value ? value : "", want);
+    if (!value) mba_missing(flag);
+    else mba_error("%s '%s': %s", flag, value, want);
     return 0;
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end || errno || !(x >= lo && x <= hi)) {
+    if (mba_number(v, lo, hi, out)) {
         char want[96];
         snprintf(want, sizeof want, "expected a number in [%g, %g]", lo, hi);
         return bad_flag(flag, v, want);
     }
-    *out = x;
     return 1;
 }
 
 /* Returns 1 when the flags are good; prints `error: ...` and returns 0 otherwise. */
 static int parse_options(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v = mba_value(argc, argv, i);
         double x = 0;
         int used = 1;
         if (!strcmp(a, "--carry")) { o->carry = 1; used = 0; }
@@ -133,7 +146,7 @@ static int parse_options(int argc, char **argv, options *o) {
             if (v && !strcmp(v, "mse")) o->loss = MB_LOSS_MSE;
             else if (v && !strcmp(v, "huber")) o->loss = MB_LOSS_HUBER;
             else return bad_flag(a, v, "expected mse or huber");
-        } else return bad_flag("flag", a, "unknown (see the comment at the top of examples/train_multitf.c)");
+        } else return mba_unknown(a), 0;
         i += used;
     }
     if ((o->resume || o->ckpt_every) && !o->ckpt) return bad_flag("--resume/--ckpt-every", "", "need --ckpt FILE");
@@ -872,6 +885,7 @@ static mb_result run(const options *o, run_state *rs) {
 }
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     options o = default_options();
     if (!parse_options(argc, argv, &o)) return 2;
     run_state rs;
