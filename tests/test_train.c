@@ -82,6 +82,39 @@ static void check_svg(const char *path, int points) {
     if (system("command -v xmllint >/dev/null 2>&1") == 0) assert_int_equal(system(cmd), 0);
 }
 
+/* The picture answers "did it learn, and by how much": the last validation loss and the
+ * baseline are at least a sixth of the main panel (330 px) apart, and the line under the
+ * title gives the gap in percent, from the last epoch row of the metrics (the numbers the
+ * picture is drawn from). */
+static void check_gap(const char *path, const char *csv) {
+    FILE *f = fopen(csv, "r");
+    if (!f) fail_msg("no metrics %s", csv);
+    char row[512];
+    double val = NAN, base = NAN, loss;
+    long long e, nb, st;
+    while (fgets(row, sizeof row, f)) sscanf(row, "epoch,%lld,%lld,%lld,%lf,%lf,%lf", &e, &nb, &st, &loss, &val, &base);
+    fclose(f);
+    assert_true(isfinite(val) && base > 0);
+    f = fopen(path, "rb");
+    if (!f) fail_msg("no picture %s", path);
+    static char svg[1 << 20];
+    svg[fread(svg, 1, sizeof svg - 1, f)] = 0;
+    fclose(f);
+    const char *b = strstr(svg, "<line class=\"baseline\""), *v = NULL;
+    for (const char *p = svg; (p = strstr(p, "<rect class=\"val\"")) != NULL; p++) v = p;
+    double yb = 0, yv = 0;
+    assert_true(b && v);
+    assert_int_equal(sscanf(strstr(b, "y1=\""), "y1=\"%lf", &yb), 1);
+    assert_int_equal(sscanf(strstr(v, " y=\""), " y=\"%lf", &yv), 1);
+    yv += 4.5; /* the marker's centre */
+    printf("picture: baseline at y=%.1f, last validation loss at y=%.1f\n", yb, yv);
+    if (!(fabs(yv - yb) >= 55)) fail_msg("the validation loss is %.1f px from the baseline", fabs(yv - yb));
+    char want[128];
+    double pct = 100 * (val - base) / base;
+    snprintf(want, sizeof want, "%.1f%% %s the baseline", fabs(pct), pct < 0 ? "below" : "above");
+    if (!strstr(svg, want)) fail_msg("%s lacks '%s'", path, want);
+}
+
 static void test_trains_below_baseline(void **state) {
     (void)state;
     char cmd[512], line[1024];
@@ -106,6 +139,7 @@ static void test_trains_below_baseline(void **state) {
     assert_int_equal(count_rows(csv, "step,"), steps); /* one per batch; --accum 1: per step */
     assert_int_equal(count_rows(csv, "epoch,"), 2);
     check_svg(svg, (int)steps);
+    check_gap(svg, csv);
 }
 
 static void test_bad_flags_and_data(void **state) {
