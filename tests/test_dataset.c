@@ -165,9 +165,12 @@ static const char *write_names(const char *file, const char *text, int vlen, H5T
     hid_t a = H5Acreate2(d, "segment_names", ty, sp, H5P_DEFAULT, H5P_DEFAULT);
     assert_true(a >= 0);
     const char *many[2] = {text, text};
-    char fixed[64] = "";
-    if (!vlen) snprintf(fixed, sizeof fixed, "%s%s", text, count ? text : ""); /* two elements back to back */
+    size_t len = strlen(text);
+    char *fixed = (char *)calloc(2 * len + 1, 1);               /* one or two elements back to back */
+    memcpy(fixed, text, len);
+    if (count) memcpy(fixed + len, text, len);
     assert_true(H5Awrite(a, ty, vlen ? (const void *)many : (const void *)fixed) >= 0);
+    free(fixed);
     H5Aclose(a); H5Sclose(sp); H5Tclose(ty); H5Dclose(d); H5Fclose(f);
     return p;
 }
