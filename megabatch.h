@@ -5248,12 +5248,13 @@ static mb_result mb__st_uints(mb__st_js *j, uint64_t *v, int cap, int *n, const 
     }
 }
 
+/* Room for entry n (entries are added one or two at a time; the header cap bounds n). */
 static mb_result mb__st_grow(void **p, int *cap, int n, size_t elem) {
     if (n < *cap) return MB_OK;
     int c = *cap ? *cap * 2 : 32;
     void *q = mb__host_alloc((size_t)c * elem);
     if (!q) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "safetensors: no host memory for %d entries", c);
-    if (n) memcpy(q, *p, (size_t)n * elem);
+    if (*cap) memcpy(q, *p, (size_t)*cap * elem);
     MB_FREE(*p);
     *p = q;
     *cap = c;
