@@ -2,7 +2,7 @@
  * has a full window, the model's K predictions for that moment out (docs/TRADING.md).
  *
  *   mtf_live *lv;
- *   mtf_live_open(&lv, "model.safetensors", MB_CPU, 1);       // a file of train_multitf --export
+ *   mtf_live_open(&lv, "model.safetensors", MB_CPU, 1, MTF_LIVE_WINDOW); // train_multitf --export
  *   for each closed M1 bar b (start time, o, h, l, c, volume):
  *       float pred[K]; int ready;
  *       mb_result r = mtf_live_push(lv, &b, pred, &ready);    // MB_OK, or the bar is refused
@@ -24,14 +24,26 @@
  *     negative or non-finite volume: refused;
  *   - a gap (weekend, missing minutes) is no error: as in prepare, the higher-timeframe
  *     bars that the gap ended close with the next bar, and nothing is filled in.
+ *
+ * Modes: MTF_LIVE_WINDOW (the default) runs the model over the whole sample at every bar
+ * (1104 LSTM steps: prepare + predict exactly). MTF_LIVE_STATEFUL, for a model trained
+ * with --carry (metadata carry=1): each encoder carries its (h, c) from bar to bar and
+ * reads only the rows that closed with the bar (one LSTM step per closed row: O(1) per
+ * bar); its prediction is that of the encoders run over the whole history since the first
+ * bar (tests/test_live.c), not over the window, so it differs from prepare + predict.
+ * Readiness is the same in both modes (every timeframe has a full window of rows).
  */
 #ifndef MTF_LIVE_H
 #define MTF_LIVE_H
 #include "mb_features.h"
 #include "multitf.h"
 
+enum { MTF_LIVE_WINDOW = 0, MTF_LIVE_STATEFUL = 1 };
+
 typedef struct mtf_live {
     mtf_model m;
+    int mode;
+    float *rowdev[MBF_TFS];         /* stateful: this bar's new rows per timeframe (device) */
     mb_device *dev;
     mbf_state *eng;                 /* the feature engine (about 115 KB) */
     mbf_out out;                    /* rows of the last push */
@@ -46,6 +58,7 @@ MTF_API void mtf_live_close(mtf_live *lv) {
     if (!lv) return;
     if (lv->m.params) mtf_model_destroy(&lv->m);
     if (lv->xdev != lv->x) mb_free(lv->dev, lv->xdev);
+    for (int k = 0; k < MBF_TFS; k++) mb_free(lv->dev, lv->rowdev[k]);
     mb_device_close(lv->dev);
     for (int k = 0; k < MBF_TFS; k++) free(lv->ring[k]);
     free(lv->x);
@@ -70,7 +83,7 @@ MTF_API mb_result mtf_live_check(const mtf_spec *s, const char *path) {
 }
 
 /* Open a model file for live prediction on backend (MB_CPU, or MB_CUDA in a CUDA build). */
-MTF_API mb_result mtf_live_open(mtf_live **out, const char *path, mb_backend backend, int threads) {
+MTF_API mb_result mtf_live_open(mtf_live **out, const char *path, mb_backend backend, int threads, int mode) {
     *out = NULL;
     mtf_live *lv = (mtf_live *)calloc(1, sizeof *lv);
     mb_st_file *f = NULL;
@@ -79,8 +92,14 @@ MTF_API mb_result mtf_live_open(mtf_live **out, const char *path, mb_backend bac
     mb_result r = mb_st_read(&f, path);
     if (r == MB_OK) r = mtf_spec_of(f, path, &s);
     if (r == MB_OK) r = mtf_live_check(&s, path);
+    if (r == MB_OK && mode == MTF_LIVE_STATEFUL && !s.carry)
+        r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: the stateful mode needs a model trained with --carry (metadata carry=1)",
+                    path);
+    lv->mode = mode;
     if (r == MB_OK) r = mtf_device_open(&lv->dev, backend, threads);
-    if (r == MB_OK) r = mtf_model_create(&lv->m, lv->dev, &s, 1, 0);
+    if (r == MB_OK) r = mtf_model_create(&lv->m, lv->dev, &s, 1, mode == MTF_LIVE_STATEFUL);
+    for (int k = 0; r == MB_OK && mode == MTF_LIVE_STATEFUL && k < MBF_TFS; k++)
+        r = mtf_alloc(&lv->m, &lv->rowdev[k], 2 * s.F); /* at most two rows of a timeframe close with a bar */
     if (r == MB_OK) r = mtf_model_load(&lv->m, f);
     if (r == MB_OK) {
         lv->eng = (mbf_state *)malloc(sizeof *lv->eng);
@@ -124,6 +143,30 @@ MTF_API int mtf_live_ready(const mtf_live *lv) {
  * timeframe k, oldest first. Valid after a push that returned ready. */
 MTF_API const float *mtf_live_sample(mtf_live *lv) { return lv->x; }
 
+/* Stateful: the rows that closed with this bar (normalised, in lv->ring) through their
+ * encoders; the prediction once every window is full. */
+MTF_API mb_result mtf_live_step(mtf_live *lv, float *pred, int *ready) {
+    const mtf_spec *s = &lv->m.spec;
+    int64_t n[MBF_TFS] = {0};
+    const float *x[MBF_TFS];
+    for (int i = 0; i < lv->out.n; i++) n[lv->out.row[i].tf]++;
+    for (int k = 0; k < MBF_TFS; k++) { /* the newest n[k] rows, oldest first */
+        for (int64_t j = 0; j < n[k]; j++) {
+            int64_t at = (lv->rows[k] - n[k] + j) % s->seg_len[k];
+            MB_TRY(mb_copy(lv->dev, MB_STREAM_COMPUTE, lv->rowdev[k] + j * s->F, lv->ring[k] + at * s->F,
+                           (size_t)s->F * sizeof(float)));
+        }
+        x[k] = lv->rowdev[k];
+    }
+    const float *p = NULL;
+    int full = mtf_live_ready(lv);
+    MB_TRY(mtf_model_step(&lv->m, x, n, full ? &p : NULL));
+    if (full) MB_TRY(mb_copy(lv->dev, MB_STREAM_COMPUTE, pred, p, (size_t)s->K * sizeof(float)));
+    MB_TRY(mb_sync(lv->dev, MB_STREAM_COMPUTE));
+    *ready = full;
+    return MB_OK;
+}
+
 /* Feed one closed M1 bar. MB_OK: accepted; *ready = 1 and pred (K floats) set when every
  * timeframe has a full window, else *ready = 0. MB_ERR_INVALID_ARG: refused (out of order,
  * duplicate, bad values; see the top of this file), nothing changed. */
@@ -135,6 +178,7 @@ MTF_API mb_result mtf_live_push(mtf_live *lv, const mbf_bar *bar, float *pred, i
         return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "bar at %lld refused: %s", (long long)bar->t, mbf_error_text(e));
     lv->bars++;
     for (int i = 0; i < lv->out.n; i++) mtf_live_row(lv, &lv->out.row[i]);
+    if (lv->mode == MTF_LIVE_STATEFUL) return mtf_live_step(lv, pred, ready);
     if (!mtf_live_ready(lv)) return MB_OK;
     int64_t off = 0;
     for (int k = 0; k < MBF_TFS; k++) { /* the ring from its oldest row: two copies */
@@ -146,7 +190,7 @@ MTF_API mb_result mtf_live_push(mtf_live *lv, const mbf_bar *bar, float *pred, i
     const float *p = NULL;
     size_t bytes = (size_t)(s->T * s->F) * sizeof(float);
     if (lv->xdev != lv->x) MB_TRY(mb_copy(lv->dev, MB_STREAM_COMPUTE, lv->xdev, lv->x, bytes));
-    MB_TRY(mtf_model_forward(&lv->m, lv->xdev, 1, 0, NULL, &p));
+    MB_TRY(mtf_model_forward(&lv->m, lv->xdev, 1, &p));
     MB_TRY(mb_copy(lv->dev, MB_STREAM_COMPUTE, pred, p, (size_t)s->K * sizeof(float)));
     MB_TRY(mb_sync(lv->dev, MB_STREAM_COMPUTE));
     *ready = 1;

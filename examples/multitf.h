@@ -269,32 +269,51 @@ MTF_API mb_result mtf_model_load(mtf_model *m, const mb_st_file *f) {
     return mb_st_load_params(f, m->params, mtf_rename);
 }
 
-/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory:
- * T steps per sample, or with steps (per segment, NULL = all) the last steps[s] rows of each
- * segment, in place (the stateful mode feeds one new row per segment). */
-MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, int64_t x_stride, const int64_t *steps,
-                                   const float **pred) {
+/* The head over the encoders' last hidden states (m->hlast): fusion, fc1, GELU, fc2. */
+MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
     const mtf_spec *s = &m->spec;
-    mb_lstm_call call[MTF_MAX_SEG];
     int64_t dims[MTF_MAX_SEG];
     const float *hs[MTF_MAX_SEG];
-    memset(call, 0, sizeof call);
-    for (int i = 0; i < s->nseg; i++) {
-        int64_t T = steps ? steps[i] : s->seg_len[i];
-        call[i].lstm = m->enc[i]; call[i].B = B; call[i].T = T;
-        call[i].x = x + (m->seg_off[i] + s->seg_len[i] - T) * s->F;
-        call[i].x_stride = x_stride ? x_stride : s->T * s->F;
-        call[i].h_last = m->hlast[i];
-        dims[i] = s->H;
-        hs[i] = m->hlast[i];
-    }
-    MB_TRY(mb_lstm_forward_many(call, s->nseg));
+    for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
     MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
     MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));
     MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
     MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
     *pred = m->pred;
     return MB_OK;
+}
+
+/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory;
+ * each encoder reads its segment of every sample in place. */
+MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
+    const mtf_spec *s = &m->spec;
+    mb_lstm_call call[MTF_MAX_SEG];
+    memset(call, 0, sizeof call);
+    for (int i = 0; i < s->nseg; i++) {
+        call[i].lstm = m->enc[i]; call[i].B = B; call[i].T = s->seg_len[i];
+        call[i].x = x + m->seg_off[i] * s->F;
+        call[i].x_stride = s->T * s->F;
+        call[i].h_last = m->hlast[i];
+    }
+    MB_TRY(mb_lstm_forward_many(call, s->nseg));
+    return mtf_model_head(m, B, pred);
+}
+
+/* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows
+ * (F each, device memory) of segment i, which its encoder reads from the state it carried
+ * (zeros at first); n[i] = 0 keeps its last hidden state. Then the head, when pred is not
+ * NULL. O(1) per bar: one LSTM step per new row. */
+MTF_API mb_result mtf_model_step(mtf_model *m, const float *const *x, const int64_t *n, const float **pred) {
+    mb_lstm_call call[MTF_MAX_SEG];
+    int c = 0;
+    memset(call, 0, sizeof call);
+    for (int i = 0; i < m->spec.nseg; i++) {
+        if (!n[i]) continue;
+        call[c].lstm = m->enc[i]; call[c].B = 1; call[c].T = n[i]; call[c].x = x[i];
+        call[c++].h_last = m->hlast[i];
+    }
+    if (c) MB_TRY(mb_lstm_forward_many(call, c));
+    return pred ? mtf_model_head(m, 1, pred) : MB_OK;
 }
 
 /* The device for inference: the backend the program was built for, streams for the

@@ -2,7 +2,7 @@
  *
  *   build/predict --model FILE.safetensors --data FILE.h5 --out preds.csv
  *                 [--batch 256] [--threads 0] [--quiet]
- *   build/predict --model FILE.safetensors --csv BARS.csv --live [--out lines.csv]
+ *   build/predict --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]
  *
  * The model file is what `train_multitf --export` or PyTorch (bench/pytorch/multitf.py's
  * state_dict, safetensors) wrote; the data file is what `prepare` wrote. The samples go
@@ -17,6 +17,7 @@
  * file), status `ok` (with the K predictions), `warmup` (not enough history yet) or
  * `refused: <why>` (out of order, duplicate, bad values: the bar is skipped, nothing
  * changes); a closing line on stderr counts them and gives the latency per bar.
+ * --stateful: the O(1)-per-bar mode of a model trained with --carry (mtf_live.h).
  * Exit 2 with `error: ...` on bad flags, a bad model file or data that does not fit it.
  */
 #define _POSIX_C_SOURCE 200809L /* gmtime_r, clock_gettime */
@@ -43,7 +44,7 @@
 typedef struct options {
     const char *model, *data, *out, *csv;
     int64_t batch;
-    int threads, quiet, live;
+    int threads, quiet, live, stateful;
 } options;
 
 static int usage(const char *flag, const char *why) {
@@ -59,6 +60,7 @@ static int parse_options(int argc, char **argv, options *o) {
         char *end = NULL;
         if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
         if (!strcmp(a, "--live")) { o->live = 1; continue; }
+        if (!strcmp(a, "--stateful")) { o->stateful = 1; continue; }
         if (!v) return usage(a, "needs a value");
         long long x = strtoll(v, &end, 10);
         int is_num = *v && end && !*end;
@@ -72,7 +74,7 @@ static int parse_options(int argc, char **argv, options *o) {
         i++;
     }
     if (!o->model) return usage("--model", "needed");
-    if (o->live != !!o->csv) return usage("--live/--csv", "go together");
+    if (o->live != !!o->csv || (o->stateful && !o->live)) return usage("--live/--csv/--stateful", "go together");
     if (!o->live && (!o->data || !o->out)) return usage("--data/--out", "needed");
     return 1;
 }
@@ -110,7 +112,7 @@ static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb
         mb_batch b;
         const float *pred = NULL;
         if ((r = mb_loader_next(ld, &b)) != MB_OK || b.count == 0) break;
-        r = mtf_model_forward(m, (const float *)b.features, b.count, 0, NULL, &pred);
+        r = mtf_model_forward(m, (const float *)b.features, b.count, &pred);
         if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, host, pred, (size_t)(b.count * K) * sizeof(float));
         if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
         if (r == MB_OK) r = write_rows(out, host, b.count, K);
@@ -234,7 +236,8 @@ static mb_result live(const options *o) {
     memset(&rp, 0, sizeof rp);
     mb_result r = buf ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot read %s: %s", o->csv, strerror(errno));
     if (r == MB_OK && !out) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
-    if (r == MB_OK) r = mtf_live_open(&lv, o->model, MB_CPU, o->threads ? o->threads : 1);
+    if (r == MB_OK) r = mtf_live_open(&lv, o->model, MB_CPU, o->threads ? o->threads : 1,
+                                          o->stateful ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW);
     if (r == MB_OK && !(rp.lat = (double *)malloc((len / 16 + 1) * sizeof(double)))) /* a row has > 16 bytes */
         r = MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
     if (r == MB_OK) {

@@ -8,7 +8,9 @@
  *   - the first live prediction comes at prepare's first sample;
  *   - refused bars (duplicate, out of order, bad values, off-minute) change nothing;
  *   - a gap closes the higher-timeframe bars it ended with the next bar;
- *   - build/predict --csv --live prints one line per row with the same predictions. */
+ *   - build/predict --csv --live prints one line per row with the same predictions;
+ *   - the stateful mode (a --carry model) predicts what the encoders give when run over
+ *     the whole history in one call. */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -85,6 +87,10 @@ static int setup(void **state) {
              "--head 6 --max-batches 3 --quiet --export %s >/dev/null", path_of("bars.csv"), K, path_of("train.h5"),
              path_of("val.h5"), path_of("train.h5"), path_of("val.h5"), path_of("m.safetensors"));
     if (system(cmd) != 0) return -1;
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s --val %s --epochs 1 --batch 32 --hidden 4 --head 6 "
+             "--max-batches 3 --carry --quiet --export %s >/dev/null", path_of("train.h5"), path_of("val.h5"),
+             path_of("c.safetensors"));
+    if (system(cmd) != 0) return -1;
     for (int i = 0; i < 2; i++) {
         const char *split = i ? "val" : "train";
         char h5[32], csv[32];
@@ -150,7 +156,7 @@ static void test_live_equals_prepare_predict(void **state) {
     split_open(&sp[0], "train");
     split_open(&sp[1], "val");
     mtf_live *lv = NULL;
-    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1), MB_OK);
+    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_WINDOW), MB_OK);
     const mtf_spec *s = &lv->m.spec;
     float *x = tu_alloc_f32((size_t)(s->T * s->F)), y[K], pred[K];
     int64_t compared = 0, after_gap = 0, first_ready = -1, refused = 0;
@@ -198,8 +204,8 @@ static void test_live_equals_prepare_predict(void **state) {
 static void test_refused_bars_change_nothing(void **state) {
     (void)state;
     mtf_live *a = NULL, *b = NULL;
-    assert_int_equal(mtf_live_open(&a, path_of("m.safetensors"), MB_CPU, 1), MB_OK);
-    assert_int_equal(mtf_live_open(&b, path_of("m.safetensors"), MB_CPU, 1), MB_OK);
+    assert_int_equal(mtf_live_open(&a, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_WINDOW), MB_OK);
+    assert_int_equal(mtf_live_open(&b, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_WINDOW), MB_OK);
     float pa[K], pb[K];
     int ra = 0, rb = 0, checked = 0;
     for (int i = 0; i < nbars; i++) {
@@ -235,7 +241,7 @@ static void test_refused_bars_change_nothing(void **state) {
 static void test_gap_closes_bars(void **state) {
     (void)state;
     mtf_live *lv = NULL;
-    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1), MB_OK);
+    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_WINDOW), MB_OK);
     float p[K];
     int ready;
     mbf_bar b = {1704067200 + 3600 * 5, 1.1, 1.1002, 1.0998, 1.1001, 10}; /* Monday 05:00 */
@@ -265,7 +271,7 @@ static void test_predict_live_replay(void **state) {
              path_of("bars.csv"), path_of("lines.csv"));
     assert_int_equal(system(cmd), 0);
     mtf_live *lv = NULL;
-    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1), MB_OK);
+    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_WINDOW), MB_OK);
     FILE *f = fopen(path_of("lines.csv"), "r");
     assert_non_null(f);
     char line[512];
@@ -300,6 +306,59 @@ static void test_predict_live_replay(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* Stateful: after n pushes, the prediction equals, bit for bit, the encoders run over
+ * every row of their timeframe since the first bar in one forward each. */
+static void check_stateful_at(int upto) {
+    mtf_live *lv = NULL;
+    assert_int_equal(mtf_live_open(&lv, path_of("c.safetensors"), MB_CPU, 1, MTF_LIVE_STATEFUL), MB_OK);
+    mtf_spec s = lv->m.spec;
+    float *rows[MBF_TFS], pred[K];
+    for (int k = 0; k < MBF_TFS; k++) rows[k] = tu_alloc_f32((size_t)(upto * s.F));
+    int ready = 0, pushed = 0;
+    for (int i = 0; i < nbars && pushed < upto; i++) {
+        if (mtf_live_push(lv, &bars[i], pred, &ready) != MB_OK) continue;
+        pushed++;
+        for (int j = 0; j < lv->out.n; j++) { /* the same normalisation, kept for the reference */
+            const mbf_row *r = &lv->out.row[j];
+            for (int64_t f = 0; f < s.F; f++)
+                rows[r->tf][(lv->rows[r->tf] - 1) * s.F + f] = (r->x[f] - s.mean[r->tf * s.F + f]) / s.std[r->tf * s.F + f];
+        }
+    }
+    assert_true(ready);
+    mtf_spec whole = s; /* one segment per timeframe holding all its rows */
+    whole.T = 0;
+    for (int k = 0; k < MBF_TFS; k++) { whole.seg_len[k] = lv->rows[k]; whole.T += lv->rows[k]; }
+    float *x = tu_alloc_f32((size_t)(whole.T * s.F));
+    for (int k = 0, off = 0; k < MBF_TFS; off += (int)lv->rows[k], k++)
+        memcpy(x + off * s.F, rows[k], (size_t)(lv->rows[k] * s.F) * sizeof(float));
+    mb_st_file *f = NULL;
+    mtf_model m;
+    const float *want = NULL;
+    assert_int_equal(mb_st_read(&f, path_of("c.safetensors")), MB_OK);
+    assert_int_equal(mtf_model_create(&m, lv->dev, &whole, 1, 0), MB_OK);
+    assert_int_equal(mtf_model_load(&m, f), MB_OK);
+    assert_int_equal(mtf_model_forward(&m, x, 1, &want), MB_OK);
+    if (memcmp(pred, want, sizeof pred))
+        fail_msg("stateful %.9g %.9g, whole history %.9g %.9g", (double)pred[0], (double)pred[1], (double)want[0],
+                 (double)want[1]);
+    printf("stateful after %d bars (M1 rows %lld): bitwise the whole-history forward\n", upto, (long long)lv->rows[0]);
+    mtf_model_destroy(&m);
+    mb_st_close(f);
+    free(x);
+    for (int k = 0; k < MBF_TFS; k++) free(rows[k]);
+    mtf_live_close(lv);
+}
+
+static void test_stateful_mode(void **state) {
+    (void)state;
+    check_stateful_at(12000 + tu_int(0, 400));
+    check_stateful_at(nbars - 2);
+    mtf_live *lv = NULL; /* a model trained without --carry */
+    assert_int_equal(mtf_live_open(&lv, path_of("m.safetensors"), MB_CPU, 1, MTF_LIVE_STATEFUL), MB_ERR_FORMAT);
+    assert_non_null(strstr(mb_last_error(), "--carry"));
+    assert_null(lv);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -307,6 +366,7 @@ int main(void) {
         cmocka_unit_test(test_refused_bars_change_nothing),
         cmocka_unit_test(test_gap_closes_bars),
         cmocka_unit_test(test_predict_live_replay),
+        cmocka_unit_test(test_stateful_mode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
