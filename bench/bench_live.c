@@ -17,19 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void report(const char *what, double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, by_value);
+    qsort(v, (size_t)n, sizeof *v, mtf_by_value);
     printf("%-28s median %9.1f us  p90 %9.1f  p99 %9.1f  min %9.1f  max %9.1f  (%d bars)\n", what, 1e6 * v[n / 2],
            1e6 * v[n * 9 / 10], 1e6 * v[n * 99 / 100], 1e6 * v[0], 1e6 * v[n - 1], n);
 }
@@ -96,11 +85,11 @@ int main(int argc, char **argv) {
     mbf_init(e, (int)F);
     while (timed < n && r == MB_OK) {
         b = next_bar(b, i++);
-        double t0 = now();
+        double t0 = mtf_now_s();
         r = mtf_live_push(lv, &b, pred, &ready);
-        double t1 = now();
+        double t1 = mtf_now_s();
         mbf_push(e, &b, out); /* the engine alone, on the same bars */
-        double t2 = now();
+        double t2 = mtf_now_s();
         if (ready) { lat[timed] = t1 - t0; eng[timed++] = t2 - t1; }
         else warm++;
     }

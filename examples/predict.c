@@ -160,17 +160,6 @@ static mb_result run(const options *o, int64_t *n) {
 #ifndef __CUDACC__
 // ---- --live: replay bars through the live predictor ----
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct replay { int64_t rows, ok, warmup, refused, timed; double *lat; } replay;
 
 /* One data row of the file: parse it as prepare does, push it, print its line. */
@@ -184,9 +173,9 @@ static mb_result replay_row(mtf_live *lv, char *line, size_t lineno, FILE *out, 
     struct tm tm;
     if (!bad && gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d %H:%M", &tm);
     mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
-    double t0 = now_s();
+    double t0 = mtf_now_s();
     mb_result r = bad ? MB_ERR_INVALID_ARG : mtf_live_push(lv, &b, pred, &ready);
-    if (ready) rp->lat[rp->timed++] = now_s() - t0;
+    if (ready) rp->lat[rp->timed++] = mtf_now_s() - t0;
     rp->rows++;
     if (r == MB_ERR_INVALID_ARG) {
         rp->refused++;
@@ -247,7 +236,7 @@ static mb_result live(const options *o) {
     }
     if (out && out != stdout && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
     if (r == MB_OK && !o->quiet) {
-        qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, by_value);
+        qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, mtf_by_value);
         fprintf(stderr, "live: %lld rows: %lld predictions, %lld warmup, %lld refused; latency per bar (batch 1, "
                 "CPU): median %.3f ms, min %.3f, max %.3f\n", (long long)rp.rows, (long long)rp.ok,
                 (long long)rp.warmup, (long long)rp.refused, rp.timed ? 1e3 * rp.lat[rp.timed / 2] : 0.0,

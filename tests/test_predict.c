@@ -95,7 +95,7 @@ static int64_t predict_here(const char *model, const char *data, int64_t B, floa
         int64_t b = dm->n - i < B ? dm->n - i : B;
         const float *pred = NULL;
         assert_int_equal(mb_dataset_read(ds, i, i + b, x, y, NULL), MB_OK);
-        assert_int_equal(mtf_model_forward(&m, x, b, 0, NULL, &pred), MB_OK);
+        assert_int_equal(mtf_model_forward(&m, x, b, &pred), MB_OK);
         memcpy(p + i * s.K, pred, (size_t)(b * s.K) * sizeof(float));
     }
     *out = p;
