@@ -5438,8 +5438,13 @@ MBDEF mb_result mb_st_read(mb_st_file **out, const char *path) {
     *out = NULL;
     mb_ckpt_reader rd; /* the checkpoint reader's whole-file read, with its checks */
     memset(&rd, 0, sizeof rd);
-    MB_TRY(mb__ckpt_slurp(&rd, path));
-    mb_result r = mb_st_parse(out, rd.buf, rd.size, path);
+    mb_result r = mb__ckpt_slurp(&rd, path);
+    if (r != MB_OK) { /* its message, named for this reader */
+        char why[MB_MAX_ERROR];
+        snprintf(why, sizeof why, "%s", mb_last_error());
+        return MB_FAIL(NULL, r, "mb_st_read: %s", strncmp(why, "mb_ckpt_read: ", 14) ? why : why + 14);
+    }
+    r = mb_st_parse(out, rd.buf, rd.size, path);
     MB_FREE(rd.buf);
     return r;
 }

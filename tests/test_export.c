@@ -340,6 +340,7 @@ static void test_bad_headers(void **state) {
     assert_non_null(strstr(mb_last_error(), "does not fit"));
     assert_null(f);
     assert_int_equal(mb_st_read(&f, "/nonexistent.safetensors"), MB_ERR_IO);
+    assert_non_null(strstr(mb_last_error(), "mb_st_read: cannot open '/nonexistent.safetensors'"));
 }
 
 /* Every prefix of a real file is refused (a truncated download), and random byte damage
