@@ -238,9 +238,9 @@ static mb_result live(const options *o) {
     if (r == MB_OK && !o->quiet) {
         qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, mtf_by_value);
         fprintf(stderr, "live: %lld rows: %lld predictions, %lld warmup, %lld refused; latency per bar (batch 1, "
-                "CPU): median %.3f ms, min %.3f, max %.3f\n", (long long)rp.rows, (long long)rp.ok,
-                (long long)rp.warmup, (long long)rp.refused, rp.timed ? 1e3 * rp.lat[rp.timed / 2] : 0.0,
-                rp.timed ? 1e3 * rp.lat[0] : 0.0, rp.timed ? 1e3 * rp.lat[rp.timed - 1] : 0.0);
+                "CPU): median %.1f us, min %.1f, max %.1f\n", (long long)rp.rows, (long long)rp.ok,
+                (long long)rp.warmup, (long long)rp.refused, rp.timed ? 1e6 * rp.lat[rp.timed / 2] : 0.0,
+                rp.timed ? 1e6 * rp.lat[0] : 0.0, rp.timed ? 1e6 * rp.lat[rp.timed - 1] : 0.0);
     }
     free(rp.lat);
     free(buf);
