@@ -450,6 +450,17 @@ static mb_result export_model(const options *o, model *m, const mb_dataset_meta 
     return r;
 }
 
+/* --export's directory must take the file: checked before training, not after it. */
+static mb_result export_writable(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path); /* what mb_st_write creates first */
+    FILE *f = fopen(tmp, "w");
+    if (!f) return MB_FAIL(NULL, MB_ERR_IO, "--export: cannot create '%s': %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    return MB_OK;
+}
+
 static mb_result init_model(const options *o, model *m) {
     mb_st_file *f = NULL;
     mtf_spec s;
@@ -842,6 +853,7 @@ static mb_result run(const options *o, run_state *rs) {
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
     if (r == MB_OK) r = model_create(&m, dev, mt, o);
     if (r == MB_OK && o->init && !o->resume) r = init_model(o, &m);
+    if (r == MB_OK && o->export_path) r = export_writable(o->export_path);
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     if (r == MB_OK) r = mb_adamw_create(&opt, m.params, &ac);

@@ -187,8 +187,8 @@ static void test_bad_files_exit_2(void **state) {
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 7 --init @/m.safetensors",
          "'enc.0.weight_ih_l0' is F32 [24,4], the model needs F32 [28,4]"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --init @/cut.safetensors", "does not fit"},
-        {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export /nonexistent/x.st",
-         "cannot create"},
+        {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export /nonexistent/x.st "
+         "--metrics @/refused.csv", "--export: cannot create '/nonexistent/x.st.tmp'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
@@ -200,6 +200,7 @@ static void test_bad_files_exit_2(void **state) {
         assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
         if (!strstr(line, cases[i].want)) fail_msg("%s: got '%s', want '%s'", cmd, line, cases[i].want);
     }
+    assert_int_equal(access(path_of("refused.csv"), F_OK), -1); /* refused before training began */
 }
 
 static void test_torch_roundtrip(void **state) {
