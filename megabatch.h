@@ -876,6 +876,75 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
 // ---- end checkpoint ----
 
+// ---- export ----
+// Weights in safetensors, the format PyTorch, JAX and most inference runtimes read: an
+// 8-byte little-endian header length N, N bytes of JSON, then the raw little-endian
+// tensors. The JSON maps each tensor name to {"dtype", "shape", "data_offsets": [begin,
+// end)} (offsets into the data that follows the header) and may hold "__metadata__", a map
+// of strings to strings. mb_st_* ("st": safetensors) writes and reads such files; the
+// header is untrusted input on read: every length, offset, shape and dtype is checked
+// (overflow included) before anything is used, and a file is refused, with the reason,
+// unless its tensors exactly tile the data (as the reference reader requires).
+//
+//   mb_st_meta meta[] = {{"hidden", "32"}};
+//   const char *const names[] = {"enc0.", "enc.0.", "head.", "", NULL}; // ours -> file's
+//   mb_st_save_params("model.safetensors", params, names, meta, 1);
+//   mb_st_file *f;
+//   mb_st_read(&f, "model.safetensors");
+//   mb_st_load_params(f, params, names);       // strict: same names, shapes, dtype F32
+//   const char *h = mb_st_meta_get(f, "hidden"); // NULL when absent
+//   mb_st_close(f);
+
+#ifndef MB_ST_MAX_HEADER
+#define MB_ST_MAX_HEADER (100u << 20) /* bytes of JSON header accepted on read (the reference's cap) */
+#endif
+#define MB_ST_MAX_RANK 8              /* dimensions of a tensor in a file */
+
+typedef struct mb_st_tensor {
+    const char *name;                 /* write: any 1..MB_MAX_NAME-1 bytes; read: NUL-terminated */
+    char dtype[8];                    /* "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8",
+                                         "BOOL"; write: "" or "F32" (only f32 is written) */
+    int rank;                         /* 0..MB_ST_MAX_RANK */
+    int64_t shape[MB_ST_MAX_RANK];
+    size_t count;                     /* elements (the product of shape); read only */
+    const void *data;                 /* write: host memory; read: into the file's data (aligned) */
+} mb_st_tensor;
+
+typedef struct mb_st_meta { const char *key, *value; } mb_st_meta;
+typedef struct mb_st_file mb_st_file;
+
+/* Write n tensors (host f32) and nmeta metadata pairs to path crash-safely (path.tmp,
+ * fsync, rename, fsync of the directory; a previous file is untouched on failure). Names
+ * must be unique. The header is padded with spaces to a multiple of 8 bytes. */
+MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, const mb_st_meta *meta, int nmeta);
+/* Read and validate a whole file. MB_ERR_IO: cannot open or read; MB_ERR_OVERFLOW: a
+ * header longer than MB_ST_MAX_HEADER, or sizes that overflow; MB_ERR_FORMAT: anything
+ * else wrong (truncated, bad JSON, unknown dtype or field, a duplicate name, offsets out of
+ * range, overlapping or leaving a hole, a byte count that disagrees with the shape). */
+MBDEF mb_result mb_st_read(mb_st_file **out, const char *path);
+/* The same from bytes in memory (copied; `what` names them in messages). */
+MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const char *what);
+MBDEF void mb_st_close(mb_st_file *f); /* NULL is fine */
+MBDEF int mb_st_count(const mb_st_file *f);
+MBDEF const mb_st_tensor *mb_st_at(const mb_st_file *f, int i);         /* in the header's order */
+MBDEF const mb_st_tensor *mb_st_find(const mb_st_file *f, const char *name); /* NULL when absent */
+MBDEF const char *mb_st_meta_get(const mb_st_file *f, const char *key);  /* NULL when absent */
+MBDEF int mb_st_meta_count(const mb_st_file *f);
+MBDEF void mb_st_meta_at(const mb_st_file *f, int i, const char **key, const char **value);
+
+/* Parameters <-> file. rename: NULL, or pairs {ours, theirs, ..., NULL}: a parameter
+ * whose name starts with `ours` (the first pair that matches) is stored under `theirs`
+ * followed by the rest of the name ("enc0.weight_ih_l0" -> "enc.0.weight_ih_l0"). Load is
+ * strict, as torch's load_state_dict(strict=True): every parameter must be in the file as
+ * F32 with the same shape, and every tensor of the file must be a parameter; any mismatch
+ * is MB_ERR_FORMAT naming the tensor (and both shapes), and the parameters are then
+ * untouched. */
+MBDEF mb_result mb_st_save_params(const char *path, mb_params *p, const char *const *rename,
+                                  const mb_st_meta *meta, int nmeta);
+MBDEF mb_result mb_st_load_params(const mb_st_file *f, mb_params *p, const char *const *rename);
+
+// ---- end export ----
+
 #ifdef __cplusplus
 }
 #endif
@@ -4960,6 +5029,571 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s) {
 }
 
 // ---- end checkpoint ----
+
+// ---- export ----
+
+struct mb_st_file {
+    char *text;              /* the header (NUL-terminated); names and metadata point into it */
+    unsigned char *data;     /* the tensors (own allocation: aligned) */
+    size_t data_bytes;
+    mb_st_tensor *t;
+    int n, cap;
+    const char **meta;       /* key, value, key, value, ... */
+    int nmeta, meta_cap;
+};
+
+static const struct { const char *name; size_t size; } mb__st_dtypes[] = {
+    {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1}, {"U8", 1},
+    {"BOOL", 1}};
+
+static size_t mb__st_dtype_size(const char *s) {
+    for (size_t i = 0; i < sizeof mb__st_dtypes / sizeof *mb__st_dtypes; i++)
+        if (!strcmp(s, mb__st_dtypes[i].name)) return mb__st_dtypes[i].size;
+    return 0;
+}
+
+/* ---- writing ---- */
+
+typedef struct mb__st_buf { char *p; size_t n, cap; int oom; } mb__st_buf;
+
+static void mb__st_put(mb__st_buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + n;
+        char *q = (char *)mb__host_alloc(cap);
+        if (!q) { b->oom = 1; return; }
+        if (b->n) memcpy(q, b->p, b->n);
+        MB_FREE(b->p);
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void mb__st_puts(mb__st_buf *b, const char *s) { mb__st_put(b, s, strlen(s)); }
+
+static void mb__st_put_json_string(mb__st_buf *b, const char *s) {
+    mb__st_puts(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e[8];
+        if (c == '"' || c == '\\') { e[0] = '\\'; e[1] = (char)c; mb__st_put(b, e, 2); }
+        else if (c < 0x20) { snprintf(e, sizeof e, "\\u%04x", c); mb__st_puts(b, e); }
+        else mb__st_put(b, (const char *)&c, 1);
+    }
+    mb__st_puts(b, "\"");
+}
+
+static mb_result mb__st_header(mb__st_buf *b, const mb_st_tensor *t, int n, const mb_st_meta *meta, int nmeta,
+                               size_t *data_bytes) {
+    size_t off = 0;
+    mb__st_puts(b, "{");
+    if (nmeta > 0) {
+        mb__st_puts(b, "\"__metadata__\":{");
+        for (int i = 0; i < nmeta; i++) {
+            if (!meta[i].key || !meta[i].value)
+                return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: metadata %d has a NULL key or value", i);
+            if (i) mb__st_puts(b, ",");
+            mb__st_put_json_string(b, meta[i].key);
+            mb__st_puts(b, ":");
+            mb__st_put_json_string(b, meta[i].value);
+        }
+        mb__st_puts(b, "}");
+    }
+    for (int i = 0; i < n; i++) {
+        size_t bytes;
+        char num[64];
+        if (!t[i].name || !t[i].name[0] || strlen(t[i].name) >= MB_MAX_NAME || !strcmp(t[i].name, "__metadata__"))
+            return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: tensor %d: bad name", i);
+        if ((t[i].dtype[0] && strcmp(t[i].dtype, "F32")) || t[i].rank < 0 || t[i].rank > MB_ST_MAX_RANK)
+            return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: '%s': only F32 of rank 0..%d is written",
+                           t[i].name, MB_ST_MAX_RANK);
+        if (!mb_size_product(t[i].shape, t[i].rank, 4, &bytes) || !mb_size_add(off, bytes, &off))
+            return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mb_st_write: '%s': shape overflows", t[i].name);
+        if (bytes && !t[i].data) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: '%s': NULL data", t[i].name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(t[i].name, t[j].name))
+                return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: tensor '%s' given twice", t[i].name);
+        mb__st_puts(b, nmeta > 0 || i ? "," : "");
+        mb__st_put_json_string(b, t[i].name);
+        mb__st_puts(b, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (int d = 0; d < t[i].rank; d++) {
+            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+            mb__st_puts(b, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%zu,%zu]}", off - bytes, off);
+        mb__st_puts(b, num);
+    }
+    mb__st_puts(b, "}");
+    while (b->n % 8) mb__st_puts(b, " ");
+    *data_bytes = off;
+    return b->oom ? MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "mb_st_write: no host memory for the header") : MB_OK;
+}
+
+static int mb__st_write_fd(int fd, const mb__st_buf *b, const mb_st_tensor *t, int n) {
+    unsigned char len[8];
+    mb__put_le(len, b->n, 8);
+    if (mb__ckpt_write_all(fd, len, 8, NULL) || mb__ckpt_write_all(fd, b->p, b->n, NULL)) return -1;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = 0;
+        mb_size_product(t[i].shape, t[i].rank, 4, &bytes); /* checked by mb__st_header */
+        if (bytes && mb__ckpt_write_all(fd, t[i].data, bytes, NULL)) return -1;
+    }
+    return fsync(fd);
+}
+
+MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, const mb_st_meta *meta, int nmeta) {
+    if (!path || !path[0] || n < 0 || nmeta < 0 || (n && !t) || (nmeta && !meta))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: NULL or empty argument");
+    char tmp[MB__CKPT_PATH];
+    if (strlen(path) + 5 > sizeof tmp)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_write: path of %zu bytes is too long", strlen(path));
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    mb__st_buf b;
+    memset(&b, 0, sizeof b);
+    size_t data_bytes = 0;
+    mb_result r = mb__st_header(&b, t, n, meta, nmeta, &data_bytes);
+    int fd = r == MB_OK ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    if (r == MB_OK && fd < 0) r = MB_FAIL(NULL, MB_ERR_IO, "mb_st_write: cannot create '%s': %s", tmp, strerror(errno));
+    if (fd >= 0) {
+        int rc = mb__st_write_fd(fd, &b, t, n), err = errno;
+        if (close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
+        if (rc == 0 && rename(tmp, path) != 0) { rc = -1; err = errno; }
+        if (rc != 0) {
+            unlink(tmp);
+            r = MB_FAIL(NULL, MB_ERR_IO, "mb_st_write: writing '%s' failed: %s (a previous '%s' is untouched)", tmp,
+                        strerror(err), path);
+        } else if (mb__ckpt_sync_dir(path) != 0) {
+            r = MB_FAIL(NULL, MB_ERR_IO, "mb_st_write: '%s' written but syncing its directory failed", path);
+        }
+    }
+    MB_FREE(b.p);
+    (void)data_bytes;
+    return r;
+}
+
+/* ---- reading: a strict parser for the header's JSON subset ---- */
+
+typedef struct mb__st_js { char *p, *end, *start; const char *what; } mb__st_js;
+
+#define MB__ST_BAD(j, ...) MB_FAIL(NULL, MB_ERR_FORMAT, __VA_ARGS__) /* j: the parser, for the reader */
+
+static void mb__st_ws(mb__st_js *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+static int mb__st_peek(mb__st_js *j, char c) {
+    mb__st_ws(j);
+    return j->p < j->end && *j->p == c;
+}
+static mb_result mb__st_expect(mb__st_js *j, char c) {
+    if (!mb__st_peek(j, c))
+        return MB__ST_BAD(j, "%s: bad safetensors header: '%c' expected at header byte %lld", j->what, c,
+                          (long long)(j->p - j->start));
+    j->p++;
+    return MB_OK;
+}
+
+static int mb__st_hex(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static int mb__st_u4(const char *p, const char *end, unsigned *v) {
+    if (end - p < 4) return 0;
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = mb__st_hex(p[i]);
+        if (h < 0) return 0;
+        *v = *v * 16 + (unsigned)h;
+    }
+    return 1;
+}
+
+/* A JSON string, decoded in place (UTF-8; never longer than its source) and
+ * NUL-terminated where its closing quote was. */
+static mb_result mb__st_string(mb__st_js *j, const char **out) {
+    MB_TRY(mb__st_expect(j, '"'));
+    char *w = j->p, *s = j->p;
+    for (;;) {
+        if (j->p >= j->end) return MB__ST_BAD(j, "%s: bad safetensors header: unterminated string", j->what);
+        unsigned char c = (unsigned char)*j->p++;
+        if (c == '"') break;
+        if (c < 0x20) return MB__ST_BAD(j, "%s: bad safetensors header: control byte in a string", j->what);
+        if (c != '\\') { *w++ = (char)c; continue; }
+        if (j->p >= j->end) return MB__ST_BAD(j, "%s: bad safetensors header: unterminated string", j->what);
+        char e = *j->p++;
+        const char *simple = strchr("\"\\/bfnrt", e);
+        if (e && simple) { *w++ = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"]; continue; }
+        unsigned u, lo;
+        if (e != 'u' || !mb__st_u4(j->p, j->end, &u))
+            return MB__ST_BAD(j, "%s: bad safetensors header: bad escape in a string", j->what);
+        j->p += 4;
+        if (u >= 0xD800 && u < 0xDC00) { /* a surrogate pair */
+            if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || !mb__st_u4(j->p + 2, j->end, &lo) ||
+                lo < 0xDC00 || lo > 0xDFFF)
+                return MB__ST_BAD(j, "%s: bad safetensors header: lone surrogate in a string", j->what);
+            j->p += 6;
+            u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+        } else if (u >= 0xDC00 && u <= 0xDFFF) {
+            return MB__ST_BAD(j, "%s: bad safetensors header: lone surrogate in a string", j->what);
+        }
+        if (u == 0) return MB__ST_BAD(j, "%s: bad safetensors header: NUL in a string", j->what);
+        if (u < 0x80) *w++ = (char)u;
+        else if (u < 0x800) { *w++ = (char)(0xC0 | (u >> 6)); *w++ = (char)(0x80 | (u & 63)); }
+        else if (u < 0x10000) {
+            *w++ = (char)(0xE0 | (u >> 12)); *w++ = (char)(0x80 | ((u >> 6) & 63)); *w++ = (char)(0x80 | (u & 63));
+        } else {
+            *w++ = (char)(0xF0 | (u >> 18)); *w++ = (char)(0x80 | ((u >> 12) & 63));
+            *w++ = (char)(0x80 | ((u >> 6) & 63)); *w++ = (char)(0x80 | (u & 63));
+        }
+    }
+    *w = 0;
+    *out = s;
+    return MB_OK;
+}
+
+/* A non-negative integer below 2^63 (no sign, fraction or exponent). */
+static mb_result mb__st_uint(mb__st_js *j, uint64_t *out) {
+    mb__st_ws(j);
+    uint64_t v = 0;
+    int digits = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (v > ((uint64_t)INT64_MAX - 9) / 10)
+            return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s: bad safetensors header: a number overflows", j->what);
+        v = v * 10 + (uint64_t)(*j->p++ - '0');
+        digits++;
+    }
+    if (!digits || (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E')))
+        return MB__ST_BAD(j, "%s: bad safetensors header: a non-negative integer expected", j->what);
+    *out = v;
+    return MB_OK;
+}
+
+/* [u, u, ...] into v (at most cap); *n gets the count. */
+static mb_result mb__st_uints(mb__st_js *j, uint64_t *v, int cap, int *n, const char *field) {
+    MB_TRY(mb__st_expect(j, '['));
+    *n = 0;
+    if (mb__st_peek(j, ']')) { j->p++; return MB_OK; }
+    for (;;) {
+        if (*n >= cap) return MB__ST_BAD(j, "%s: bad safetensors header: %s has more than %d entries", j->what, field, cap);
+        MB_TRY(mb__st_uint(j, &v[(*n)++]));
+        if (mb__st_peek(j, ']')) { j->p++; return MB_OK; }
+        MB_TRY(mb__st_expect(j, ','));
+    }
+}
+
+/* Room for entry n (entries are added one or two at a time; the header cap bounds n). */
+static mb_result mb__st_grow(void **p, int *cap, int n, size_t elem) {
+    if (n < *cap) return MB_OK;
+    int c = *cap ? *cap * 2 : 32;
+    void *q = mb__host_alloc((size_t)c * elem);
+    if (!q) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "safetensors: no host memory for %d entries", c);
+    if (*cap) memcpy(q, *p, (size_t)*cap * elem);
+    MB_FREE(*p);
+    *p = q;
+    *cap = c;
+    return MB_OK;
+}
+
+static mb_result mb__st_metadata(mb__st_js *j, mb_st_file *f) {
+    MB_TRY(mb__st_expect(j, '{'));
+    if (mb__st_peek(j, '}')) { j->p++; return MB_OK; }
+    for (;;) {
+        MB_TRY(mb__st_grow((void **)&f->meta, &f->meta_cap, 2 * f->nmeta + 1, sizeof *f->meta));
+        MB_TRY(mb__st_string(j, &f->meta[2 * f->nmeta]));
+        MB_TRY(mb__st_expect(j, ':'));
+        MB_TRY(mb__st_string(j, &f->meta[2 * f->nmeta + 1]));
+        f->nmeta++;
+        if (mb__st_peek(j, '}')) { j->p++; return MB_OK; }
+        MB_TRY(mb__st_expect(j, ','));
+    }
+}
+
+/* {"dtype": .., "shape": [..], "data_offsets": [b, e]} in any order, each exactly once. */
+static mb_result mb__st_entry(mb__st_js *j, mb_st_tensor *t, uint64_t off[2]) {
+    int seen = 0, n;
+    MB_TRY(mb__st_expect(j, '{'));
+    for (;;) {
+        const char *key, *dt;
+        uint64_t v[MB_ST_MAX_RANK];
+        MB_TRY(mb__st_string(j, &key));
+        MB_TRY(mb__st_expect(j, ':'));
+        if (!strcmp(key, "dtype") && !(seen & 1)) {
+            MB_TRY(mb__st_string(j, &dt));
+            if (strlen(dt) >= sizeof t->dtype || !mb__st_dtype_size(dt))
+                return MB__ST_BAD(j, "%s: tensor '%s': unknown dtype '%.16s'", j->what, t->name, dt);
+            strcpy(t->dtype, dt);
+            seen |= 1;
+        } else if (!strcmp(key, "shape") && !(seen & 2)) {
+            MB_TRY(mb__st_uints(j, v, MB_ST_MAX_RANK, &n, "shape"));
+            t->rank = n;
+            for (int d = 0; d < n; d++) t->shape[d] = (int64_t)v[d];
+            seen |= 2;
+        } else if (!strcmp(key, "data_offsets") && !(seen & 4)) {
+            MB_TRY(mb__st_uints(j, v, 2, &n, "data_offsets"));
+            if (n != 2) return MB__ST_BAD(j, "%s: tensor '%s': data_offsets needs 2 entries", j->what, t->name);
+            off[0] = v[0]; off[1] = v[1];
+            seen |= 4;
+        } else {
+            return MB__ST_BAD(j, "%s: tensor '%s': unknown or repeated field '%.32s'", j->what, t->name, key);
+        }
+        if (mb__st_peek(j, '}')) { j->p++; break; }
+        MB_TRY(mb__st_expect(j, ','));
+    }
+    if (seen != 7) return MB__ST_BAD(j, "%s: tensor '%s': dtype, shape or data_offsets missing", j->what, t->name);
+    return MB_OK;
+}
+
+static mb_result mb__st_object(mb__st_js *j, mb_st_file *f, uint64_t **offs, int *offs_cap) {
+    MB_TRY(mb__st_expect(j, '{'));
+    if (mb__st_peek(j, '}')) { j->p++; return MB_OK; }
+    int has_meta = 0;
+    for (;;) {
+        const char *key;
+        MB_TRY(mb__st_string(j, &key));
+        MB_TRY(mb__st_expect(j, ':'));
+        if (!strcmp(key, "__metadata__")) {
+            if (has_meta++) return MB__ST_BAD(j, "%s: __metadata__ given twice", j->what);
+            MB_TRY(mb__st_metadata(j, f));
+        } else {
+            if (!key[0] || strlen(key) >= MB_MAX_NAME)
+                return MB__ST_BAD(j, "%s: tensor name '%.64s' must be 1..%d bytes", j->what, key, MB_MAX_NAME - 1);
+            MB_TRY(mb__st_grow((void **)&f->t, &f->cap, f->n, sizeof *f->t));
+            MB_TRY(mb__st_grow((void **)offs, offs_cap, 2 * f->n + 1, sizeof **offs));
+            mb_st_tensor *t = &f->t[f->n];
+            memset(t, 0, sizeof *t);
+            t->name = key;
+            MB_TRY(mb__st_entry(j, t, *offs + 2 * f->n));
+            f->n++;
+        }
+        if (mb__st_peek(j, '}')) { j->p++; break; }
+        MB_TRY(mb__st_expect(j, ','));
+    }
+    mb__st_ws(j);
+    if (j->p != j->end) return MB__ST_BAD(j, "%s: bad safetensors header: bytes after the JSON object", j->what);
+    return MB_OK;
+}
+
+static MB__TLS const mb_st_file *mb__st_sort_file; /* qsort has no user pointer in C11 */
+static MB__TLS const uint64_t *mb__st_sort_offs;
+static int mb__st_by_name(const void *a, const void *b) {
+    return strcmp(mb__st_sort_file->t[*(const int *)a].name, mb__st_sort_file->t[*(const int *)b].name);
+}
+static int mb__st_by_begin(const void *a, const void *b) {
+    uint64_t x = mb__st_sort_offs[2 * *(const int *)a], y = mb__st_sort_offs[2 * *(const int *)b];
+    return x < y ? -1 : x > y;
+}
+
+/* Sizes against shapes, unique names, and offsets that tile [0, data_bytes) exactly. */
+static mb_result mb__st_check(mb_st_file *f, const uint64_t *off, const char *what) {
+    int *ix = NULL;
+    mb_result r = MB_OK;
+    if (f->n && !(ix = (int *)mb__host_alloc((size_t)f->n * sizeof *ix)))
+        return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
+    for (int i = 0; r == MB_OK && i < f->n; i++) {
+        mb_st_tensor *t = &f->t[i];
+        size_t bytes = 0;
+        ix[i] = i;
+        if (!mb_size_product(t->shape, t->rank, mb__st_dtype_size(t->dtype), &bytes) || bytes > (size_t)INT64_MAX)
+            r = MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s: tensor '%s': its shape overflows", what, t->name);
+        else if (off[2 * i] > off[2 * i + 1] || off[2 * i + 1] - off[2 * i] != (uint64_t)bytes)
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu) hold %llu bytes, its %s shape "
+                        "needs %zu", what, t->name, (unsigned long long)off[2 * i], (unsigned long long)off[2 * i + 1],
+                        (unsigned long long)(off[2 * i + 1] - off[2 * i]), t->dtype, bytes);
+        t->count = bytes / mb__st_dtype_size(t->dtype);
+    }
+    mb__st_sort_file = f; mb__st_sort_offs = off;
+    if (r == MB_OK && f->n) qsort(ix, (size_t)f->n, sizeof *ix, mb__st_by_name);
+    for (int i = 1; r == MB_OK && i < f->n; i++)
+        if (!strcmp(f->t[ix[i]].name, f->t[ix[i - 1]].name))
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: tensor '%s' appears twice", what, f->t[ix[i]].name);
+    if (r == MB_OK && f->n) qsort(ix, (size_t)f->n, sizeof *ix, mb__st_by_begin);
+    uint64_t at = 0;
+    for (int i = 0; r == MB_OK && i < f->n; i++) {
+        const uint64_t *o = off + 2 * ix[i];
+        if (o[0] != at)
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: tensor '%s' starts at data byte %llu, expected %llu (%s)", what,
+                        f->t[ix[i]].name, (unsigned long long)o[0], (unsigned long long)at,
+                        o[0] < at ? "overlap" : "a hole");
+        at = o[1];
+    }
+    if (r == MB_OK && at != (uint64_t)f->data_bytes)
+        r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: the tensors end at data byte %llu but the file holds %zu data bytes (%s)",
+                    what, (unsigned long long)at, f->data_bytes, at > f->data_bytes ? "truncated" : "trailing bytes");
+    for (int i = 0; r == MB_OK && i < f->n; i++) f->t[i].data = f->data + off[2 * i];
+    MB_FREE(ix);
+    return r;
+}
+
+MBDEF void mb_st_close(mb_st_file *f) {
+    if (!f) return;
+    MB_FREE(f->text); MB_FREE(f->data); MB_FREE(f->t); MB_FREE((void *)f->meta);
+    MB_FREE(f);
+}
+
+MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const char *what) {
+    if (!out || (n && !bytes)) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_parse: NULL argument");
+    *out = NULL;
+    what = what ? what : "safetensors";
+    const unsigned char *b = (const unsigned char *)bytes;
+    if (n < 8) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: truncated: %zu bytes, less than the 8-byte header length", what, n);
+    uint64_t hl = mb__get_le(b, 8);
+    if (hl > MB_ST_MAX_HEADER)
+        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s: header length %llu exceeds the cap of %u bytes", what,
+                       (unsigned long long)hl, (unsigned)MB_ST_MAX_HEADER);
+    if (hl < 2 || hl > n - 8)
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: header length %llu does not fit the file's %zu bytes (truncated?)",
+                       what, (unsigned long long)hl, n);
+    mb_st_file *f = (mb_st_file *)mb__host_alloc(sizeof *f);
+    if (!f) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
+    memset(f, 0, sizeof *f);
+    f->data_bytes = n - 8 - (size_t)hl;
+    f->text = (char *)mb__host_alloc((size_t)hl + 1);
+    f->data = (unsigned char *)mb__host_alloc(f->data_bytes);
+    uint64_t *offs = NULL;
+    int offs_cap = 0;
+    mb_result r = f->text && f->data ? MB_OK : MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
+    if (r == MB_OK) {
+        memcpy(f->text, b + 8, (size_t)hl);
+        f->text[hl] = 0;
+        if (f->data_bytes) memcpy(f->data, b + 8 + hl, f->data_bytes);
+        mb__st_js j = {f->text, f->text + hl, f->text, what};
+        r = mb__st_object(&j, f, &offs, &offs_cap);
+    }
+    if (r == MB_OK) r = mb__st_check(f, offs, what);
+    MB_FREE(offs);
+    if (r != MB_OK) { mb_st_close(f); return r; }
+    *out = f;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_st_read(mb_st_file **out, const char *path) {
+    if (!out || !path) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_read: NULL argument");
+    *out = NULL;
+    mb_ckpt_reader rd; /* the checkpoint reader's whole-file read, with its checks */
+    memset(&rd, 0, sizeof rd);
+    mb_result r = mb__ckpt_slurp(&rd, path);
+    if (r != MB_OK) { /* its message, named for this reader */
+        char why[MB_MAX_ERROR];
+        snprintf(why, sizeof why, "%s", mb_last_error());
+        return MB_FAIL(NULL, r, "mb_st_read: %s", strncmp(why, "mb_ckpt_read: ", 14) ? why : why + 14);
+    }
+    r = mb_st_parse(out, rd.buf, rd.size, path);
+    MB_FREE(rd.buf);
+    return r;
+}
+
+MBDEF int mb_st_count(const mb_st_file *f) { return f ? f->n : 0; }
+MBDEF const mb_st_tensor *mb_st_at(const mb_st_file *f, int i) { return f && i >= 0 && i < f->n ? &f->t[i] : NULL; }
+MBDEF const mb_st_tensor *mb_st_find(const mb_st_file *f, const char *name) {
+    for (int i = 0; f && name && i < f->n; i++)
+        if (!strcmp(f->t[i].name, name)) return &f->t[i];
+    return NULL;
+}
+MBDEF const char *mb_st_meta_get(const mb_st_file *f, const char *key) {
+    for (int i = 0; f && key && i < f->nmeta; i++)
+        if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+    return NULL;
+}
+MBDEF int mb_st_meta_count(const mb_st_file *f) { return f ? f->nmeta : 0; }
+MBDEF void mb_st_meta_at(const mb_st_file *f, int i, const char **key, const char **value) {
+    int ok = f && i >= 0 && i < f->nmeta;
+    if (key) *key = ok ? f->meta[2 * i] : NULL;
+    if (value) *value = ok ? f->meta[2 * i + 1] : NULL;
+}
+
+/* ---- parameters ---- */
+
+static mb_result mb__st_rename(const char *name, const char *const *rename, char *out) {
+    for (int i = 0; rename && rename[i] && rename[i + 1]; i += 2) {
+        size_t k = strlen(rename[i]);
+        if (strncmp(name, rename[i], k)) continue;
+        if (strlen(rename[i + 1]) + strlen(name + k) >= MB_MAX_NAME)
+            return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "safetensors: '%s' renamed is too long", name);
+        size_t a = strlen(rename[i + 1]);
+        memcpy(out, rename[i + 1], a);
+        strcpy(out + a, name + k);
+        return MB_OK;
+    }
+    if (strlen(name) >= MB_MAX_NAME) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "safetensors: '%s' is too long", name);
+    strcpy(out, name);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_st_save_params(const char *path, mb_params *p, const char *const *rename,
+                                  const mb_st_meta *meta, int nmeta) {
+    if (!p) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_save_params: params is NULL");
+    int n = mb_params_num_tensors(p);
+    float *host = (float *)mb__host_alloc(mb_params_total(p) * sizeof(float));
+    mb_st_tensor *t = (mb_st_tensor *)mb__host_alloc((size_t)(n ? n : 1) * (sizeof *t + MB_MAX_NAME));
+    mb_result r = host && t ? MB_OK : MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "mb_st_save_params: no host memory");
+    if (r == MB_OK) r = mb_params_get(p, host);
+    char *names = (char *)(t + (n ? n : 1));
+    for (int i = 0; r == MB_OK && i < n; i++) {
+        const mb_param_info *in = mb_params_info(p, i);
+        memset(&t[i], 0, sizeof t[i]);
+        r = mb__st_rename(in->name, rename, names + (size_t)i * MB_MAX_NAME);
+        t[i].name = names + (size_t)i * MB_MAX_NAME;
+        t[i].rank = in->rank;
+        for (int d = 0; d < in->rank; d++) t[i].shape[d] = in->shape[d];
+        t[i].data = host + in->offset;
+    }
+    if (r == MB_OK) r = mb_st_write(path, t, n, meta, nmeta);
+    MB_FREE(host);
+    MB_FREE(t);
+    return r;
+}
+
+static void mb__st_shape_text(const mb_st_tensor *t, char *buf, size_t cap) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->rank && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+MBDEF mb_result mb_st_load_params(const mb_st_file *f, mb_params *p, const char *const *rename) {
+    if (!f || !p) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_load_params: NULL argument");
+    int n = mb_params_num_tensors(p);
+    if (n != f->n) /* with every parameter found (below), a count that differs means extra tensors */
+        for (int i = 0; i < f->n; i++) {
+            int found = 0;
+            for (int k = 0; k < n && !found; k++) {
+                char name[MB_MAX_NAME];
+                found = mb__st_rename(mb_params_info(p, k)->name, rename, name) == MB_OK && !strcmp(name, f->t[i].name);
+            }
+            if (!found) return MB_FAIL(NULL, MB_ERR_FORMAT, "safetensors: unexpected tensor '%s' (not a parameter of "
+                                       "this model)", f->t[i].name);
+        }
+    float *host = (float *)mb__host_alloc(mb_params_total(p) * sizeof(float));
+    if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "mb_st_load_params: no host memory");
+    mb_result r = mb_params_get(p, host);
+    for (int i = 0; r == MB_OK && i < n; i++) {
+        const mb_param_info *in = mb_params_info(p, i);
+        char name[MB_MAX_NAME], want[96], got[96];
+        r = mb__st_rename(in->name, rename, name);
+        const mb_st_tensor *t = r == MB_OK ? mb_st_find(f, name) : NULL;
+        if (r != MB_OK) break;
+        if (!t) { r = MB_FAIL(NULL, MB_ERR_FORMAT, "safetensors: missing tensor '%s'", name); break; }
+        mb_st_tensor like;
+        memset(&like, 0, sizeof like);
+        like.rank = in->rank;
+        for (int d = 0; d < in->rank; d++) like.shape[d] = in->shape[d];
+        int same = t->rank == in->rank && !strcmp(t->dtype, "F32");
+        for (int d = 0; same && d < in->rank; d++) same = t->shape[d] == in->shape[d];
+        if (!same) {
+            mb__st_shape_text(&like, want, sizeof want);
+            mb__st_shape_text(t, got, sizeof got);
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "safetensors: tensor '%s' is %s %s, the model needs F32 %s", name, t->dtype,
+                        got, want);
+            break;
+        }
+        memcpy(host + in->offset, t->data, in->count * sizeof(float));
+    }
+    if (r == MB_OK) r = mb_params_set(p, host);
+    MB_FREE(host);
+    return r;
+}
+
+// ---- end export ----
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,9 @@
  * loss, loss scale, device memory; nothing per batch in pipes or with --quiet), a line per
  * epoch; with --metrics a CSV row per batch and per epoch (section "metrics") and, at the
  * end, an SVG of the loss curves drawn from it (section "loss-curve picture").
+ * Weights: --export FILE.safetensors writes the trained weights (PyTorch's names, the
+ * normalisation in its metadata) at the end; --init FILE.safetensors starts from a file
+ * (also one PyTorch wrote): examples/multitf.h, docs/TRADING.md.
  * Checkpoints: --ckpt FILE writes everything a run needs (params, AdamW moments and step,
  * loader position, accumulation window, counters; crash-safe: temp file, fsync, rename,
  * checksum) after every epoch and every --ckpt-every N optimizer steps; --resume continues
@@ -41,6 +44,7 @@
 #endif
 #include "mb_args.h"
 #include "mb_plot.h"
+#include "multitf.h" /* the weights file: --export, --init */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +55,7 @@
 
 typedef struct options {
     const char *train, *val, *metrics, *plot, *ckpt;
+    const char *export_path, *init;  /* --export, --init FILE.safetensors (docs/TRADING.md) */
     int epochs, layers, accum, threads, carry, quiet, checkpoint_k, resume;
     int64_t ckpt_every;
     int64_t batch, hidden, head, max_batches;
@@ -114,6 +119,8 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--resume")) { o->resume = 1; used = 0; }
         else if (!strcmp(a, "--ckpt")) { if (!v) return bad_flag(a, v, "needs a file"); o->ckpt = v; }
         else if (!strcmp(a, "--ckpt-every")) { if (!num(a, v, 0, 1e12, &x)) return 0; o->ckpt_every = (int64_t)x; }
+        else if (!strcmp(a, "--export")) { if (!v) return bad_flag(a, v, "needs a file"); o->export_path = v; }
+        else if (!strcmp(a, "--init")) { if (!v) return bad_flag(a, v, "needs a file"); o->init = v; }
         else if (!strcmp(a, "--train")) { if (!v) return bad_flag(a, v, "needs a file"); o->train = v; }
         else if (!strcmp(a, "--val")) { if (!v) return bad_flag(a, v, "needs a file"); o->val = v; }
         else if (!strcmp(a, "--metrics")) { if (!v) return bad_flag(a, v, "needs a file"); o->metrics = v; }
@@ -345,6 +352,7 @@ typedef struct run_state {
 static options shape_of(const options *o) {
     options k = *o;
     k.train = k.val = k.metrics = k.plot = k.ckpt = NULL;
+    k.export_path = k.init = NULL;
     k.quiet = k.resume = k.threads = 0;
     k.ckpt_every = 0;
     k.epochs = 0; /* a resumed run may train for more epochs */
@@ -425,6 +433,58 @@ static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state 
     if (r == MB_OK && o->carry) r = load_carry(rd, m);
     if (r == MB_OK) r = mb_ckpt_get(rd, "run", rs, sizeof *rs);
     mb_ckpt_close(rd);
+    return r;
+}
+
+// ---- weights file ----
+// --export FILE.safetensors at the end of training, --init FILE.safetensors before it
+// (a file of this program or of bench/pytorch/multitf.py): examples/multitf.h, docs/TRADING.md.
+
+static mtf_spec spec_of(const model *m, const mb_dataset_meta *meta, const options *o) {
+    mtf_spec s;
+    memset(&s, 0, sizeof s);
+    s.nseg = m->nseg; s.layers = m->layers; s.carry = o->carry;
+    s.F = m->F; s.K = m->K; s.H = m->H; s.head = m->head; s.T = m->T;
+    for (int i = 0; i < m->nseg; i++) {
+        s.seg_len[i] = m->seg_len[i];
+        size_t n = strlen(s.seg_names);
+        snprintf(s.seg_names + n, sizeof s.seg_names - n, "%s%s", i ? "," : "", meta->segment_name[i]);
+    }
+    if (!meta->segment_name[0][0]) s.seg_names[0] = 0;
+    mtf_spec_read_norm(&s, o->train);
+    return s;
+}
+
+static mb_result export_model(const options *o, model *m, const mb_dataset_meta *meta) {
+    mtf_spec s = spec_of(m, meta, o);
+    mtf_meta_text t;
+    mb_result r = mtf_meta_of(&s, &t);
+    if (r == MB_OK) r = mb_st_save_params(o->export_path, m->params, mtf_rename, t.kv, t.n);
+    mtf_meta_free(&t);
+    return r;
+}
+
+/* --export's directory must take the file: checked before training, not after it. */
+static mb_result export_writable(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path); /* what mb_st_write creates first */
+    FILE *f = fopen(tmp, "w");
+    if (!f) return MB_FAIL(NULL, MB_ERR_IO, "--export: cannot create '%s': %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    return MB_OK;
+}
+
+static mb_result init_model(const options *o, model *m) {
+    mb_st_file *f = NULL;
+    mtf_spec s;
+    MB_TRY(mb_st_read(&f, o->init));
+    mb_result r = mtf_spec_of(f, o->init, &s);
+    for (int i = 0; r == MB_OK && s.T && i < m->nseg; i++)
+        if (s.nseg != m->nseg || s.seg_len[i] != m->seg_len[i])
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: its segments differ from the data's", o->init);
+    if (r == MB_OK) r = mb_st_load_params(f, m->params, mtf_rename);
+    mb_st_close(f);
     return r;
 }
 
@@ -676,6 +736,8 @@ static mb_result run(const options *o, run_state *rs) {
     if (r == MB_OK && (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k))
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
     if (r == MB_OK) r = model_create(&m, dev, mt, o);
+    if (r == MB_OK && o->init && !o->resume) r = init_model(o, &m);
+    if (r == MB_OK && o->export_path) r = export_writable(o->export_path);
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     if (r == MB_OK) r = mb_adamw_create(&opt, m.params, &ac);
@@ -738,6 +800,8 @@ static mb_result run(const options *o, run_state *rs) {
     if (csv && fclose(csv) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->metrics);
     if (r == MB_OK && plot[0]) r = write_plot(plot, o);
     if (r == MB_OK && plot[0] && !o->quiet) printf("loss curves: %s\n", plot);
+    if (r == MB_OK && o->export_path) r = export_model(o, &m, mt);
+    if (r == MB_OK && o->export_path && !o->quiet) printf("weights: %s\n", o->export_path);
     mb_adamw_destroy(opt);
     mb_loader_close(tr); mb_loader_close(va);
     mb_dataset_close(dtr); mb_dataset_close(dva);

@@ -1,0 +1,329 @@
+/* multitf.h - the multi-timeframe model of examples/train_multitf.c outside its training
+ * run: its weights file, and inference. Shared by train_multitf.c (--export, --init),
+ * predict.c and a trading tool's own program (docs/TRADING.md).
+ *
+ * Include after megabatch.h (with MEGABATCH_IMPLEMENTATION in one file). All names are
+ * mtf_* (static: each including file gets its own copy).
+ *
+ * The weights file is safetensors (mb_st_*, megabatch.h section "export") with exactly
+ * the names and shapes of bench/pytorch/multitf.py's MultiTF.state_dict():
+ *   enc.{s}.weight_ih_l{k} (4H, F or H)   enc.{s}.weight_hh_l{k} (4H, H)
+ *   enc.{s}.bias_ih_l{k} (4H)             enc.{s}.bias_hh_l{k} (4H)
+ *   fc1.weight (head, S*H)  fc1.bias (head)  fc2.weight (K, head)  fc2.bias (K)
+ * so torch's load_state_dict(load_file(f), strict=True) takes it. The model's sizes are
+ * read from the shapes (the truth); __metadata__ adds what shapes cannot say: the segment
+ * lengths and names, the feature normalisation of `prepare` (feature_mean, feature_std:
+ * S*F values, timeframe-major), target_scale, and whether it was trained with --carry.
+ */
+#ifndef MTF_MULTITF_H
+#define MTF_MULTITF_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MTF_API static __attribute__((unused)) /* an includer need not use everything */
+#else
+#define MTF_API static
+#endif
+#define MTF_MAX_SEG MB_MAX_SEGMENTS
+#define MTF_MAX_F 64 /* features per bar in a file's normalisation metadata */
+
+/* Our parameter names (enc{s}. and head.fc{1,2}, as train_multitf.c registers them) ->
+ * the file's (PyTorch's). */
+static const char *const mtf_rename[] = {
+    "enc0.", "enc.0.", "enc1.", "enc.1.", "enc2.", "enc.2.", "enc3.", "enc.3.", "enc4.", "enc.4.",
+    "enc5.", "enc.5.", "enc6.", "enc.6.", "enc7.", "enc.7.", "enc8.", "enc.8.", "enc9.", "enc.9.",
+    "enc10.", "enc.10.", "enc11.", "enc.11.", "enc12.", "enc.12.", "enc13.", "enc.13.", "enc14.", "enc.14.",
+    "enc15.", "enc.15.", "head.", "", NULL};
+
+typedef struct mtf_spec {
+    int nseg, layers, carry;                 /* carry: trained with --carry (metadata) */
+    int64_t F, K, H, head, T;                /* T = sum of seg_len (0 when unknown) */
+    int64_t seg_len[MTF_MAX_SEG];            /* 0 when the file does not say */
+    char seg_names[256];                     /* "M1,M5,M15,H1,H4" or "" */
+    int has_norm;                            /* feature_mean/std present */
+    float mean[MTF_MAX_SEG * MTF_MAX_F], std[MTF_MAX_SEG * MTF_MAX_F];
+    float target_scale;                      /* 0 when absent */
+} mtf_spec;
+
+/* Comma-separated numbers of a metadata value: exactly n of them. */
+MTF_API int mtf_parse_list(const char *s, double *v, int n) {
+    for (int i = 0; i < n; i++) {
+        char *end;
+        if (!s) return 0;
+        v[i] = strtod(s, &end);
+        if (end == s || (*end != ',' && *end != 0) || (*end == 0) != (i == n - 1)) return 0;
+        s = *end ? end + 1 : end;
+    }
+    return 1;
+}
+
+MTF_API mb_result mtf_meta_int(const mb_st_file *f, const char *key, int64_t want, const char *path) {
+    const char *v = mb_st_meta_get(f, key);
+    double x;
+    if (v && (!mtf_parse_list(v, &x, 1) || x != (double)want))
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: metadata %s=%s but the tensors' shapes say %lld", path, key, v,
+                       (long long)want);
+    return MB_OK;
+}
+
+MTF_API mb_result mtf_meta_norm(const mb_st_file *f, mtf_spec *s, const char *path) {
+    const char *m = mb_st_meta_get(f, "feature_mean"), *d = mb_st_meta_get(f, "feature_std");
+    const char *ts = mb_st_meta_get(f, "target_scale");
+    int n = s->nseg * (int)s->F;
+    double tmp[MTF_MAX_SEG * MTF_MAX_F];
+    if (ts && !mtf_parse_list(ts, tmp, 1)) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: bad metadata target_scale", path);
+    if (ts) s->target_scale = (float)tmp[0];
+    if (!m && !d) return MB_OK;
+    if (s->F > MTF_MAX_F || !m || !d || !mtf_parse_list(m, tmp, n))
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: metadata feature_mean/feature_std must hold %d numbers each", path, n);
+    for (int i = 0; i < n; i++) s->mean[i] = (float)tmp[i];
+    if (!mtf_parse_list(d, tmp, n))
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: metadata feature_std must hold %d numbers", path, n);
+    for (int i = 0; i < n; i++) s->std[i] = (float)tmp[i];
+    s->has_norm = 1;
+    return MB_OK;
+}
+
+MTF_API const mb_st_tensor *mtf_tensor(const mb_st_file *f, int rank, const char *fmt, int a, int b) {
+    char name[MB_MAX_NAME];
+    snprintf(name, sizeof name, fmt, a, b);
+    const mb_st_tensor *t = mb_st_find(f, name);
+    return t && t->rank == rank ? t : NULL;
+}
+
+/* The model's sizes from a weights file: S, L, H, F from the encoders' tensors, head and K
+ * from fc1/fc2; metadata that disagrees with them is an error. Every tensor's exact shape
+ * is checked when the weights are loaded (mtf_model_load). */
+MTF_API mb_result mtf_spec_of(const mb_st_file *f, const char *path, mtf_spec *s) {
+    memset(s, 0, sizeof *s);
+    const mb_st_tensor *w = mtf_tensor(f, 2, "enc.%d.weight_ih_l%d", 0, 0), *f1 = mb_st_find(f, "fc1.weight"),
+                       *f2 = mb_st_find(f, "fc2.weight");
+    if (!w || !f1 || !f2 || f1->rank != 2 || f2->rank != 2 || w->shape[0] % 4 || !w->shape[0])
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: not a multi-timeframe model: needs enc.0.weight_ih_l0 (4H, F), "
+                       "fc1.weight and fc2.weight (bench/pytorch/multitf.py's names)", path);
+    while (s->nseg < MTF_MAX_SEG && mtf_tensor(f, 2, "enc.%d.weight_ih_l%d", s->nseg, 0)) s->nseg++;
+    while (s->layers < 64 && mtf_tensor(f, 2, "enc.%d.weight_ih_l%d", 0, s->layers)) s->layers++;
+    s->H = w->shape[0] / 4; s->F = w->shape[1]; s->head = f1->shape[0]; s->K = f2->shape[0];
+    const char *seg = mb_st_meta_get(f, "segments"), *names = mb_st_meta_get(f, "segment_names");
+    double v[MTF_MAX_SEG];
+    if (seg && !mtf_parse_list(seg, v, s->nseg))
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: metadata segments='%s' must list %d lengths", path, seg, s->nseg);
+    for (int i = 0; seg && i < s->nseg; i++) {
+        if (!(v[i] >= 1 && v[i] <= 1e7)) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: bad metadata segments='%s'", path, seg);
+        s->seg_len[i] = (int64_t)v[i];
+        s->T += s->seg_len[i];
+    }
+    if (names) snprintf(s->seg_names, sizeof s->seg_names, "%s", names);
+    const char *carry = mb_st_meta_get(f, "carry");
+    s->carry = carry && !strcmp(carry, "1");
+    MB_TRY(mtf_meta_int(f, "features", s->F, path));
+    MB_TRY(mtf_meta_int(f, "targets", s->K, path));
+    MB_TRY(mtf_meta_int(f, "hidden", s->H, path));
+    MB_TRY(mtf_meta_int(f, "head", s->head, path));
+    MB_TRY(mtf_meta_int(f, "layers", s->layers, path));
+    return mtf_meta_norm(f, s, path);
+}
+
+/* ---- metadata on export ---- */
+
+typedef struct mtf_meta_text { char buf[16][64]; char *mean, *std; mb_st_meta kv[16]; int n; } mtf_meta_text;
+
+MTF_API void mtf_meta_add(mtf_meta_text *t, const char *key, const char *value) {
+    t->kv[t->n].key = key;
+    t->kv[t->n].value = value;
+    t->n++;
+}
+
+MTF_API char *mtf_list_text(const float *v, int n) {
+    char *s = (char *)malloc((size_t)n * 20 + 1), *p = s;
+    if (!s) return NULL;
+    *p = 0;
+    for (int i = 0; i < n; i++) p += snprintf(p, 20, "%s%.9g", i ? "," : "", (double)v[i]);
+    return s;
+}
+
+/* The metadata of a file for spec s (mtf_meta_free after mb_st_save_params). */
+MTF_API mb_result mtf_meta_of(const mtf_spec *s, mtf_meta_text *t) {
+    memset(t, 0, sizeof *t);
+    int k = 0;
+    mtf_meta_add(t, "format", "megabatch.multitf/1");
+    mtf_meta_add(t, "model", "per segment nn.LSTM(batch_first) -> last h, concat -> fc1 -> GELU(tanh) -> fc2");
+    for (int i = 0; i < s->nseg; i++)
+        snprintf(t->buf[0] + strlen(t->buf[0]), sizeof t->buf[0] - strlen(t->buf[0]), "%s%lld", i ? "," : "",
+                 (long long)s->seg_len[i]);
+    mtf_meta_add(t, "segments", t->buf[k++]);
+    if (s->seg_names[0]) mtf_meta_add(t, "segment_names", s->seg_names);
+    const char *keys[] = {"features", "targets", "hidden", "head", "layers", "carry"};
+    int64_t vals[] = {s->F, s->K, s->H, s->head, s->layers, s->carry};
+    for (int i = 0; i < 6; i++, k++) {
+        snprintf(t->buf[k], sizeof t->buf[k], "%lld", (long long)vals[i]);
+        mtf_meta_add(t, keys[i], t->buf[k]);
+    }
+    if (s->target_scale > 0) {
+        snprintf(t->buf[k], sizeof t->buf[k], "%.9g", (double)s->target_scale);
+        mtf_meta_add(t, "target_scale", t->buf[k++]);
+    }
+    if (s->has_norm) {
+        t->mean = mtf_list_text(s->mean, s->nseg * (int)s->F);
+        t->std = mtf_list_text(s->std, s->nseg * (int)s->F);
+        if (!t->mean || !t->std) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for the metadata");
+        mtf_meta_add(t, "feature_mean", t->mean);
+        mtf_meta_add(t, "feature_std", t->std);
+    }
+    return MB_OK;
+}
+
+MTF_API void mtf_meta_free(mtf_meta_text *t) { free(t->mean); free(t->std); }
+
+#ifndef MEGABATCH_NO_HDF5
+/* prepare's normalisation attributes of a data file (feature_mean/feature_std [S, F] on
+ * `features`, target_scale on `targets`) into s; absent attributes leave s as it was. */
+MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) {
+    hid_t file = H5Fopen(h5path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) return;
+    hid_t feat = H5Dopen2(file, "features", H5P_DEFAULT), targ = H5Dopen2(file, "targets", H5P_DEFAULT);
+    const char *names[2] = {"feature_mean", "feature_std"};
+    float *dst[2] = {s->mean, s->std};
+    int ok = feat >= 0 && s->F <= MTF_MAX_F;
+    for (int i = 0; ok && i < 2; i++) {
+        hid_t a = H5Aexists(feat, names[i]) > 0 ? H5Aopen(feat, names[i], H5P_DEFAULT) : -1;
+        hid_t sp = a >= 0 ? H5Aget_space(a) : -1;
+        ok = sp >= 0 && H5Sget_simple_extent_npoints(sp) == (hssize_t)(s->nseg * s->F) &&
+             H5Aread(a, H5T_NATIVE_FLOAT, dst[i]) >= 0;
+        if (sp >= 0) H5Sclose(sp);
+        if (a >= 0) H5Aclose(a);
+    }
+    s->has_norm = ok;
+    hid_t a = targ >= 0 && H5Aexists(targ, "target_scale") > 0 ? H5Aopen(targ, "target_scale", H5P_DEFAULT) : -1;
+    if (a >= 0 && H5Aread(a, H5T_NATIVE_FLOAT, &s->target_scale) < 0) s->target_scale = 0;
+    if (a >= 0) H5Aclose(a);
+    if (feat >= 0) H5Dclose(feat);
+    if (targ >= 0) H5Dclose(targ);
+    H5Fclose(file);
+}
+#else
+MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) { (void)s; (void)h5path; }
+#endif
+
+/* ---- inference ----
+ * The forward of train_multitf.c's model (enc{s} LSTMs over the segments of x (B, T, F),
+ * last hidden states concatenated, head.fc1, GELU, head.fc2) for batches of up to maxB
+ * samples, without gradients. */
+
+typedef struct mtf_model {
+    mb_device *dev;
+    mb_params *params;
+    mtf_spec spec;
+    int64_t maxB;
+    int64_t seg_off[MTF_MAX_SEG];
+    mb_lstm *enc[MTF_MAX_SEG];
+    mb_linear fc1, fc2;
+    float *hlast[MTF_MAX_SEG], *fused, *z1, *a1, *pred; /* device memory */
+} mtf_model;
+
+MTF_API void mtf_model_destroy(mtf_model *m) {
+    float *bufs[] = {m->fused, m->z1, m->a1, m->pred};
+    for (int i = 0; i < 4; i++) mb_free(m->dev, bufs[i]);
+    for (int s = 0; s < m->spec.nseg; s++) { mb_lstm_destroy(m->enc[s]); mb_free(m->dev, m->hlast[s]); }
+    mb_params_destroy(m->params);
+    memset(m, 0, sizeof *m);
+}
+
+MTF_API mb_result mtf_alloc(mtf_model *m, float **p, int64_t n) {
+    return mb_alloc(m->dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)p);
+}
+
+/* Register the parameters (the names train_multitf.c uses) and the workspaces. The spec
+ * must know its segment lengths. carry: each encoder carries its (h, c) from one forward to
+ * the next (a stateful stream of batch 1). */
+MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec *spec, int64_t maxB, int carry) {
+    memset(m, 0, sizeof *m);
+    m->dev = dev; m->spec = *spec; m->maxB = maxB;
+    if (spec->nseg < 1 || !spec->T) return MB_FAIL(NULL, MB_ERR_FORMAT, "the model's segment lengths are unknown");
+    MB_TRY(mb_params_create(&m->params, dev));
+    for (int s = 0; s < spec->nseg; s++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "enc%d.", s);
+        mb_lstm_config lc;
+        memset(&lc, 0, sizeof lc);
+        lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
+        lc.max_steps = spec->seg_len[s]; lc.max_batch = maxB; lc.carry_state = carry; lc.stream = 2 + s % (MB_MAX_STREAMS - 2);
+        MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
+        m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
+    }
+    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
+    MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
+    MB_TRY(mb_params_finalize(m->params));
+    for (int s = 0; s < spec->nseg; s++) MB_TRY(mtf_alloc(m, &m->hlast[s], maxB * spec->H));
+    MB_TRY(mtf_alloc(m, &m->fused, maxB * spec->nseg * spec->H));
+    MB_TRY(mtf_alloc(m, &m->z1, maxB * spec->head));
+    MB_TRY(mtf_alloc(m, &m->a1, maxB * spec->head));
+    return mtf_alloc(m, &m->pred, maxB * spec->K);
+}
+
+/* Weights from a file, strictly (every tensor, every shape). */
+MTF_API mb_result mtf_model_load(mtf_model *m, const mb_st_file *f) {
+    return mb_st_load_params(f, m->params, mtf_rename);
+}
+
+/* The head over the encoders' last hidden states (m->hlast): fusion, fc1, GELU, fc2. */
+MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
+    const mtf_spec *s = &m->spec;
+    int64_t dims[MTF_MAX_SEG];
+    const float *hs[MTF_MAX_SEG];
+    for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
+    MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
+    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));
+    MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
+    MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
+    *pred = m->pred;
+    return MB_OK;
+}
+
+/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory;
+ * each encoder reads its segment of every sample in place. */
+MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
+    const mtf_spec *s = &m->spec;
+    mb_lstm_call call[MTF_MAX_SEG];
+    memset(call, 0, sizeof call);
+    for (int i = 0; i < s->nseg; i++) {
+        call[i].lstm = m->enc[i]; call[i].B = B; call[i].T = s->seg_len[i];
+        call[i].x = x + m->seg_off[i] * s->F;
+        call[i].x_stride = s->T * s->F;
+        call[i].h_last = m->hlast[i];
+    }
+    MB_TRY(mb_lstm_forward_many(call, s->nseg));
+    return mtf_model_head(m, B, pred);
+}
+
+/* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows
+ * (F each, device memory) of segment i, which its encoder reads from the state it carried
+ * (zeros at first); n[i] = 0 keeps its last hidden state. Then the head, when pred is not
+ * NULL. O(1) per bar: one LSTM step per new row. */
+MTF_API mb_result mtf_model_step(mtf_model *m, const float *const *x, const int64_t *n, const float **pred) {
+    mb_lstm_call call[MTF_MAX_SEG];
+    int c = 0;
+    memset(call, 0, sizeof call);
+    for (int i = 0; i < m->spec.nseg; i++) {
+        if (!n[i]) continue;
+        call[c].lstm = m->enc[i]; call[c].B = 1; call[c].T = n[i]; call[c].x = x[i];
+        call[c++].h_last = m->hlast[i];
+    }
+    if (c) MB_TRY(mb_lstm_forward_many(call, c));
+    return pred ? mtf_model_head(m, 1, pred) : MB_OK;
+}
+
+/* The device for inference: the backend the program was built for, streams for the
+ * encoders. threads 0 = the cores. */
+MTF_API mb_result mtf_device_open(mb_device **dev, mb_backend backend, int threads) {
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.backend = backend; dc.streams = MB_MAX_STREAMS; /* encoder s on stream 2 + s % (streams - 2) */
+    dc.threads = threads;
+    return mb_device_open(dev, &dc);
+}
+
+#endif /* MTF_MULTITF_H */

@@ -1,0 +1,268 @@
+/* predict.c - the K predictions of a trained multi-timeframe model (docs/TRADING.md).
+ *
+ *   build/predict --model FILE.safetensors --data FILE.h5 --out preds.csv
+ *                 [--batch 256] [--threads 0] [--quiet]
+ *   build/predict --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]
+ *
+ * The model file is what `train_multitf --export` or PyTorch (bench/pytorch/multitf.py's
+ * state_dict, safetensors) wrote; the data file is what `prepare` wrote. The samples go
+ * through the loader in file order, in batches, on the CPU (build/predict) or the GPU
+ * (build/predict_cuda, the same source through nvcc). preds.csv: a header line
+ * `pred_1,...,pred_K`, then one row per sample of the file, in its order: the K
+ * predictions (%.9g: float32 exactly).
+ * --live (CPU build): replays an MT5/MT4/histdata export (read with prepare's own row parser
+ * and text decoding: examples/prepare.c is compiled in, its main renamed) through the live
+ * predictor (examples/mtf_live.h), one closed M1 bar at a time, and prints one line per
+ * row of the file: `time,status[,pred_1..pred_K]`, time the bar's start (UTC, as in the
+ * file), status `ok` (with the K predictions), `warmup` (not enough history yet) or
+ * `refused: <why>` (out of order, duplicate, bad values: the bar is skipped, nothing
+ * changes); a closing line on stderr counts them and gives the latency per bar.
+ * --stateful: the O(1)-per-bar mode of a model trained with --carry (mtf_live.h).
+ * Exit 2 with `error: ...` on bad flags, a bad model file or data that does not fit it.
+ */
+#define _POSIX_C_SOURCE 200809L /* gmtime_r, clock_gettime */
+#define MEGABATCH_IMPLEMENTATION
+#ifdef __CUDACC__
+#include "megabatch_cuda.cuh"
+#define BACKEND MB_CUDA
+#else
+#include "megabatch.h"
+#define BACKEND MB_CPU
+#endif
+#include "multitf.h"
+#ifndef __CUDACC__
+#include "mtf_live.h"
+#define main prepare_main /* prepare's CSV reading, for --live: one implementation */
+#include "prepare.c"
+#undef main
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct options {
+    const char *model, *data, *out, *csv;
+    int64_t batch;
+    int threads, quiet, live, stateful;
+} options;
+
+static int usage(const char *flag, const char *why) {
+    fprintf(stderr, "error: %s: %s (see the comment at the top of examples/predict.c)\n", flag, why);
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->batch = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+        if (!strcmp(a, "--live")) { o->live = 1; continue; }
+        if (!strcmp(a, "--stateful")) { o->stateful = 1; continue; }
+        if (!v) return usage(a, "needs a value");
+        long long x = strtoll(v, &end, 10);
+        int is_num = *v && end && !*end;
+        if (!strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--out")) o->out = v;
+        else if (!strcmp(a, "--csv")) o->csv = v;
+        else if (!strcmp(a, "--batch")) { if (!is_num || x < 1 || x > 1000000) return usage(a, "expected 1..1000000"); o->batch = x; }
+        else if (!strcmp(a, "--threads")) { if (!is_num || x < 0 || x > 1024) return usage(a, "expected 0..1024"); o->threads = (int)x; }
+        else return usage(a, "unknown flag");
+        i++;
+    }
+    if (!o->model) return usage("--model", "needed");
+    if (o->live != !!o->csv || (o->stateful && !o->live)) return usage("--live/--csv/--stateful", "go together");
+    if (!o->live && (!o->data || !o->out)) return usage("--data/--out", "needed");
+    return 1;
+}
+
+/* The data file must be the model's: T, F, K and the segment lengths. */
+static mb_result check_fit(mtf_spec *s, const mb_dataset_meta *d, const options *o) {
+    if (d->f != s->F || d->k != s->K)
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s has F=%lld K=%lld, the model %s F=%lld K=%lld", o->data, (long long)d->f,
+                       (long long)d->k, o->model, (long long)s->F, (long long)s->K);
+    int nseg = d->segments ? d->segments : 1;
+    if (!s->T) { /* a file without segment metadata (e.g. PyTorch's): the data's */
+        for (int i = 0; i < nseg && i < MTF_MAX_SEG; i++) s->seg_len[i] = d->segments ? d->segment_len[i] : d->t;
+        s->T = d->t;
+    }
+    int same = nseg == s->nseg && d->t == s->T;
+    for (int i = 0; same && i < nseg; i++) same = (d->segments ? d->segment_len[i] : d->t) == s->seg_len[i];
+    return same ? MB_OK
+                : MB_FAIL(NULL, MB_ERR_FORMAT, "%s: its %d segments (T=%lld) are not the model's %d (T=%lld)", o->data,
+                          nseg, (long long)d->t, s->nseg, (long long)s->T);
+}
+
+static mb_result write_rows(FILE *out, const float *p, int64_t B, int64_t K) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t k = 0; k < K; k++) fprintf(out, "%.9g%c", (double)p[b * K + k], k + 1 < K ? ',' : '\n');
+    return ferror(out) ? MB_FAIL(NULL, MB_ERR_IO, "writing the predictions failed") : MB_OK;
+}
+
+static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, int64_t *n) {
+    int64_t K = m->spec.K;
+    float *host = (float *)malloc((size_t)(o->batch * K) * sizeof(float));
+    if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for %lld predictions", (long long)(o->batch * K));
+    mb_result r = MB_OK;
+    for (int64_t k = 0; k < K; k++) fprintf(out, "pred_%lld%c", (long long)k + 1, k + 1 < K ? ',' : '\n');
+    for (;;) {
+        mb_batch b;
+        const float *pred = NULL;
+        if ((r = mb_loader_next(ld, &b)) != MB_OK || b.count == 0) break;
+        r = mtf_model_forward(m, (const float *)b.features, b.count, &pred);
+        if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, host, pred, (size_t)(b.count * K) * sizeof(float));
+        if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
+        if (r == MB_OK) r = write_rows(out, host, b.count, K);
+        if (r != MB_OK) break;
+        *n += b.count;
+    }
+    free(host);
+    return r;
+}
+
+static mb_result run(const options *o, int64_t *n) {
+    mb_st_file *f = NULL;
+    mb_device *dev = NULL;
+    mb_dataset *ds = NULL;
+    mb_loader *ld = NULL;
+    mtf_model m;
+    mtf_spec spec;
+    memset(&m, 0, sizeof m);
+    FILE *out = NULL;
+    mb_dataset_config dc;
+    memset(&dc, 0, sizeof dc);
+    mb_loader_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.batch = o->batch;
+    mb_result r = mb_st_read(&f, o->model);
+    if (r == MB_OK) r = mtf_spec_of(f, o->model, &spec);
+    if (r == MB_OK) r = mtf_device_open(&dev, BACKEND, o->threads);
+    if (r == MB_OK) r = mb_dataset_open_file(&ds, o->data, &dc);
+    if (r == MB_OK) r = check_fit(&spec, mb_dataset_info(ds), o);
+    if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, o->batch, 0);
+    if (r == MB_OK) r = mtf_model_load(&m, f);
+    if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
+    if (r == MB_OK && !(out = fopen(o->out, "w")))
+        r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
+    if (r == MB_OK) r = predict_file(o, dev, &m, ld, out, n);
+    if (out && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
+    mb_loader_close(ld);
+    mb_dataset_close(ds);
+    if (m.params) mtf_model_destroy(&m);
+    mb_device_close(dev);
+    mb_st_close(f);
+    return r;
+}
+
+#ifndef __CUDACC__
+// ---- --live: replay bars through the live predictor ----
+
+typedef struct replay { int64_t rows, ok, warmup, refused, timed; double *lat; } replay;
+
+/* One data row of the file: parse it as prepare does, push it, print its line. */
+static mb_result replay_row(mtf_live *lv, char *line, size_t lineno, FILE *out, float *pred, replay *rp) {
+    int64_t t = 0;
+    double v[5];
+    char when[32] = "?";
+    int ready = 0;
+    int bad = parse_bar(line, &t, v);
+    time_t tt = (time_t)t;
+    struct tm tm;
+    if (!bad && gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d %H:%M", &tm);
+    mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
+    double t0 = mtf_now_s();
+    mb_result r = bad ? MB_ERR_INVALID_ARG : mtf_live_push(lv, &b, pred, &ready);
+    if (ready) rp->lat[rp->timed++] = mtf_now_s() - t0;
+    rp->rows++;
+    if (r == MB_ERR_INVALID_ARG) {
+        rp->refused++;
+        fprintf(out, "%s,refused: line %zu: %s\n", when, lineno, bad ? prep_error : strchr(mb_last_error(), ':') + 2);
+        return MB_OK;
+    }
+    if (r != MB_OK) return r;
+    if (!ready) { rp->warmup++; fprintf(out, "%s,warmup\n", when); return MB_OK; }
+    rp->ok++;
+    fprintf(out, "%s,ok", when);
+    for (int64_t k = 0; k < lv->m.spec.K; k++) fprintf(out, ",%.9g", (double)pred[k]);
+    fputc('\n', out);
+    return MB_OK;
+}
+
+static mb_result replay_text(mtf_live *lv, char *text, FILE *out, replay *rp) {
+    float *pred = (float *)malloc((size_t)lv->m.spec.K * sizeof(float));
+    if (!pred) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
+    mb_result r = MB_OK;
+    size_t lineno = 0;
+    for (char *line = text, *next; r == MB_OK && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        lineno++;
+        line[strcspn(line, "\r")] = 0;
+        if (line[strspn(line, " \t")] == 0 || line[0] == '<' || isalpha((unsigned char)line[0])) continue; /* as prepare */
+        r = replay_row(lv, line, lineno, out, pred, rp);
+    }
+    free(pred);
+    return r;
+}
+
+static mb_result live(const options *o) {
+    FILE *in = fopen(o->csv, "rb"), *out = o->out ? fopen(o->out, "w") : stdout;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (in) { /* the whole file, then prepare's decoding (UTF-16 / BOM) */
+        fseek(in, 0, SEEK_END);
+        long n = ftell(in);
+        fseek(in, 0, SEEK_SET);
+        buf = n >= 0 ? (unsigned char *)malloc((size_t)n + 1) : NULL;
+        len = buf ? fread(buf, 1, (size_t)n, in) : 0;
+        fclose(in);
+    }
+    mtf_live *lv = NULL;
+    replay rp;
+    memset(&rp, 0, sizeof rp);
+    mb_result r = buf ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot read %s: %s", o->csv, strerror(errno));
+    if (r == MB_OK && !out) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
+    if (r == MB_OK) r = mtf_live_open(&lv, o->model, MB_CPU, o->threads ? o->threads : 1,
+                                          o->stateful ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW);
+    if (r == MB_OK && !(rp.lat = (double *)malloc((len / 16 + 1) * sizeof(double)))) /* a row has > 16 bytes */
+        r = MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
+    if (r == MB_OK) {
+        decode_text(&buf, &len);
+        buf[len] = 0;
+        r = replay_text(lv, (char *)buf, out, &rp);
+    }
+    if (out && out != stdout && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
+    if (r == MB_OK && !o->quiet) {
+        qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, mtf_by_value);
+        fprintf(stderr, "live: %lld rows: %lld predictions, %lld warmup, %lld refused; latency per bar (batch 1, "
+                "CPU): median %.1f us, min %.1f, max %.1f\n", (long long)rp.rows, (long long)rp.ok,
+                (long long)rp.warmup, (long long)rp.refused, rp.timed ? 1e6 * rp.lat[rp.timed / 2] : 0.0,
+                rp.timed ? 1e6 * rp.lat[0] : 0.0, rp.timed ? 1e6 * rp.lat[rp.timed - 1] : 0.0);
+    }
+    free(rp.lat);
+    free(buf);
+    mtf_live_close(lv);
+    return r;
+}
+#else
+static mb_result live(const options *o) {
+    (void)o;
+    return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "--live runs in the CPU build (build/predict)");
+}
+#endif
+
+int main(int argc, char **argv) {
+    options o;
+    if (!parse_options(argc, argv, &o)) return 2;
+    int64_t n = 0;
+    mb_result r = o.live ? live(&o) : run(&o, &n);
+    if (r != MB_OK) {
+        fprintf(stderr, "error: %s\n", mb_last_error());
+        return 2;
+    }
+    if (!o.quiet && !o.live) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
+    return 0;
+}

@@ -1,0 +1,2 @@
+/* The CUDA build of predict.c: the same single source, compiled by nvcc. */
+#include "predict.c"
