@@ -66,7 +66,7 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
-HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h)
+HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
 
 ifneq ($(NVCC),)
 CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o

@@ -1,11 +1,12 @@
 /* prepare.c - make the multi-timeframe dataset: M1 bars -> M5, M15, H1, H4 bars ->
- * per-bar features -> one sample per time t holding the last 480/288/192/96/48 bars of
+ * per-bar features (examples/mb_features.h, built bar by bar as a live predictor would)
+ * -> one sample per time t holding the last 480/288/192/96/48 bars of
  * each timeframe that CLOSED at or before t (no look-ahead) -> HDF5 files in the seeds'
  * layout (`features` [N, 1104, F], `targets` [N, K]), split by time into train and val.
  *
  *   build/prepare --synthetic [--bars N] [--seed S]          (the embedded default series)
  *   build/prepare --csv FILE [--skip-bad]                     (MetaTrader 5/4, histdata)
- *   options: --out-train data/train.h5 --out-val data/val.h5 --features F --targets K
+ *   options: --out-train data/train.h5 --out-val data/val.h5 --features F (1..169) --targets K
  *            --stride S --val-fraction X --max-samples N --quiet
  *
  * Targets: K forward log returns of the M1 close after t, over horizons of 5, 10, ...,
@@ -18,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L /* isatty, fileno */
 #endif
 #include "megabatch.h"
+#include "mb_features.h"
 #include <hdf5.h>
 #include <ctype.h>
 #include <errno.h>
@@ -39,8 +41,7 @@ typedef struct bars {
     size_t n, cap;
 } bars;
 
-enum { NTF = 5, MAXF = 12 };
-static const int tf_minutes[NTF] = {1, 5, 15, 60, 240};
+enum { NTF = MBF_TFS, MAXF = MBF_MAX };
 static const int tf_window[NTF] = {480, 288, 192, 96, 48}; /* bars per sample */
 static const char *const tf_names = "M1,M5,M15,H1,H4";
 static char prep_error[512];
@@ -74,26 +75,6 @@ static int bars_push(bars *b, int64_t t, double o, double h, double l, double c,
     }
     b->t[b->n] = t; b->o[b->n] = o; b->h[b->n] = h; b->l[b->n] = l; b->c[b->n] = c; b->v[b->n] = v;
     b->n++;
-    return 0;
-}
-
-/* Aggregate M1 bars into bars of `minutes`: buckets [k*P, (k+1)*P) by start time. */
-static int bars_resample(const bars *m1, int minutes, bars *out) {
-    int64_t p = (int64_t)minutes * 60;
-    memset(out, 0, sizeof *out);
-    for (size_t i = 0; i < m1->n; i++) {
-        int64_t start = m1->t[i] - (m1->t[i] % p + p) % p;
-        size_t k = out->n;
-        if (k && out->t[k - 1] == start) {
-            k--;
-            out->h[k] = fmax(out->h[k], m1->h[i]);
-            out->l[k] = fmin(out->l[k], m1->l[i]);
-            out->c[k] = m1->c[i];
-            out->v[k] += m1->v[i];
-        } else if (bars_push(out, start, m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i])) {
-            return -1;
-        }
-    }
     return 0;
 }
 
@@ -300,44 +281,14 @@ static int make_synthetic(size_t nbars, uint64_t seed, bars *out) {
     return 0;
 }
 
-// ---- features ----
-// Per bar of any timeframe, from that bar and earlier bars of the same timeframe only:
-//  0 log return of the close   1 log(high/low)   2 body log(close/open)
-//  3 upper wick                4 lower wick      5 log volume change
-//  6,7 time of day (sin, cos)  8,9 day of week (sin, cos)
-// 10 log(close / mean of the last 20 closes)    11 std of the last 20 log returns
-
-static void bar_features(const bars *b, size_t i, int nf, float *out) {
-    double f[MAXF];
-    double prev_c = i ? b->c[i - 1] : b->o[i], prev_v = i ? b->v[i - 1] : b->v[i];
-    double top = fmax(b->o[i], b->c[i]), bot = fmin(b->o[i], b->c[i]);
-    double tod = 6.283185307179586 * (double)(b->t[i] % 86400) / 86400.0;
-    double dow = 6.283185307179586 * (double)((b->t[i] / 86400 + 3) % 7) / 7.0; /* Monday = 0 */
-    f[0] = log(b->c[i] / prev_c);
-    f[1] = log(b->h[i] / b->l[i]);
-    f[2] = log(b->c[i] / b->o[i]);
-    f[3] = log(b->h[i] / top);
-    f[4] = log(bot / b->l[i]);
-    f[5] = log((b->v[i] + 1.0) / (prev_v + 1.0));
-    f[6] = sin(tod); f[7] = cos(tod); f[8] = sin(dow); f[9] = cos(dow);
-    size_t w = i + 1 < 20 ? i + 1 : 20;
-    double mean = 0, s1 = 0, s2 = 0;
-    for (size_t j = i + 1 - w; j <= i; j++) {
-        double r = j ? log(b->c[j] / b->c[j - 1]) : 0.0;
-        mean += b->c[j]; s1 += r; s2 += r * r;
-    }
-    f[10] = log(b->c[i] / (mean / (double)w));
-    f[11] = sqrt(fmax(s2 / (double)w - (s1 / (double)w) * (s1 / (double)w), 0.0));
-    for (int k = 0; k < nf; k++) out[k] = (float)f[k];
-}
-
 // ---- samples ----
 // Sample time t is the close of M1 bar i (its start + 60 s). A bar of timeframe P is
 // usable iff start + P*60 <= t: a forming bar is never used.
 
 typedef struct series {
-    bars tf[NTF];      /* M1, M5, M15, H1, H4 */
-    float *feat[NTF];  /* (tf[k].n, F) raw features */
+    bars tf[NTF];          /* M1, M5, M15, H1, H4: closed bars */
+    float *feat[NTF];      /* (tf[k].n, F) raw features, from mb_features.h */
+    size_t feat_cap[NTF];  /* rows allocated in feat[k] */
     int nf;
 } series;
 
@@ -346,16 +297,39 @@ static void series_free(series *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* Bars and feature rows of every timeframe, from the incremental engine (mb_features.h),
+ * fed the M1 bars one at a time as a live predictor would be. */
+static int series_add_row(series *s, const mbf_row *row) {
+    bars *b = &s->tf[row->tf];
+    size_t n = b->n;
+    const mbf_bar *x = &row->bar;
+    if (bars_push(b, x->t, x->o, x->h, x->l, x->c, x->v)) return -1;
+    if (b->cap != s->feat_cap[row->tf]) {
+        float *f = (float *)realloc(s->feat[row->tf], b->cap * (size_t)s->nf * sizeof(float));
+        if (!f) return prep_fail("out of memory for features");
+        s->feat[row->tf] = f;
+        s->feat_cap[row->tf] = b->cap;
+    }
+    memcpy(s->feat[row->tf] + n * (size_t)s->nf, row->x, (size_t)s->nf * sizeof(float));
+    return 0;
+}
+
 static int series_build(const bars *m1, int nf, series *s) {
     memset(s, 0, sizeof *s);
     s->nf = nf;
-    for (int k = 0; k < NTF; k++) {
-        if (bars_resample(m1, tf_minutes[k], &s->tf[k])) return -1;
-        s->feat[k] = (float *)malloc((s->tf[k].n + 1) * (size_t)nf * sizeof(float));
-        if (!s->feat[k]) return prep_fail("out of memory for features");
-        for (size_t i = 0; i < s->tf[k].n; i++) bar_features(&s->tf[k], i, nf, s->feat[k] + i * (size_t)nf);
+    mbf_state *st = (mbf_state *)malloc(sizeof *st);
+    mbf_out *out = (mbf_out *)malloc(sizeof *out);
+    int r = st && out ? 0 : prep_fail("out of memory for the feature engine");
+    if (st) mbf_init(st, nf);
+    for (size_t i = 0; r == 0 && i < m1->n; i++) {
+        mbf_bar b = {m1->t[i], m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i]};
+        int e = mbf_push(st, &b, out);
+        if (e) r = prep_fail("M1 bar %zu (time %lld): %s", i + 1, (long long)b.t, mbf_error_text(e));
+        for (int j = 0; r == 0 && j < out->n; j++) r = series_add_row(s, &out->row[j]);
     }
-    return 0;
+    free(st);
+    free(out);
+    return r;
 }
 
 /* Number of bars of timeframe k closed at time t (binary search on start times). */
@@ -373,7 +347,7 @@ static size_t closed_bars(const bars *b, int minutes, int64_t t) {
 static int sample_features(const series *s, int64_t t, float *out) {
     size_t row = 0;
     for (int k = 0; k < NTF; k++) {
-        size_t n = closed_bars(&s->tf[k], tf_minutes[k], t), w = (size_t)tf_window[k];
+        size_t n = closed_bars(&s->tf[k], mbf_minutes[k], t), w = (size_t)tf_window[k];
         if (n < w) return -1;
         memcpy(out + row * (size_t)s->nf, s->feat[k] + (n - w) * (size_t)s->nf, w * (size_t)s->nf * sizeof(float));
         row += w;
@@ -469,7 +443,7 @@ static int h5_close(h5out *o) {
 // ---- dataset assembly ----
 
 typedef struct prep_config {
-    int nf;              /* features per bar, 1..12 (default 12) */
+    int nf;              /* features per bar, 1..MAXF (169; default 12) */
     int k;               /* targets: horizons 5, 10, ..., 5K M1 bars (default 36) */
     int stride;          /* one sample every `stride` M1 bars (default 15) */
     double val_fraction; /* last part of the samples, by time (default 0.2) */
@@ -495,7 +469,7 @@ static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
     for (size_t i = 0; i + horizon < m1->n; i += (size_t)c->stride) {
         int64_t t = m1->t[i] + 60;
         int ok = 1;
-        for (int k = 0; k < NTF && ok; k++) ok = closed_bars(&s->tf[k], tf_minutes[k], t) >= (size_t)tf_window[k];
+        for (int k = 0; k < NTF && ok; k++) ok = closed_bars(&s->tf[k], mbf_minutes[k], t) >= (size_t)tf_window[k];
         if (ok) p->idx[p->n++] = i;
     }
     if (c->max_samples && p->n > c->max_samples) {
@@ -521,7 +495,7 @@ static void targets_of(const bars *m1, size_t i, int k, float scale, float *out)
 /* Mean and std per (timeframe, feature) over bars closed by the last training sample. */
 static void fit_normaliser(const series *s, int64_t t_end, float *mean, float *std) {
     for (int k = 0; k < NTF; k++) {
-        size_t n = closed_bars(&s->tf[k], tf_minutes[k], t_end);
+        size_t n = closed_bars(&s->tf[k], mbf_minutes[k], t_end);
         for (int f = 0; f < s->nf; f++) {
             double s1 = 0, s2 = 0;
             for (size_t i = 0; i < n; i++) { double v = s->feat[k][i * (size_t)s->nf + f]; s1 += v; s2 += v * v; }
@@ -648,7 +622,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--out-val")) c.out_val = val;
         else if (!strcmp(a, "--bars")) { if (parse_long(val, 1, 100000000, &nbars)) return usage_error("--bars: '%s' is not 1..1e8", val); }
         else if (!strcmp(a, "--seed")) { if (parse_long(val, 0, 2147483647, &seed)) return usage_error("--seed: '%s' is not a non-negative integer", val); }
-        else if (!strcmp(a, "--features")) { if (parse_long(val, 1, MAXF, &v)) return usage_error("--features: '%s' is not 1..12", val); c.nf = (int)v; }
+        else if (!strcmp(a, "--features")) { if (parse_long(val, 1, MAXF, &v)) return usage_error("--features: '%s' is not 1..169", val); c.nf = (int)v; }
         else if (!strcmp(a, "--targets")) { if (parse_long(val, 1, 1000, &v)) return usage_error("--targets: '%s' is not 1..1000", val); c.k = (int)v; }
         else if (!strcmp(a, "--stride")) { if (parse_long(val, 1, 100000, &v)) return usage_error("--stride: '%s' is not 1..100000", val); c.stride = (int)v; }
         else if (!strcmp(a, "--max-samples")) { if (parse_long(val, 1, 100000000, &v)) return usage_error("--max-samples: '%s' is not 1..1e8", val); c.max_samples = (size_t)v; }

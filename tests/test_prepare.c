@@ -105,24 +105,35 @@ static void test_csv_bad_rows(void **state) {
     assert_non_null(strstr(prep_error, "cannot open '/nonexistent/x.csv'"));
 }
 
+/* Bars come from the incremental engine (tests/test_features.c checks it against a batch
+ * resample): M1 minutes 0..6 and 11 (a gap) give M5 buckets [0,5), [5,10), [10,15), the
+ * last still forming at the end of the data, so not in the series. */
 static void test_resample(void **state) {
     (void)state;
-    bars m1, m5;
+    bars m1;
     memset(&m1, 0, sizeof m1);
     int64_t t0 = days_from_civil(2024, 1, 2) * 86400;
-    /* minutes 0..6 and 11 (a gap): M5 buckets [0,5), [5,10), [10,15) */
     int mins[] = {0, 1, 2, 3, 4, 5, 6, 11};
     for (int i = 0; i < 8; i++) bars_push(&m1, t0 + mins[i] * 60, 10 + i, 11 + i + (i == 2 ? 5 : 0), 9 + i, 10.5 + i, 1);
-    assert_int_equal(bars_resample(&m1, 5, &m5), 0);
-    assert_int_equal(m5.n, 3);
-    assert_true(m5.t[0] == t0 && m5.t[1] == t0 + 300 && m5.t[2] == t0 + 600);
-    assert_true(m5.o[0] == 10 && m5.h[0] == 18 && m5.l[0] == 9 && m5.c[0] == 14.5 && m5.v[0] == 5);
-    assert_true(m5.o[1] == 15 && m5.c[1] == 16.5 && m5.v[1] == 2);
+    series s;
+    assert_int_equal(series_build(&m1, 4, &s), 0);
+    const bars *m5 = &s.tf[1];
+    assert_int_equal(m5->n, 2);
+    assert_int_equal(s.tf[0].n, 8);
+    assert_true(m5->t[0] == t0 && m5->t[1] == t0 + 300);
+    assert_true(m5->o[0] == 10 && m5->h[0] == 18 && m5->l[0] == 9 && m5->c[0] == 14.5 && m5->v[0] == 5);
+    assert_true(m5->o[1] == 15 && m5->c[1] == 16.5 && m5->v[1] == 2);
     /* closed-bar count: the bucket [5,10) closes at minute 10 */
-    assert_int_equal(closed_bars(&m5, 5, t0 + 9 * 60), 1);
-    assert_int_equal(closed_bars(&m5, 5, t0 + 10 * 60), 2);
+    assert_int_equal(closed_bars(m5, 5, t0 + 9 * 60), 1);
+    assert_int_equal(closed_bars(m5, 5, t0 + 10 * 60), 2);
+    series_free(&s);
+    /* a bar off the minute is refused with its number */
+    m1.t[7] += 30;
+    assert_int_equal(series_build(&m1, 4, &s), -1);
+    assert_non_null(strstr(prep_error, "M1 bar 8"));
+    assert_non_null(strstr(prep_error, "not on a minute boundary"));
+    series_free(&s);
     bars_free(&m1);
-    bars_free(&m5);
 }
 
 /* Sample t's features must not change when every bar after t changes, and must change
@@ -205,6 +216,21 @@ static void test_write_files(void **state) {
     assert_true(first_val - last_train > 5 * 6 * 60);
     free(times);
     H5Sclose(ms); H5Sclose(vs); H5Sclose(ts); H5Dclose(tt); H5Dclose(vt); H5Fclose(f); H5Fclose(g);
+    remove(tr); remove(va);
+    /* the widest rows: every feature, finite */
+    prep_config wide = {MAXF, 6, 60, 0.25, 12, 1, tr, va};
+    assert_int_equal(prepare(&m1, &wide), 0);
+    f = H5Fopen(tr, H5F_ACC_RDONLY, H5P_DEFAULT);
+    d = H5Dopen2(f, "features", H5P_DEFAULT);
+    sp = H5Dget_space(d);
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    assert_true(dims[0] == 9 && dims[1] == 1104 && dims[2] == MAXF);
+    size_t cnt = (size_t)(dims[0] * dims[1] * dims[2]);
+    float *all = tu_alloc_f32(cnt);
+    assert_true(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all) >= 0);
+    for (size_t i = 0; i < cnt; i++) if (!isfinite(all[i])) fail_msg("feature value %zu is %g", i, all[i]);
+    free(all);
+    H5Sclose(sp); H5Dclose(d); H5Fclose(f);
     remove(tr); remove(va); rmdir(dir);
     /* too little data is a clear error */
     bars tiny;
@@ -224,7 +250,8 @@ static void test_cli_errors(void **state) {
     struct { const char *args, *want; } cases[] = {
         {"", "give exactly one of --synthetic or --csv FILE"},
         {"--synthetic --csv x.csv", "give exactly one"},
-        {"--synthetic --features 13", "--features: '13' is not 1..12"},
+        {"--synthetic --features 170", "--features: '170' is not 1..169"},
+        {"--synthetic --features 0", "--features: '0' is not 1..169"},
         {"--synthetic --stride 0", "--stride: '0' is not"},
         {"--synthetic --val-fraction 1.5", "--val-fraction: '1.5' is not in (0, 1)"},
         {"--synthetic --bogus", "unknown flag '--bogus'"},

@@ -1,0 +1,308 @@
+/* mb_features.h - the multi-timeframe bars and per-bar features of examples/prepare.c,
+ * built incrementally: one implementation for the dataset (prepare) and a live predictor.
+ *
+ *   mbf_state *s = malloc(sizeof *s);  mbf_init(s, nf);
+ *   mbf_out out;                                         (rows that closed with the bar)
+ *   for each closed M1 bar b, in time order:
+ *       if (mbf_push(s, &b, &out) != MBF_OK) ... mbf_error_text(code)
+ *       for (int i = 0; i < out.n; i++) out.row[i].tf, out.row[i].bar, out.row[i].x[0..nf)
+ *
+ * Timeframes M1, M5, M15, H1, H4 (mbf_minutes). A bar of period P holds the M1 bars whose
+ * start lies in [k P, (k+1) P) (open = first open, high = max, low = min, close = last
+ * close, volume = sum, time = the bucket's start). It closes, and its feature row is
+ * yielded, at the first M1 bar whose close (start + 60 s) reaches the bucket's end:
+ * the bar ending the bucket, or after a gap the first bar of a later bucket (the gap bar
+ * is closed first, then the new bar is added; one push can close two bars of a
+ * timeframe). A forming bar is never used: a row depends only on closed bars of its own
+ * timeframe. Rows come in timeframe order, each timeframe oldest first.
+ *
+ * Features (docs/PREPARE.md lists each with its formula): 0-11 the original twelve, 12-24
+ * calendar encodings, then 16 families over 9 windows (3 .. 233 bars). Every feature looks
+ * back at most MBF_RING - 1 bars of its timeframe, so an engine started later yields the
+ * same rows, bit for bit, once a timeframe has MBF_WARMUP closed bars since it started.
+ * Deterministic: the same bars give the same bits on every run.
+ * C11 and C++17; no allocation (an mbf_state is about 115 KB: allocate it). */
+#ifndef MB_FEATURES_H
+#define MB_FEATURES_H
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+enum {
+    MBF_TFS = 5,      /* M1, M5, M15, H1, H4 */
+    MBF_BASE = 12,    /* the original features */
+    MBF_CAL = 13,     /* calendar encodings */
+    MBF_FAMILIES = 16,
+    MBF_WINDOWS = 9,
+    MBF_MAX = MBF_BASE + MBF_CAL + MBF_FAMILIES * MBF_WINDOWS, /* 169 */
+    MBF_RING = 256,   /* closed bars kept per timeframe (> the longest window) */
+    MBF_WARMUP = 235  /* closed bars after which a late-started engine agrees bitwise */
+};
+static const int mbf_minutes[MBF_TFS] = {1, 5, 15, 60, 240};
+static const int mbf_window[MBF_WINDOWS] = {3, 5, 8, 13, 34, 55, 89, 144, 233}; /* no 21: madev_20 and vol_20 are features 10, 11 */
+
+/* mbf_push's results. */
+enum { MBF_OK = 0, MBF_ERR_ORDER = -1, MBF_ERR_DUPLICATE = -2, MBF_ERR_ALIGN = -3, MBF_ERR_BAR = -4 };
+
+typedef struct mbf_bar {
+    int64_t t;           /* start, seconds since 1970-01-01 UTC */
+    double o, h, l, c, v;
+} mbf_bar;
+
+typedef struct mbf_row {
+    int tf;              /* 0..4: M1, M5, M15, H1, H4 */
+    mbf_bar bar;         /* the bar that closed */
+    float x[MBF_MAX];    /* its features (the first nf are set) */
+} mbf_row;
+
+typedef struct mbf_out {
+    int n;
+    mbf_row row[2 * MBF_TFS];
+} mbf_out;
+
+/* Per closed bar: the bar and the values its features reuse. */
+typedef struct mbf__past {
+    mbf_bar b;
+    double r;            /* log(c / previous close), 0 for a timeframe's first bar */
+    double lv, hl, lc;   /* log(v + 1), log(h / l), log(c) */
+    double bf;           /* (c - o) / (h - l), 0 when h == l */
+} mbf__past;
+
+typedef struct mbf_tf {
+    int64_t period;      /* seconds */
+    int forming;         /* cur holds a bar not yet closed */
+    mbf_bar cur;
+    int64_t n;           /* closed bars so far; bar i is past[i % MBF_RING] */
+    mbf__past past[MBF_RING];
+} mbf_tf;
+
+typedef struct mbf_state {
+    int nf;              /* features per row, 1..MBF_MAX */
+    int started;
+    int64_t last;        /* start of the last M1 bar pushed */
+    mbf_tf tf[MBF_TFS];
+} mbf_state;
+
+static inline void mbf_init(mbf_state *s, int nf) {
+    memset(s, 0, sizeof *s);
+    s->nf = nf < 1 ? 1 : nf > MBF_MAX ? MBF_MAX : nf;
+    for (int k = 0; k < MBF_TFS; k++) s->tf[k].period = (int64_t)mbf_minutes[k] * 60;
+}
+
+static inline const char *mbf_error_text(int code) {
+    switch (code) {
+    case MBF_OK: return "ok";
+    case MBF_ERR_ORDER: return "bar is older than the previous bar (out of order)";
+    case MBF_ERR_DUPLICATE: return "bar has the same time as the previous bar (duplicate)";
+    case MBF_ERR_ALIGN: return "bar time is not on a minute boundary";
+    default: return "bad bar (prices must be finite and > 0, high >= low, volume finite and >= 0)";
+    }
+}
+
+static inline int64_t mbf__floor_mod(int64_t a, int64_t p) { return (a % p + p) % p; }
+
+/* Days since 1970-01-01 -> civil date (Howard Hinnant's algorithm). */
+static inline void mbf__civil(int64_t z, int *y, int *m, int *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097, doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
+    *y = (int)(yoe + era * 400 + (*m <= 2));
+}
+
+static inline int mbf__days_in_month(int y, int m) {
+    static const int dm[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    return dm[m - 1] + (m == 2 && y % 4 == 0 && (y % 100 != 0 || y % 400 == 0));
+}
+
+static inline const mbf__past *mbf__at(const mbf_tf *tf, int64_t i) { return &tf->past[i % MBF_RING]; }
+
+/* 0-11: the original features (their formulas and summation order are those of the first
+ * prepare, so files of up to 12 features are unchanged). */
+static inline void mbf__base(const mbf_tf *tf, int64_t i, double *f) {
+    const mbf_bar *b = &mbf__at(tf, i)->b, *p = i ? &mbf__at(tf, i - 1)->b : b;
+    double prev_c = i ? p->c : b->o, prev_v = p->v;
+    double top = fmax(b->o, b->c), bot = fmin(b->o, b->c);
+    double tod = 6.283185307179586 * (double)mbf__floor_mod(b->t, 86400) / 86400.0;
+    double dow = 6.283185307179586 * (double)mbf__floor_mod(b->t / 86400 + 3, 7) / 7.0; /* Monday = 0 */
+    f[0] = log(b->c / prev_c);
+    f[1] = log(b->h / b->l);
+    f[2] = log(b->c / b->o);
+    f[3] = log(b->h / top);
+    f[4] = log(bot / b->l);
+    f[5] = log((b->v + 1.0) / (prev_v + 1.0));
+    f[6] = sin(tod); f[7] = cos(tod); f[8] = sin(dow); f[9] = cos(dow);
+    int64_t w = i + 1 < 20 ? i + 1 : 20;
+    double mean = 0, s1 = 0, s2 = 0;
+    for (int64_t j = i + 1 - w; j <= i; j++) {
+        const mbf__past *q = mbf__at(tf, j);
+        mean += q->b.c; s1 += q->r; s2 += q->r * q->r;
+    }
+    f[10] = log(b->c / (mean / (double)w));
+    f[11] = sqrt(fmax(s2 / (double)w - (s1 / (double)w) * (s1 / (double)w), 0.0));
+}
+
+/* 12-24: calendar encodings of the bar's start time (UTC). */
+static inline void mbf__calendar(int64_t t, double *f) {
+    const double tau = 6.283185307179586;
+    int64_t day = (t - mbf__floor_mod(t, 86400)) / 86400, secs = mbf__floor_mod(t, 86400);
+    int64_t dow = mbf__floor_mod(day + 3, 7), hour = secs / 3600;
+    int y, m, d;
+    mbf__civil(day, &y, &m, &d);
+    double dim = (double)mbf__days_in_month(y, m), tod = tau * (double)secs / 86400.0;
+    double how = tau * (double)(dow * 86400 + secs) / 604800.0, dom = tau * (double)(d - 1) / dim;
+    double moy = tau * ((double)(m - 1) + (double)(d - 1) / dim) / 12.0;
+    double moh = tau * (double)(secs % 3600) / 3600.0;
+    f[0] = sin(2 * tod); f[1] = cos(2 * tod);
+    f[2] = sin(how); f[3] = cos(how);
+    f[4] = sin(dom); f[5] = cos(dom);
+    f[6] = sin(moy); f[7] = cos(moy);
+    f[8] = sin(moh); f[9] = cos(moh);
+    f[10] = hour < 9;                 /* Tokyo session, 00-09 UTC */
+    f[11] = hour >= 7 && hour < 16;   /* London, 07-16 */
+    f[12] = hour >= 12 && hour < 21;  /* New York, 12-21 */
+}
+
+/* Sums over the newest w bars of a timeframe (age 0 = the bar that closed). */
+typedef struct mbf__sums {
+    double r, r2, r3, ar, hmax, lmin, c, v, lv, lv2, hl2, x, x2, y, xy, tv, typ, bf, arlv, acf;
+    int up, down;
+} mbf__sums;
+
+static inline void mbf__add(mbf__sums *s, const mbf__past *q, int64_t age, double r_newer) {
+    double r = q->r, typ = (q->b.h + q->b.l + q->b.c) / 3.0, x = (double)age;
+    s->r += r; s->r2 += r * r; s->r3 += r * r * r; s->ar += fabs(r);
+    s->hmax = age ? fmax(s->hmax, q->b.h) : q->b.h;
+    s->lmin = age ? fmin(s->lmin, q->b.l) : q->b.l;
+    s->c += q->b.c; s->v += q->b.v; s->lv += q->lv; s->lv2 += q->lv * q->lv; s->hl2 += q->hl * q->hl;
+    s->x += x; s->x2 += x * x; s->y += q->lc; s->xy += x * q->lc;
+    s->tv += typ * q->b.v; s->typ += typ; s->bf += q->bf; s->arlv += fabs(r) * q->lv;
+    if (age) s->acf += r * r_newer;
+    s->up += r > 0; s->down += r < 0;
+}
+
+/* Central second moment from sums, 0 when it is rounding noise of equal values. */
+static inline double mbf__var(double s1, double s2, double w) {
+    double m = s1 / w, v = s2 / w - m * m;
+    return v > 1e-12 * (s2 / w) ? v : 0.0;
+}
+
+/* The 16 family values of one window (w bars) into f[fam * MBF_WINDOWS]. */
+static inline void mbf__window(const mbf__sums *s, const mbf_bar *b, double w, double *f) {
+    double vr = mbf__var(s->r, s->r2, w), vlv = mbf__var(s->lv, s->lv2, w), va = mbf__var(s->ar, s->r2, w);
+    double mu = s->r / w, m3 = s->r3 / w - 3 * mu * s->r2 / w + 2 * mu * mu * mu;
+    double dx = w * s->x2 - s->x * s->x, vwap = s->v > 0 ? s->tv / s->v : s->typ / w;
+    double corr = va > 0 && vlv > 0 ? (s->arlv / w - (s->ar / w) * (s->lv / w)) / sqrt(va * vlv) : 0.0;
+    double v[MBF_FAMILIES] = {
+        s->r,                                                             /* ret */
+        log(s->hmax / s->lmin),                                           /* range */
+        sqrt(vr),                                                         /* vol */
+        log((b->v + 1.0) / (s->v / w + 1.0)),                             /* vrel */
+        log(b->c / (s->c / w)),                                           /* madev */
+        s->hmax > s->lmin ? (2 * b->c - s->hmax - s->lmin) / (s->hmax - s->lmin) : 0.0, /* pos */
+        sqrt(s->hl2 / w / (4 * log(2.0))),                                /* park */
+        s->ar > 0 ? s->r / s->ar : 0.0,                                   /* eff */
+        sqrt(vlv),                                                        /* vstd */
+        (double)(s->up - s->down) / w,                                    /* updown */
+        dx > 0 ? -(w * s->xy - s->x * s->y) / dx : 0.0,                   /* slope */
+        log(b->c / vwap),                                                 /* vwapdev */
+        s->bf / w,                                                        /* bodyfrac */
+        vr > 0 ? m3 / (vr * sqrt(vr)) : 0.0,                              /* skew */
+        fmax(-1.0, fmin(1.0, corr)),                                      /* rvcorr */
+        s->r2 > 0 ? s->acf / s->r2 : 0.0,                                 /* acf1 */
+    };
+    for (int k = 0; k < MBF_FAMILIES; k++) f[k * MBF_WINDOWS] = v[k];
+}
+
+/* 25-168: one pass from the newest bar back, each window read off when it is complete
+ * (fewer bars than the window at a timeframe's start: all of them). */
+static inline void mbf__families(const mbf_tf *tf, int64_t i, double *f) {
+    int64_t avail = i + 1;
+    mbf__sums s;
+    memset(&s, 0, sizeof s);
+    const mbf_bar *b = &mbf__at(tf, i)->b;
+    double r_newer = 0;
+    int wi = 0;
+    for (int64_t age = 0; age < avail && wi < MBF_WINDOWS; age++) {
+        const mbf__past *q = mbf__at(tf, i - age);
+        mbf__add(&s, q, age, r_newer);
+        r_newer = q->r;
+        for (; wi < MBF_WINDOWS && (mbf_window[wi] == age + 1 || (age + 1 == avail && mbf_window[wi] > avail)); wi++)
+            mbf__window(&s, b, (double)(age + 1), f + wi);
+    }
+}
+
+/* Close timeframe k's forming bar: remember it, compute its row into out. */
+static inline void mbf__close(mbf_state *s, int k, mbf_out *out) {
+    mbf_tf *tf = &s->tf[k];
+    int64_t i = tf->n;
+    mbf__past *q = &tf->past[i % MBF_RING];
+    const mbf_bar *b = &tf->cur;
+    q->b = *b;
+    q->r = i ? log(b->c / mbf__at(tf, i - 1)->b.c) : 0.0;
+    q->lv = log(b->v + 1.0); q->hl = log(b->h / b->l); q->lc = log(b->c);
+    q->bf = b->h > b->l ? (b->c - b->o) / (b->h - b->l) : 0.0;
+    tf->n++;
+    tf->forming = 0;
+    double f[MBF_MAX];
+    mbf__base(tf, i, f);
+    if (s->nf > MBF_BASE) mbf__calendar(b->t, f + MBF_BASE);
+    if (s->nf > MBF_BASE + MBF_CAL) mbf__families(tf, i, f + MBF_BASE + MBF_CAL);
+    mbf_row *row = &out->row[out->n++];
+    row->tf = k;
+    row->bar = *b;
+    for (int j = 0; j < s->nf; j++) row->x[j] = (float)f[j];
+}
+
+/* Feed one closed M1 bar (start time b->t on a minute, after the previous bar). Fills out
+ * with the rows of every bar that closed with it (M1's always). On an error nothing
+ * changes: out->n = 0 and the state is as before. */
+static inline int mbf_push(mbf_state *s, const mbf_bar *b, mbf_out *out) {
+    out->n = 0;
+    if (s->started && b->t < s->last) return MBF_ERR_ORDER;
+    if (s->started && b->t == s->last) return MBF_ERR_DUPLICATE;
+    if (mbf__floor_mod(b->t, 60) != 0) return MBF_ERR_ALIGN;
+    double p[4] = {b->o, b->h, b->l, b->c};
+    for (int j = 0; j < 4; j++) if (!(p[j] > 0) || !isfinite(p[j])) return MBF_ERR_BAR;
+    if (!(b->h >= b->l) || !(b->v >= 0) || !isfinite(b->v)) return MBF_ERR_BAR;
+    s->started = 1;
+    s->last = b->t;
+    for (int k = 0; k < MBF_TFS; k++) {
+        mbf_tf *tf = &s->tf[k];
+        int64_t start = b->t - mbf__floor_mod(b->t, tf->period);
+        if (tf->forming && tf->cur.t != start) mbf__close(s, k, out); /* it ended in a gap */
+        if (!tf->forming) {
+            tf->cur = *b;
+            tf->cur.t = start;
+            tf->forming = 1;
+        } else {
+            tf->cur.h = fmax(tf->cur.h, b->h);
+            tf->cur.l = fmin(tf->cur.l, b->l);
+            tf->cur.c = b->c;
+            tf->cur.v += b->v;
+        }
+        if (start + tf->period <= b->t + 60) mbf__close(s, k, out);
+    }
+    return MBF_OK;
+}
+
+/* Name of feature j (0..MBF_MAX-1), e.g. "ret_1", "tod_sin", "vol_21". */
+static inline void mbf_feature_name(int j, char *buf, size_t cap) {
+    static const char *const base[MBF_BASE + MBF_CAL] = {
+        "ret_1", "range_1", "body", "wick_up", "wick_down", "dvol", "tod_sin", "tod_cos", "dow_sin", "dow_cos",
+        "madev_20", "vol_20", "tod2_sin", "tod2_cos", "how_sin", "how_cos", "dom_sin", "dom_cos", "moy_sin",
+        "moy_cos", "moh_sin", "moh_cos", "session_tokyo", "session_london", "session_newyork"};
+    static const char *const fam[MBF_FAMILIES] = {"ret", "range", "vol", "vrel", "madev", "pos", "park", "eff",
+        "vstd", "updown", "slope", "vwapdev", "bodyfrac", "skew", "rvcorr", "acf1"};
+    if (j < 0 || j >= MBF_MAX) snprintf(buf, cap, "?");
+    else if (j < MBF_BASE + MBF_CAL) snprintf(buf, cap, "%s", base[j]);
+    else {
+        int k = j - MBF_BASE - MBF_CAL;
+        snprintf(buf, cap, "%s_%d", fam[k / MBF_WINDOWS], mbf_window[k % MBF_WINDOWS]);
+    }
+}
+
+#endif /* MB_FEATURES_H */
