@@ -33,7 +33,7 @@ mb=build/bench/bench_lstm
 echo "## commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- megabatch.h bench || echo ' + uncommitted changes')"
 echo "## command: $0 ${ftz[*]} --threads $threads --rounds $rounds --iters $iters ${shapes[*]}"
 echo "## ftz=$([ ${#ftz[@]} -gt 0 ] && echo off || echo on) threads=$threads (both sides)"
-echo "## $(uname -m) $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "## $(uname -m) $(nproc) cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 us() { sed -n 's/.*fwd+bwd *\([0-9.]*\) us\/step.*/\1/p'; }

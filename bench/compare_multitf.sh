@@ -76,7 +76,7 @@ ftzflag=()
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-echo "## commit $(git rev-parse --short HEAD); $(uname -m), $(nproc) cores"
+echo "## commit $(git rev-parse --short HEAD); $(uname -m), $(nproc) cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 echo "## ftz=$([ "$noftz" = 1 ] && echo off || echo on) threads=$threads (both sides); rounds=$rounds"
 echo "## load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 run() { # name, round, command...: echo it, run it, keep its output
