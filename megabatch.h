@@ -3190,6 +3190,8 @@ struct mb_lstm {
     float *dA, *dB; /* (T, B, H) gradients w.r.t. a layer's output, ping-pong */
     float *hn, *cn; /* (L, B, H) final state of the last forward */
     int64_t B, T, k; /* shape and checkpoint interval of the last forward (k = 0: full) */
+    int seg_kept;    /* checkpointing: the layer whose last segment's gates and cells the forward
+                        left in seg_g / seg_c (-1: none); its backward needs no recompute there */
     int have_fwd, have_state;
 };
 
@@ -3218,11 +3220,19 @@ typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const fl
 #define MB__LSTM_ROWS(SUFFIX, ATTR)                                                                                \
     ATTR static MB__NOINLINE void mb__lstm_fwd_row##SUFFIX(int64_t H, float *MB__RESTRICT g4,                    \
         const float *MB__RESTRICT b_ih, const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev,        \
-        float *MB__RESTRICT c, float *MB__RESTRICT h) {                                                          \
-        for (int64_t j = 0; j < H; j++)                                                                          \
-            mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                            \
-                              b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j], c_prev[j],   \
-                              &c[j], &h[j]);                                                                     \
+        float *MB__RESTRICT c, float *MB__RESTRICT h) { /* h NULL: not needed (a recompute) */               \
+        if (h)                                                                                                   \
+            for (int64_t j = 0; j < H; j++)                                                                      \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &h[j]);                                                      \
+        else                                                                                                     \
+            for (int64_t j = 0; j < H; j++) {                                                                    \
+                float unused; /* its tanh(c) is dead code: one exp in five saved */                              \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &unused);                                                    \
+            }                                                                                                    \
     }                                                                                                            \
     ATTR static MB__NOINLINE void mb__lstm_bwd_row##SUFFIX(int64_t H, const float *MB__RESTRICT a4,              \
         const float *MB__RESTRICT c_prev, const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,         \
@@ -3251,7 +3261,8 @@ static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float
         return mb__cuda_lstm_fwd_gates(l->dev, l->cfg.stream, B, H, g, b_ih, b_hh, c_prev, c, h);
 #endif
     mb__lstm_fwd_row_fn row = mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
-    for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, h + b * H);
+    int need_h = h != l->hscr; /* a recompute's h equals the kept one: not computed on the CPU */
+    for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
 
@@ -3698,7 +3709,9 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
     l->have_fwd = 0;
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
     l->x = x; l->xs = xs;
+    l->seg_kept = -1;
     for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    l->seg_kept = l->k ? l->L - 1 : -1;
     size_t bh = (size_t)(B * l->H);
     for (int k = 0; k < l->L; k++) {
         MB_TRY(mb__lstm_copy(l, l->hn + k * bh, l->layer[k].hs + T * bh, bh));
@@ -3786,10 +3799,14 @@ static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, f
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
     if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);
     int64_t nseg = (l->T + l->k - 1) / l->k;
+    int kept = l->seg_kept == k; /* the forward's last segment is still in seg_g / seg_c */
+    l->seg_kept = -1;            /* overwritten below */
     for (int64_t s = nseg - 1; s >= 0; s--) {
         int64_t s0 = s * l->k, s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
-        MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-        MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+        if (!(kept && s == nseg - 1)) {
+            MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
+            MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+        }
         MB_TRY(mb__lstm_segment_backward(l, k, s0, s1, l->seg_g, l->seg_c, dout, d_in));
     }
     return MB_OK;
