@@ -240,6 +240,8 @@ typedef struct mb_device_config {
     int streams;        /* total streams, 0 = 2 (compute + copy); at most MB_MAX_STREAMS */
     int threads;        /* CPU threads for BLAS and loops; 0 = library default */
     int tf32;           /* 1: allow TF32 tensor cores for f32 gemm (CUDA); 0: exact f32 */
+    int keep_denormals; /* CPU: 0 (default) = flush-to-zero + denormals-are-zero while the library
+                           computes (x86; the caller's state is restored), 1 = IEEE denormals */
     mb_logger log;      /* log callback; silent by default */
 } mb_device_config;
 
@@ -1134,6 +1136,7 @@ struct mb_device {
     int streams;
     int tf32;
     int threads;                    /* CPU: threads for BLAS and for mb_lstm_*_many */
+    struct mb__pool *pool;          /* CPU: threads-1 persistent workers (NULL: none) */
     void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
     void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
     void *cublas;                   /* cublasHandle_t */
@@ -1145,15 +1148,174 @@ struct mb_device {
     size_t nrecs, caprecs;
 };
 
+/* ---- CPU: denormals ----
+ * The CPU compute runs with flush-to-zero (FTZ: a denormal result becomes 0) and
+ * denormals-are-zero (DAZ: a denormal operand reads as 0) unless cfg.keep_denormals, which
+ * clears both instead. A denormal operand or result costs ~100 cycles on x86 (a microcode
+ * assist); an LSTM's backward over hundreds of steps makes many (decaying gradients).
+ * The public entry points that compute on the CPU set the mode on the caller's thread
+ * and restore the caller's FTZ/DAZ bits on return; the pool workers (below) keep it.
+ * x86 (SSE MXCSR) only; elsewhere the mode is left as it is. */
+#if (defined(__x86_64__) || defined(_M_X64) || (defined(__i386__) && defined(__SSE__))) && !defined(__CUDA_ARCH__)
+#include <xmmintrin.h>
+#define MB__MXCSR 1
+#endif
+
+typedef struct mb__fpenv { unsigned csr; int changed; } mb__fpenv;
+enum { MB__FTZ_DAZ = 0x8040u }; /* MXCSR bit 15 flush-to-zero, bit 6 denormals-are-zero */
+
+/* Set the device's mode on this thread; returns what mb__fp_leave restores. */
+static mb__fpenv mb__fp_enter(const mb_device *dev) {
+    mb__fpenv e = {0u, 0};
+#ifdef MB__MXCSR
+    if (!dev || dev->cfg.backend != MB_CPU) return e;
+    e.csr = _mm_getcsr();
+    unsigned want = dev->cfg.keep_denormals ? e.csr & ~(unsigned)MB__FTZ_DAZ : e.csr | (unsigned)MB__FTZ_DAZ;
+    if (want != e.csr) { _mm_setcsr(want); e.changed = 1; }
+#else
+    (void)dev;
+#endif
+    return e;
+}
+
+/* Give the caller back its FTZ/DAZ bits (the exception flags raised meanwhile stay). */
+static void mb__fp_leave(mb__fpenv e) {
+#ifdef MB__MXCSR
+    if (e.changed) _mm_setcsr((_mm_getcsr() & ~(unsigned)MB__FTZ_DAZ) | (e.csr & (unsigned)MB__FTZ_DAZ));
+#else
+    (void)e;
+#endif
+}
+
+/* ---- CPU: the worker pool ----
+ * threads-1 workers, started at mb_device_open and joined at mb_device_close, that sleep
+ * on a condition variable until mb__pool_run hands them a function; the caller's thread
+ * runs it too, and mb__pool_run returns when every worker it asked for has returned from
+ * it. One job at a time per device (the `run` lock). */
+#ifndef MEGABATCH_NO_THREADS
+#include <pthread.h>
+enum { MB__POOL_MAX = 63 };
+typedef struct mb__pool mb__pool;
+typedef struct mb__pool_who { mb__pool *p; int id; } mb__pool_who;
+static MB__TLS int mb__pool_inside; /* this thread runs a pool job (or is a worker) */
+struct mb__pool {
+    mb_device *dev;
+    pthread_mutex_t mu, run;
+    pthread_cond_t go, done;
+    pthread_t th[MB__POOL_MAX];
+    mb__pool_who who[MB__POOL_MAX];
+    int n;               /* workers running */
+    int want, active;    /* workers asked for by the current job, and still in it */
+    int quit;
+    uint64_t gen;        /* jobs handed out so far */
+    void (*fn)(void *);
+    void *arg;
+};
+
+static void *mb__pool_worker(void *arg) {
+    mb__pool_who *w = (mb__pool_who *)arg;
+    mb__pool *p = w->p;
+    (void)mb__fp_enter(p->dev); /* for good: this thread only runs the library's work */
+    mb__pool_inside = 1;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->quit && p->gen == seen) pthread_cond_wait(&p->go, &p->mu);
+        if (p->quit) break;
+        seen = p->gen;
+        if (w->id >= p->want) continue; /* not needed for this job */
+        pthread_mutex_unlock(&p->mu);
+        p->fn(p->arg);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void mb__pool_close(mb_device *dev) {
+    mb__pool *p = dev->pool;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n; i++) pthread_join(p->th[i], NULL);
+    pthread_cond_destroy(&p->go); pthread_cond_destroy(&p->done);
+    pthread_mutex_destroy(&p->mu); pthread_mutex_destroy(&p->run);
+    MB_FREE(p);
+    dev->pool = NULL;
+}
+
+static mb_result mb__pool_open(mb_device *dev, int workers) {
+    if (workers > MB__POOL_MAX) workers = MB__POOL_MAX;
+    if (workers < 1) return MB_OK;
+    mb__pool *p = (mb__pool *)mb__host_calloc(1, sizeof *p);
+    if (!p) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the thread pool");
+    p->dev = dev;
+    pthread_mutex_init(&p->mu, NULL); pthread_mutex_init(&p->run, NULL);
+    pthread_cond_init(&p->go, NULL); pthread_cond_init(&p->done, NULL);
+    dev->pool = p;
+    for (; p->n < workers; p->n++) { /* fewer threads than asked for: still correct */
+        p->who[p->n].p = p; p->who[p->n].id = p->n;
+        if (pthread_create(&p->th[p->n], NULL, mb__pool_worker, &p->who[p->n]) != 0) break;
+    }
+    return MB_OK;
+}
+
+/* fn(arg) on the caller's thread and on up to `workers` pool threads at once; on the
+ * caller's thread alone when called from inside a job (fn must then do all the work). */
+static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *arg) {
+    mb__pool *p = dev->pool;
+    if (!p || workers < 1 || p->n < 1 || mb__pool_inside) { fn(arg); return; }
+    if (workers > p->n) workers = p->n;
+    pthread_mutex_lock(&p->run);
+    mb__pool_inside = 1;
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn; p->arg = arg; p->want = workers; p->active = workers; p->gen++;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg);
+    pthread_mutex_lock(&p->mu);
+    while (p->active) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    mb__pool_inside = 0;
+    pthread_mutex_unlock(&p->run);
+}
+static void mb__pool_lock(mb_device *dev, int lock) {
+    if (!dev->pool) return;
+    if (lock) pthread_mutex_lock(&dev->pool->mu);
+    else pthread_mutex_unlock(&dev->pool->mu);
+}
+#else
+static void mb__pool_lock(mb_device *dev, int lock) { (void)dev; (void)lock; }
+static void mb__pool_close(mb_device *dev) { (void)dev; }
+static mb_result mb__pool_open(mb_device *dev, int workers) { (void)dev; (void)workers; return MB_OK; }
+static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *arg) {
+    (void)dev; (void)workers;
+    fn(arg);
+}
+#endif
+
+/* The CPU device runs all its compute on threads it controls (the caller's and the pool's),
+ * so that each runs in the device's denormal mode: OpenBLAS's own threads do not take the
+ * caller's MXCSR (measured: half of a 512^3 product computed with denormals, half
+ * without), so OpenBLAS runs single-threaded (process-wide, set at open) and large gemms
+ * are split by columns over the pool instead (mb__sgemm_split). */
 static mb_result mb__cpu_open(mb_device *dev) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(1);
 #endif
     dev->threads = threads;
-    snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads)", ncpu, threads);
-    return MB_OK;
+    const char *blas = "";
+#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
+    blas = openblas_get_corename(); /* the kernels OpenBLAS picked (OPENBLAS_CORETYPE overrides) */
+#endif
+    snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s)", ncpu, threads,
+             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas);
+    return mb__pool_open(dev, threads - 1);
 }
 
 MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
@@ -1207,6 +1369,7 @@ MBDEF void mb_device_close(mb_device *dev) {
 #ifdef MEGABATCH_CUDA
     if (dev->cfg.backend == MB_CUDA) mb__cuda_close(dev);
 #endif
+    mb__pool_close(dev);
     MB_FREE(dev->recs);
     MB_FREE(dev);
 }
@@ -1470,6 +1633,52 @@ static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alp
 #endif
 }
 
+/* A large gemm split by columns of C into parts of MB__SPLIT_COLS, taken by the caller's
+ * thread and the pool's workers. The parts depend only on the shape, never on the thread
+ * count or on which thread runs them (a 1-thread device, or a gemm inside a pool job,
+ * runs them one after the other): OpenBLAS's bits depend on N (measured), so the parts
+ * must not. */
+typedef struct mb__gemm_job {
+    mb_device *dev;
+    int ta, tb, parts, next;
+    int64_t m, n, k, lda, ldb, ldc, w; /* w: columns per part */
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} mb__gemm_job;
+
+static void mb__gemm_part(void *arg) {
+    mb__gemm_job *j = (mb__gemm_job *)arg;
+    for (;;) {
+        mb__pool_lock(j->dev, 1);
+        int i = j->next++;
+        mb__pool_lock(j->dev, 0);
+        if (i >= j->parts) return;
+        int64_t c0 = i * j->w, nc = c0 + j->w < j->n ? j->w : j->n - c0;
+        mb__sgemm(j->ta, j->tb, j->m, nc, j->k, j->alpha, j->a, j->lda, j->b + (j->tb ? c0 * j->ldb : c0), j->ldb,
+                  j->beta, j->c + c0, j->ldc);
+    }
+}
+
+/* below ~4 MFLOP a handoff costs more than it gains; parts of 256 columns (the LSTM's 4H
+   at H = 64 stays whole; at H = 256 its 1024 gate columns make 4 parts) */
+enum { MB__SPLIT_FLOPS = 1 << 22, MB__SPLIT_COLS = 256 };
+
+static void mb__sgemm_split(mb_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (n <= MB__SPLIT_COLS || 2.0 * (double)m * (double)n * (double)k < (double)MB__SPLIT_FLOPS) {
+        mb__sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    mb__gemm_job j;
+    j.dev = dev; j.ta = ta; j.tb = tb; j.next = 0;
+    j.m = m; j.n = n; j.k = k; j.lda = lda; j.ldb = ldb; j.ldc = ldc;
+    j.w = MB__SPLIT_COLS;
+    j.parts = (int)((n + j.w - 1) / j.w);
+    j.alpha = alpha; j.beta = beta; j.a = a; j.b = b; j.c = c;
+    mb__pool_run(dev, (dev->threads < j.parts ? dev->threads : j.parts) - 1, mb__gemm_part, &j);
+}
+
 static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
     int64_t batch = g->batch > 1 ? g->batch : 1;
     int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
@@ -1499,7 +1708,7 @@ static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
                 for (int64_t col = 0; col < g->n; col++)
                     cf[r * ldc + col] = g->beta == 0.0f ? 0.0f : g->beta * cf[r * ldc + col];
         } else {
-            mb__sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, af, lda, bf, ldb, g->beta, cf, ldc);
+            mb__sgemm_split(dev, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, af, lda, bf, ldb, g->beta, cf, ldc);
         }
         if (wc)
             for (int64_t r = 0; r < g->m; r++)
@@ -1516,7 +1725,10 @@ MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g) {
 #ifdef MEGABATCH_CUDA
     if (dev->cfg.backend == MB_CUDA) return mb__cuda_gemm(dev, g);
 #endif
-    return mb__cpu_gemm(dev, g);
+    mb__fpenv e = mb__fp_enter(dev);
+    mb_result r = mb__cpu_gemm(dev, g);
+    mb__fp_leave(e);
+    return r;
 }
 
 // ---- params ----
@@ -3081,6 +3293,8 @@ struct mb_lstm {
     float *dA, *dB; /* (T, B, H) gradients w.r.t. a layer's output, ping-pong */
     float *hn, *cn; /* (L, B, H) final state of the last forward */
     int64_t B, T, k; /* shape and checkpoint interval of the last forward (k = 0: full) */
+    int seg_kept;    /* checkpointing: the layer whose last segment's gates and cells the forward
+                        left in seg_g / seg_c (-1: none); its backward needs no recompute there */
     int have_fwd, have_state;
 };
 
@@ -3095,23 +3309,52 @@ static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log
 #else
 #define MB__NOINLINE
 #endif
-static MB__NOINLINE void mb__lstm_fwd_row(int64_t H, float *MB__RESTRICT g4, const float *MB__RESTRICT b_ih,
-                             const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev, float *MB__RESTRICT c,
-                             float *MB__RESTRICT h) {
-    for (int64_t j = 0; j < H; j++)
-        mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j], b_ih[2 * H + j] + b_hh[2 * H + j],
-                          b_ih[3 * H + j] + b_hh[3 * H + j], c_prev[j], &c[j], &h[j]);
-}
-
-static MB__NOINLINE void mb__lstm_bwd_row(int64_t H, const float *MB__RESTRICT a4, const float *MB__RESTRICT c_prev,
-                             const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,
-                             const float *MB__RESTRICT dout, float *MB__RESTRICT dc, float *MB__RESTRICT d4) {
-    for (int64_t j = 0; j < H; j++) {
-        float dcj = dc[j];
-        mb__lstm_cell_bwd(a4, H, j, c_prev[j], c[j], dh_rec[j] + dout[j], &dcj, d4);
-        dc[j] = dcj;
+/* The row functions are compiled twice on x86 with GCC/Clang: for the baseline (SSE2, 4
+ * lanes) and for AVX2 (8 lanes; the default build targets plain x86-64), picked at run
+ * time. Without FMA in the target and with ISO C's fp-contract=off the two compute the
+ * same operations, so the same bits (perf: the SSE2 forward row was 33% of a CPU step
+ * at H = 64). */
+typedef void (*mb__lstm_fwd_row_fn)(int64_t, float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    const float *MB__RESTRICT, const float *MB__RESTRICT, float *MB__RESTRICT,
+                                    float *MB__RESTRICT);
+typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    const float *MB__RESTRICT, const float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    float *MB__RESTRICT, float *MB__RESTRICT);
+#define MB__LSTM_ROWS(SUFFIX, ATTR)                                                                                \
+    ATTR static MB__NOINLINE void mb__lstm_fwd_row##SUFFIX(int64_t H, float *MB__RESTRICT g4,                    \
+        const float *MB__RESTRICT b_ih, const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev,        \
+        float *MB__RESTRICT c, float *MB__RESTRICT h) { /* h NULL: not needed (a recompute) */               \
+        if (h)                                                                                                   \
+            for (int64_t j = 0; j < H; j++)                                                                      \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &h[j]);                                                      \
+        else                                                                                                     \
+            for (int64_t j = 0; j < H; j++) {                                                                    \
+                float unused; /* its tanh(c) is dead code: one exp in five saved */                              \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &unused);                                                    \
+            }                                                                                                    \
+    }                                                                                                            \
+    ATTR static MB__NOINLINE void mb__lstm_bwd_row##SUFFIX(int64_t H, const float *MB__RESTRICT a4,              \
+        const float *MB__RESTRICT c_prev, const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,         \
+        const float *MB__RESTRICT dout, float *MB__RESTRICT dc, float *MB__RESTRICT d4) {                        \
+        for (int64_t j = 0; j < H; j++) {                                                                        \
+            float dcj = dc[j];                                                                                   \
+            mb__lstm_cell_bwd(a4, H, j, c_prev[j], c[j], dh_rec[j] + dout[j], &dcj, d4);                         \
+            dc[j] = dcj;                                                                                         \
+        }                                                                                                        \
     }
-}
+MB__LSTM_ROWS(_base, )
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
+MB__LSTM_ROWS(_avx2, __attribute__((target("avx2"))))
+static int mb__lstm_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#else
+#define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
+#define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
+static int mb__lstm_avx2(void) { return 0; }
+#endif
 
 static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
                                     const float *c_prev, float *c, float *h) {
@@ -3120,7 +3363,9 @@ static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float
     if (l->dev->cfg.backend == MB_CUDA)
         return mb__cuda_lstm_fwd_gates(l->dev, l->cfg.stream, B, H, g, b_ih, b_hh, c_prev, c, h);
 #endif
-    for (int64_t b = 0; b < B; b++) mb__lstm_fwd_row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, h + b * H);
+    mb__lstm_fwd_row_fn row = mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
+    int need_h = h != l->hscr; /* a recompute's h equals the kept one: not computed on the CPU */
+    for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
 
@@ -3132,8 +3377,9 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
     if (l->dev->cfg.backend == MB_CUDA)
         return mb__cuda_lstm_bwd_gates(l->dev, l->cfg.stream, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
 #endif
+    mb__lstm_bwd_row_fn row = mb__lstm_avx2() ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
     for (int64_t b = 0; b < B; b++)
-        mb__lstm_bwd_row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
+        row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
                          dg + b * 4 * H);
     return MB_OK;
 }
@@ -3566,7 +3812,9 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
     l->have_fwd = 0;
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
     l->x = x; l->xs = xs;
+    l->seg_kept = -1;
     for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    l->seg_kept = l->k ? l->L - 1 : -1;
     size_t bh = (size_t)(B * l->H);
     for (int k = 0; k < l->L; k++) {
         MB_TRY(mb__lstm_copy(l, l->hn + k * bh, l->layer[k].hs + T * bh, bh));
@@ -3582,7 +3830,10 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
 
 MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
                                 const float *c0, float *out_seq, float *h_last) {
-    return mb__lstm_forward(l, x, l ? T * l->F : 0, B, T, h0, c0, out_seq, h_last);
+    mb__fpenv e = mb__fp_enter(l ? l->dev : NULL);
+    mb_result r = mb__lstm_forward(l, x, l ? T * l->F : 0, B, T, h0, c0, out_seq, h_last);
+    mb__fp_leave(e);
+    return r;
 }
 
 MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
@@ -3651,18 +3902,21 @@ static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, f
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
     if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);
     int64_t nseg = (l->T + l->k - 1) / l->k;
+    int kept = l->seg_kept == k; /* the forward's last segment is still in seg_g / seg_c */
+    l->seg_kept = -1;            /* overwritten below */
     for (int64_t s = nseg - 1; s >= 0; s--) {
         int64_t s0 = s * l->k, s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
-        MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-        MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+        if (!(kept && s == nseg - 1)) {
+            MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
+            MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+        }
         MB_TRY(mb__lstm_segment_backward(l, k, s0, s1, l->seg_g, l->seg_c, dout, d_in));
     }
     return MB_OK;
 }
 
-MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
-                                 float *dc0) {
-    if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_backward: NULL lstm");
+static mb_result mb__lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
+                                   float *dc0) {
     if (!l->have_fwd) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "mb_lstm_backward: called before mb_lstm_forward");
     int64_t B = l->B, T = l->T, H = l->H;
     size_t bh = (size_t)(B * H);
@@ -3678,6 +3932,15 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
         float *tmp = dout; dout = dnext; dnext = tmp;
     }
     return MB_OK;
+}
+
+MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
+                                 float *dc0) {
+    if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_backward: NULL lstm");
+    mb__fpenv e = mb__fp_enter(l->dev);
+    mb_result r = mb__lstm_backward(l, dh_last, dout_seq, dx, dh0, dc0);
+    mb__fp_leave(e);
+    return r;
 }
 
 /* ---- many LSTMs at once ---- */
@@ -3708,7 +3971,7 @@ static void mb__lstm_pool_lock(mb__lstm_pool *p, int lock) {
 static void mb__lstm_run_call(mb__lstm_pool *p, int i) {
     mb_lstm_call *c = &p->calls[i];
     mb_lstm *l = c->lstm;
-    mb_result r = p->backward ? mb_lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
+    mb_result r = p->backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
                               : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0,
                                                  c->c0, c->out_seq, c->h_last);
     if (r == MB_OK) return;
@@ -3721,13 +3984,13 @@ static void mb__lstm_run_call(mb__lstm_pool *p, int i) {
     mb__lstm_pool_lock(p, 0);
 }
 
-static void *mb__lstm_worker(void *arg) {
+static void mb__lstm_worker(void *arg) {
     mb__lstm_pool *p = (mb__lstm_pool *)arg;
     for (;;) {
         mb__lstm_pool_lock(p, 1);
         int i = p->next++;
         mb__lstm_pool_lock(p, 0);
-        if (i >= p->n) return NULL;
+        if (i >= p->n) return;
         mb__lstm_run_call(p, p->order[i]);
     }
 }
@@ -3737,32 +4000,20 @@ static double mb__lstm_work(const mb_lstm_call *c) {
     return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
 }
 
-/* Up to `threads` threads (the caller's included) drain the calls, longest first. */
-static void mb__lstm_pool_run(mb__lstm_pool *p, int threads) {
+/* Up to `threads` threads (the caller's and the device's pool workers) drain the calls,
+ * longest first; their gemms run unsplit (inside a pool job), BLAS is single-threaded. */
+static void mb__lstm_pool_run(mb_device *dev, mb__lstm_pool *p, int threads) {
     for (int i = 0; i < p->n; i++) p->order[i] = i;
     for (int i = 1; i < p->n; i++) /* insertion sort, stable: ties keep their order */
         for (int j = i; j > 0 && mb__lstm_work(&p->calls[p->order[j]]) > mb__lstm_work(&p->calls[p->order[j - 1]]); j--) {
             int t = p->order[j]; p->order[j] = p->order[j - 1]; p->order[j - 1] = t;
         }
 #ifndef MEGABATCH_NO_THREADS
-    pthread_t th[MB__LSTM_MANY_MAX];
-    int started = 0;
     pthread_mutex_init(&p->mu, NULL); /* also serves the caller's thread alone */
-#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
-    int blas_threads = openblas_get_num_threads();
-    if (threads > 1) openblas_set_num_threads(1);
 #endif
-    for (; started < threads - 1; started++) /* threads <= n <= MB__LSTM_MANY_MAX */
-        if (pthread_create(&th[started], NULL, mb__lstm_worker, p) != 0) break; /* fewer threads: still correct */
-    mb__lstm_worker(p);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-#if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
-    if (threads > 1) openblas_set_num_threads(blas_threads);
-#endif
+    mb__pool_run(dev, threads - 1, mb__lstm_worker, p);
+#ifndef MEGABATCH_NO_THREADS
     pthread_mutex_destroy(&p->mu);
-#else
-    (void)threads;
-    mb__lstm_worker(p);
 #endif
 }
 
@@ -3783,7 +4034,9 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     memset(&p, 0, sizeof p);
     p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
     for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));
-    mb__lstm_pool_run(&p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
+    mb__fpenv fe = mb__fp_enter(dev);
+    mb__lstm_pool_run(dev, &p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
+    mb__fp_leave(fe);
     mb_result r = p.failed < n ? MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg) : MB_OK; /* logged already */
     for (int i = 0; i < n; i++) {
         mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
@@ -4426,12 +4679,14 @@ MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
     if (dev->cfg.backend == MB_CUDA)
         return mb__cuda_adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
 #endif
+    mb__fpenv fe = mb__fp_enter(dev); /* v = E[g^2] of tiny gradients: denormal */
     double sumsq = 0.0;
     for (size_t i = 0; i < n; i++) sumsq += (double)grad[i] * (double)grad[i];
     if (!scaler) *found_inf = 0;   /* the own flag covers this call only */
     mb__adamw_finalize(o->dv, sumsq, found_inf, &hp);
-    if (o->dv->skipped) return MB_OK;
-    for (size_t i = 0; i < n; i++) mb__adamw_elem(&hp, o->dv, o->decay[i / 64], &param[i], grad[i], &o->m[i], &o->v[i]);
+    if (!o->dv->skipped)
+        for (size_t i = 0; i < n; i++) mb__adamw_elem(&hp, o->dv, o->decay[i / 64], &param[i], grad[i], &o->m[i], &o->v[i]);
+    mb__fp_leave(fe);
     return MB_OK;
 }
 

@@ -1,8 +1,11 @@
 /* bench_lstm: one LSTM layer, forward+backward time per step and kept activation memory,
  * full storage vs checkpointed (auto k).
- *   build/bench/bench_lstm      [B T F H [iters [f32|bf16|f16 [threads]]]]   (CPU)
+ *   build/bench/bench_lstm      [--no-ftz] [B T F H [iters [f32|bf16|f16 [threads]]]]   (CPU)
  *   build/bench/bench_lstm_cuda [B T F H [iters [f32|bf16|f16]]]             (GPU: nvcc, same source)
  * Defaults 128 480 128 256 1 f32, threads 0 (= the cores). Loss: the mean of h_last. Timings end with a device sync.
+ * --no-ftz: the device keeps IEEE denormals (mb_device_config.keep_denormals = 1); by
+ * default the library flushes them (ftz=on in the output). bench/compare_lstm.sh runs this
+ * and the PyTorch peer alternately with the same setting.
  * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
  * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
@@ -43,13 +46,15 @@ static int fail(const char *what) {
     return 1;
 }
 
+static int keep_denormals;
+
 static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec, int threads) {
     mb_device *dev;
     mb_params *p;
     mb_lstm *l;
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
-    dc.backend = BACKEND; dc.threads = threads;
+    dc.backend = BACKEND; dc.threads = threads; dc.keep_denormals = keep_denormals;
     mb_lstm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
@@ -71,8 +76,9 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     }
     size_t full, kept;
     mb_lstm_memory(&cfg, B, T, &full, &kept);
-    printf("%s %s B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fwd %8.1f us/step  fwd+bwd %8.1f us/step  "
-           "activations %.1f MiB\n", mb_device_name(dev), mb_dtype_name(prec), (long long)B, (long long)T,
+    printf("%s ftz=%s %s B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fwd %8.1f us/step  fwd+bwd %8.1f us/step  "
+           "activations %.1f MiB\n", mb_device_name(dev), keep_denormals ? "off" : "on", mb_dtype_name(prec),
+           (long long)B, (long long)T,
            (long long)F, (long long)H, (long long)mb_lstm_checkpoint_steps(l, T), 1e6 * tf / iters / (double)T,
            1e6 * (tf + tb) / iters / (double)T, (double)kept / 1048576.0);
     mb_free(dev, x); mb_free(dev, dl); mb_free(dev, hl);
@@ -81,6 +87,7 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--no-ftz")) { keep_denormals = 1; argv[1] = argv[0]; argv++; argc--; }
     int64_t B = argc > 4 ? atoll(argv[1]) : 128, T = argc > 4 ? atoll(argv[2]) : 480;
     int64_t F = argc > 4 ? atoll(argv[3]) : 128, H = argc > 4 ? atoll(argv[4]) : 256;
     int iters = argc > 5 ? atoi(argv[5]) : 1;
@@ -88,7 +95,7 @@ int main(int argc, char **argv) {
     mb_dtype prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
     int threads = argc > 7 ? atoi(argv[7]) : 0;
     if (B < 1 || T < 1 || F < 1 || H < 1 || iters < 1 || threads < 0 || (prec == MB_F32 && strcmp(ps, "f32"))) {
-        fprintf(stderr, "usage: %s [B T F H [iters [f32|bf16|f16 [threads]]]]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--no-ftz] [B T F H [iters [f32|bf16|f16 [threads]]]]\n", argv[0]);
         return 2;
     }
     return run(B, T, F, H, -1, iters, prec, threads) || run(B, T, F, H, 0, iters, prec, threads);

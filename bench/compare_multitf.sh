@@ -6,6 +6,14 @@
 #       [--epochs E --batch B --hidden H --head D --lr X --threads T --max-batches M]
 #       [--precision f32|bf16|f16]   (megabatch's; default f32 on the CPU, f16 with --gpu,
 #                                     like the peers' fp16 autocast)
+#       [--rounds R] [--peers "seeds tuned"] [--no-ftz]
+#
+# CPU: both sides flush denormals (FTZ+DAZ: megabatch's default, torch.set_flush_denormal)
+# and use --threads threads (default 1); --no-ftz turns flushing off on both sides
+# (megabatch: train_multitf --no-ftz, which the example must support). R rounds (default
+# 1) alternate megabatch and the peers (reversed order on even rounds); the table gives
+# medians (min-max) of samples/s and of the per-round ratio megabatch / peer, and the
+# load average before and after.
 #
 # Without --train/--val it makes one synthetic dataset with build/prepare in $DATA_DIR
 # (default /tmp/mb_compare_multitf). CPU: build/train_multitf, torch --device cpu.
@@ -18,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 gpu=0 train= val= bars=60000 features=8 stride=30
-epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=2 maxb=0 prec=
+epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=1 maxb=0 prec= rounds=1 peers="seeds tuned" noftz=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --gpu) gpu=1; shift ;;
@@ -35,6 +43,9 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift 2 ;;
         --max-batches) maxb=$2; shift 2 ;;
         --precision) prec=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
+        --peers) peers=$2; shift 2 ;;
+        --no-ftz) noftz=1; shift ;;
         *) echo "error: unknown flag '$1' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -59,25 +70,48 @@ fi
 
 common=(--train "$train" --val "$val" --epochs "$epochs" --batch "$batch" --hidden "$hidden"
         --head "$head" --lr "$lr" --threads "$threads" --max-batches "$maxb")
+ftzflag=()
+[ "$noftz" = 1 ] && ftzflag=(--no-ftz)
+[ "$gpu" = 1 ] && ftzflag=()
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-run() { # name, command...: echo it, run it, keep its output
-    local name=$1; shift
-    echo "## $name: $*"
-    "$@" --quiet 2>&1 | tee "$out/$name.txt"
+echo "## commit $(git rev-parse --short HEAD); $(uname -m), $(nproc) cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "## ftz=$([ "$noftz" = 1 ] && echo off || echo on) threads=$threads (both sides); rounds=$rounds"
+echo "## load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+run() { # name, round, command...: echo it, run it, keep its output
+    local name=$1 r=$2; shift 2
+    echo "## round $r $name: $*"
+    "$@" --quiet 2>&1 | tee "$out/$name.$r.txt"
 }
-run megabatch "$mb" "${common[@]}" --precision "$prec"
-run torch_seeds "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline seeds --device "$tdev"
-run torch_tuned "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline tuned --device "$tdev"
+names=(megabatch)
+for p in $peers; do names+=("torch_$p"); done
+run_one() { # name, round
+    case $1 in
+        megabatch) run megabatch "$2" "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" ;;
+        torch_*) run "$1" "$2" "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline "${1#torch_}" \
+                     --device "$tdev" "${ftzflag[@]}" ;;
+    esac
+}
+for r in $(seq 1 "$rounds"); do
+    if [ $((r % 2)) = 1 ]; then order=("${names[@]}"); else order=(); for n in "${names[@]}"; do order=("$n" "${order[@]}"); done; fi
+    for n in "${order[@]}"; do run_one "$n" "$r"; done
+done
+echo "## load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 field() { grep '^summary:' "$out/$1.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-mbs=$(field megabatch samples_per_s)
+stat() { sort -g | awk -v f="$1" '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+                                                      printf f " (" f "-" f ")", m, v[1], v[NR] }'; }
 echo
-echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head threads=$threads; megabatch $prec)"
-printf '%-12s %12s %12s %12s %18s\n' pipeline samples/s val_loss baseline megabatch/peer
-for n in megabatch torch_seeds torch_tuned; do
-    s=$(field $n samples_per_s)
-    printf '%-12s %12s %12s %12s %18s\n' "$n" "$s" "$(field $n val_loss)" "$(field $n baseline_val_loss)" \
-        "$(awk -v a="$mbs" -v b="$s" 'BEGIN { printf "%.2fx", (b > 0 ? a / b : 0) }')"
+echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head threads=$threads" \
+     "ftz=$([ "$noftz" = 1 ] && echo off || echo on); megabatch $prec; $rounds round(s): median (min-max))"
+printf '%-12s %-28s %12s %12s %-24s\n' pipeline samples/s val_loss baseline megabatch/peer
+for n in "${names[@]}"; do
+    sps=$(for r in $(seq 1 "$rounds"); do field "$n.$r" samples_per_s; done | stat %.1f)
+    rat=$(for r in $(seq 1 "$rounds"); do
+              awk -v a="$(field "megabatch.$r" samples_per_s)" -v b="$(field "$n.$r" samples_per_s)" \
+                  'BEGIN { printf "%.3f\n", (b > 0 ? a / b : 0) }'
+          done | stat %.2f)
+    printf '%-12s %-28s %12s %12s %-24s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)" \
+        "$([ "$n" = megabatch ] || echo "${rat}x")"
 done

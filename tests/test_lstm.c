@@ -595,6 +595,47 @@ static void test_alloc_failure_leaks_nothing(void **state) {
 
 #include "test_lstm_golden.h"
 
+/* The AVX2 row functions give the bits of the baseline ones (random rows, large
+ * pre-activations, NaN), and without h (a recompute) the same gates and cells; skipped
+ * where the CPU has no AVX2. */
+static void test_rows_avx2_bitwise(void **state) {
+    (void)state;
+    if (!mb__lstm_avx2()) { skip(); return; }
+    for (int rep = 0; rep < 20; rep++) {
+        int64_t H = tu_int(1, 70);
+        size_t h4 = (size_t)(4 * H), h1 = (size_t)H;
+        float *g[2], *c[2], *h[2], *d4[2], *dc[2];
+        float *b1 = tu_alloc_f32(h4), *b2 = tu_alloc_f32(h4), *cp = tu_alloc_f32(h1), *g0 = tu_alloc_f32(h4);
+        float *dh = tu_alloc_f32(h1), *dout = tu_alloc_f32(h1), *dc0 = tu_alloc_f32(h1);
+        tu_fill(b1, h4, -1, 1); tu_fill(b2, h4, -1, 1); tu_fill(cp, h1, -3, 3); tu_fill(g0, h4, -30, 30);
+        tu_fill(dh, h1, -1, 1); tu_fill(dout, h1, -1, 1); tu_fill(dc0, h1, -1, 1);
+        g0[tu_int(0, (int)h4 - 1)] = 100.0f; g0[tu_int(0, (int)h4 - 1)] = NAN;
+        for (int v = 0; v < 2; v++) {
+            g[v] = tu_alloc_f32(h4); c[v] = tu_alloc_f32(h1); h[v] = tu_alloc_f32(h1);
+            d4[v] = tu_alloc_f32(h4); dc[v] = tu_alloc_f32(h1);
+            memcpy(g[v], g0, h4 * sizeof(float));
+            memcpy(dc[v], dc0, h1 * sizeof(float));
+            (v ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base)(H, g[v], b1, b2, cp, c[v], h[v]);
+            (v ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base)(H, g[v], cp, c[v], dh, dout, dc[v], d4[v]);
+        }
+        for (int v = 0; v < 2; v++) { /* no h: gates and cells as with it */
+            float *gn = tu_alloc_f32(h4), *cn = tu_alloc_f32(h1);
+            memcpy(gn, g0, h4 * sizeof(float));
+            (v ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base)(H, gn, b1, b2, cp, cn, NULL);
+            assert_memory_equal(gn, g[v], h4 * sizeof(float));
+            assert_memory_equal(cn, c[v], h1 * sizeof(float));
+            free(gn); free(cn);
+        }
+        assert_memory_equal(g[0], g[1], h4 * sizeof(float));
+        assert_memory_equal(c[0], c[1], h1 * sizeof(float));
+        assert_memory_equal(h[0], h[1], h1 * sizeof(float));
+        assert_memory_equal(d4[0], d4[1], h4 * sizeof(float));
+        assert_memory_equal(dc[0], dc[1], h1 * sizeof(float));
+        for (int v = 0; v < 2; v++) { free(g[v]); free(c[v]); free(h[v]); free(d4[v]); free(dc[v]); }
+        free(b1); free(b2); free(cp); free(g0); free(dh); free(dout); free(dc0);
+    }
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -606,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_bad_duplicate_prefix),     cmocka_unit_test(test_bad_forward_shapes),
         cmocka_unit_test(test_bad_backward_before_forward), cmocka_unit_test(test_bad_forward_unfinalized),
         cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
+        cmocka_unit_test(test_rows_avx2_bitwise),
     };
     return cmocka_run_group_tests_name("lstm", tests, NULL, NULL);
 }

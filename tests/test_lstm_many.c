@@ -143,9 +143,18 @@ static void test_bad_calls(void **state) {
     memcpy(bad, calls, sizeof bad);
     bad[3].B = e.B + 1;
     tu_assert_error(mb_lstm_forward_many(bad, NL), MB_ERR_INVALID_ARG, "exceed max_batch");
+    /* x_stride too small: 0 means "T*F" (the default), so the too-small stride T*F - 1
+       is only a bad one where T*F >= 2: use the widest segment (issue 13: segment 2 had
+       T = F = 1, stride 0, and the call rightly succeeded). A negative stride always is. */
+    int wide = 0;
+    for (int s = 1; s < NL; s++) if (e.T[s] > e.T[wide]) wide = s;
     memcpy(bad, calls, sizeof bad);
-    bad[2].x_stride = e.T[2] * e.F - 1;
-    tu_assert_error(mb_lstm_forward_many(bad, NL), MB_ERR_INVALID_ARG, "x_stride");
+    bad[wide].x_stride = -1;
+    tu_assert_error(mb_lstm_forward_many(bad, NL), MB_ERR_INVALID_ARG, "x_stride=-1");
+    if (e.T[wide] * e.F >= 2) {
+        bad[wide].x_stride = e.T[wide] * e.F - 1;
+        tu_assert_error(mb_lstm_forward_many(bad, NL), MB_ERR_INVALID_ARG, "x_stride");
+    }
     /* backward before any forward of that LSTM */
     encoders f = make_encoders(2);
     mb_lstm_call b1 = {0};

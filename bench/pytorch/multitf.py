@@ -24,7 +24,9 @@ example does. Last line:
 
   python3 bench/pytorch/multitf.py --train data/train.h5 --val data/val.h5 --pipeline tuned \
       [--epochs 3 --batch 128 --hidden 32 --head 64 --lr 2e-3 --warmup 20 --clip 1.0
-       --weight-decay 0.01 --threads 0 --max-batches 0 --seed 1 --device cpu|cuda --quiet]
+       --weight-decay 0.01 --threads 0 --max-batches 0 --seed 1 --device cpu|cuda --quiet --no-ftz]
+CPU: flush-to-zero + denormals-are-zero on by default (torch.set_flush_denormal, as megabatch's
+CPU backend does by default); --no-ftz keeps IEEE denormals.
 """
 import argparse
 import math
@@ -51,6 +53,8 @@ def parse_args():
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    p.add_argument("--no-ftz", action="store_true",
+                   help="CPU: keep IEEE denormals (default: flush-to-zero + denormals-are-zero, as megabatch)")
     p.add_argument("--max-batches", type=int, default=0, help="train batches per epoch (0: all)")
     p.add_argument("--chunk-gb", type=float, default=12.0, help="seeds pipeline: chunk size in GiB")
     p.add_argument("--seed", type=int, default=1)
@@ -172,6 +176,9 @@ def main():
     a = parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda but torch.cuda.is_available() is False")
+    # before torch starts its intra-op threads: they take the setting of the thread creating them
+    if a.device == "cpu" and not torch.set_flush_denormal(not a.no_ftz) and not a.no_ftz:
+        sys.exit("error: torch.set_flush_denormal is not supported on this CPU")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -208,7 +215,8 @@ def main():
     warmup = a.warmup if a.warmup < total else total // 2
 
     print(f"device: {a.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}) torch {torch.__version__} "
-          f"threads={torch.get_num_threads()} pipeline={a.pipeline} amp={'fp16' if amp else 'off'}")
+          f"threads={torch.get_num_threads()} ftz={'off' if a.no_ftz else 'on'} pipeline={a.pipeline} "
+          f"amp={'fp16' if amp else 'off'}")
     print(f"data: {a.train} N={n} T={t} F={f} K={k}, {len(seg)} segments {seg}; params: {nparams} floats")
     step = samples = 0
     seconds = 0.0
@@ -250,7 +258,8 @@ def main():
         print(f"epoch {epoch}: steps {step} train_loss {train_loss:.5f} val_loss {val_loss:.5f} baseline {base:.5f}  "
               f"{samples / seconds:.0f} samples/s{mem}", flush=True)
     print(f"summary: epochs={a.epochs} steps={step} train_loss={train_loss:.5f} val_loss={val_loss:.5f} "
-          f"baseline_val_loss={base:.5f} samples_per_s={samples / seconds if seconds > 0 else 0.0:.1f}")
+          f"baseline_val_loss={base:.5f} samples_per_s={samples / seconds if seconds > 0 else 0.0:.1f} "
+          f"threads={torch.get_num_threads()} ftz={'off' if a.no_ftz or cuda else 'on'}")
 
 
 if __name__ == "__main__":
