@@ -23,7 +23,7 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 PREFIX  ?= /usr/local
 CUDA_ARCHS ?= 90 80
 BUILD   := build
-DEB_PACKAGES := pkg-config libcmocka-dev libhdf5-dev libopenblas-dev
+DEB_PACKAGES := pkg-config libcmocka-dev libhdf5-dev libopenblas-dev libopenmpi-dev openmpi-bin
 
 ifeq ($(NO_CUDA),1)
 NVCC :=

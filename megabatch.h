@@ -876,6 +876,58 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
 // ---- end checkpoint ----
 
+// ---- dist ----
+// Data-parallel training over MPI ranks (docs/DIST.md). Compiled with -DMEGABATCH_MPI
+// (and mpicc, or MPI's include and library flags); without it the same calls see a world
+// of one (rank 0, size 1, every reduction the identity), so one training loop serves both.
+// Per optimizer step one all-reduce of the flat gradient buffer (with the batch loss
+// riding along), in a fixed order: reduce-scatter (each rank owns a slice and sums every
+// rank's contribution to it in rank order, in double) then all-gather. The result is
+// bitwise the same on every rank and from run to run for a given world size, so ranks'
+// weights stay bitwise identical; the global gradient norm (clipping) and the f16
+// found_inf (skip) are computed from the reduced buffer by mb_adamw_step and
+// mb_scaler_unscale, i.e. from the same bits on every rank (an inf/NaN on any rank
+// reaches every rank: IEEE sums propagate it).
+
+typedef struct mb_dist mb_dist;
+
+typedef struct mb_dist_stats {
+    int64_t reductions;      /* gradient all-reduces so far */
+    uint64_t bytes_sent;     /* bytes this rank sent in them (both halves) */
+    double seconds;          /* wall time inside them, copies included */
+} mb_dist_stats;
+
+/* Join the world (MPI_COMM_WORLD): initialises MPI (funneled: only the calling thread
+ * uses MPI) unless the caller already did, in which case the caller finalizes it. dev:
+ * the device whose memory the gradients live in. */
+MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev);
+/* Finalizes MPI when mb_dist_open initialised it. NULL is fine. */
+MBDEF void mb_dist_close(mb_dist *d);
+MBDEF int mb_dist_rank(const mb_dist *d);        /* 0..size-1 (0 for NULL) */
+MBDEF int mb_dist_size(const mb_dist *d);        /* ranks in the world (1 for NULL) */
+MBDEF int mb_dist_local_rank(const mb_dist *d);  /* rank among the ranks of this machine (GPU choice) */
+/* Copy rank 0's `bytes` bytes at data (host or device memory of the dist's device) to
+ * every rank. mb_dist_broadcast_params: the flat parameters (at start, so every rank
+ * starts from rank 0's weights). */
+MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes);
+MBDEF mb_result mb_dist_broadcast_params(mb_dist *d, mb_params *p);
+/* The step's all-reduce: every rank's gradients become sum_r(count_r * grad_r) /
+ * sum_r(count_r), the gradient of the mean loss over all ranks' samples (count_r: the
+ * samples rank r's gradient is the mean over, 0..2^24; the sum must be > 0). loss (host,
+ * may be NULL): this rank's mean loss in, the same weighted mean over ranks out.
+ * total (may be NULL): sum_r(count_r). Synchronises the compute stream. */
+MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+/* v[0..n) (host) becomes the sum over ranks, added in rank order in double: the same
+ * bits on every rank. */
+MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n);
+/* *same = 1 when every rank's flat parameters are bitwise equal to rank 0's (a 64-bit
+ * FNV-1a hash of the bytes is compared), else 0; the same answer on every rank. */
+MBDEF mb_result mb_dist_check_sync(mb_dist *d, mb_params *p, int *same);
+MBDEF mb_result mb_dist_barrier(mb_dist *d);
+MBDEF mb_dist_stats mb_dist_get_stats(const mb_dist *d);
+
+// ---- end dist ----
+
 #ifdef __cplusplus
 }
 #endif
@@ -4943,6 +4995,277 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s) {
 }
 
 // ---- end checkpoint ----
+
+// ---- dist ----
+
+#ifdef MEGABATCH_MPI
+#ifdef __cplusplus
+}
+#endif
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1 /* the C API only (OpenMPI's C++ bindings do not build with -Werror) */
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#endif
+
+struct mb_dist {
+    mb_device *dev;
+    int rank, size, local_rank, owns_mpi;
+    float *send, *recv, *out;  /* host scratch of the all-reduce (grown on demand) */
+    size_t cap;                /* payload floats the scratch holds */
+    mb_dist_stats stats;
+#ifdef MEGABATCH_MPI
+    MPI_Comm comm;
+    int *scount, *sdisp, *rcount, *rdisp, *gcount, *gdisp; /* per-rank counts and offsets */
+#endif
+};
+
+MBDEF int mb_dist_rank(const mb_dist *d) { return d ? d->rank : 0; }
+MBDEF int mb_dist_size(const mb_dist *d) { return d ? d->size : 1; }
+MBDEF int mb_dist_local_rank(const mb_dist *d) { return d ? d->local_rank : 0; }
+MBDEF mb_dist_stats mb_dist_get_stats(const mb_dist *d) {
+    mb_dist_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+static const mb_logger *mb__dist_log(const mb_dist *d) { return d && d->dev ? &d->dev->cfg.log : NULL; }
+
+#ifdef MEGABATCH_MPI
+/* An MPI failure as an mb_result (MPI_ERRORS_RETURN is set on the communicator). */
+static mb_result mb__mpi(const mb_dist *d, int rc, const char *what) {
+    if (rc == MPI_SUCCESS) return MB_OK;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return MB_FAIL(mb__dist_log(d), MB_ERR_IO, "%s: MPI error: %.*s", what, len, msg);
+}
+#endif
+
+MBDEF void mb_dist_close(mb_dist *d) {
+    if (!d) return;
+#ifdef MEGABATCH_MPI
+    if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
+    MB_FREE(d->scount); MB_FREE(d->sdisp); MB_FREE(d->rcount); MB_FREE(d->rdisp); MB_FREE(d->gcount); MB_FREE(d->gdisp);
+    int fin = 0;
+    if (d->owns_mpi && MPI_Finalized(&fin) == MPI_SUCCESS && !fin) MPI_Finalize();
+#endif
+    MB_FREE(d->send); MB_FREE(d->recv); MB_FREE(d->out);
+    MB_FREE(d);
+}
+
+MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
+    if (!out || !dev) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_dist_open: NULL argument");
+    *out = NULL;
+    mb_dist *d = (mb_dist *)mb__host_calloc(1, sizeof *d);
+    if (!d) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+    d->dev = dev;
+    d->size = 1;
+#ifdef MEGABATCH_MPI
+    d->comm = MPI_COMM_NULL;
+    int init = 0, provided = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            MB_FREE(d);
+            return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_dist_open: MPI_Init_thread failed");
+        }
+        d->owns_mpi = 1;
+    }
+    mb_result r = mb__mpi(d, MPI_Comm_dup(MPI_COMM_WORLD, &d->comm), "mb_dist_open: MPI_Comm_dup");
+    if (r == MB_OK) {
+        MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(d->comm, &d->rank);
+        MPI_Comm_size(d->comm, &d->size);
+        MPI_Comm node;
+        r = mb__mpi(d, MPI_Comm_split_type(d->comm, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &node),
+                    "mb_dist_open: MPI_Comm_split_type");
+        if (r == MB_OK) { MPI_Comm_rank(node, &d->local_rank); MPI_Comm_free(&node); }
+    }
+    int **arrays[6] = {&d->scount, &d->sdisp, &d->rcount, &d->rdisp, &d->gcount, &d->gdisp};
+    for (int i = 0; r == MB_OK && i < 6; i++)
+        if (!(*arrays[i] = (int *)mb__host_calloc((size_t)d->size, sizeof(int))))
+            r = MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+    if (r != MB_OK) { mb_dist_close(d); return r; }
+#endif
+    *out = d;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_dist_barrier(mb_dist *d) {
+    if (!d) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_dist_barrier: NULL dist");
+#ifdef MEGABATCH_MPI
+    return mb__mpi(d, MPI_Barrier(d->comm), "mb_dist_barrier");
+#else
+    return MB_OK;
+#endif
+}
+
+MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes) {
+    if (!d || (!data && bytes)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast: NULL argument");
+    if (d->size == 1 || bytes == 0) return MB_OK;
+#ifdef MEGABATCH_MPI
+    char *host = (char *)mb__host_alloc(bytes);
+    if (!host) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_broadcast: no host memory for %zu bytes", bytes);
+    mb_result r = mb_copy(d->dev, MB_STREAM_COMPUTE, host, data, bytes); /* device memory: through the host */
+    if (r == MB_OK) r = mb_sync(d->dev, MB_STREAM_COMPUTE);
+    for (size_t off = 0; r == MB_OK && off < bytes; off += (size_t)1 << 30) { /* MPI counts are int */
+        size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
+        r = mb__mpi(d, MPI_Bcast(host + off, (int)n, MPI_BYTE, 0, d->comm), "mb_dist_broadcast");
+    }
+    if (r == MB_OK) r = mb_copy(d->dev, MB_STREAM_COMPUTE, data, host, bytes);
+    if (r == MB_OK) r = mb_sync(d->dev, MB_STREAM_COMPUTE);
+    MB_FREE(host);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+MBDEF mb_result mb_dist_broadcast_params(mb_dist *d, mb_params *p) {
+    if (!p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast_params: NULL params");
+    return mb_dist_broadcast(d, mb_params_data(p), mb_params_total(p) * sizeof(float));
+}
+
+MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n) {
+    if (!d || (!v && n) || n < 0) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_sum: bad argument");
+    if (d->size == 1 || n == 0) return MB_OK;
+#ifdef MEGABATCH_MPI
+    double *all = (double *)mb__host_calloc((size_t)n * (size_t)d->size, sizeof(double));
+    if (!all) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_sum: no host memory");
+    mb_result r = mb__mpi(d, MPI_Allgather(v, n, MPI_DOUBLE, all, n, MPI_DOUBLE, d->comm), "mb_dist_sum");
+    for (int i = 0; r == MB_OK && i < n; i++) {
+        double s = 0;
+        for (int j = 0; j < d->size; j++) s += all[(size_t)j * (size_t)n + (size_t)i];
+        v[i] = s;
+    }
+    MB_FREE(all);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+/* 64-bit FNV-1a of bytes. */
+static uint64_t mb__fnv1a(const void *data, size_t bytes) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+MBDEF mb_result mb_dist_check_sync(mb_dist *d, mb_params *p, int *same) {
+    if (!d || !p || !same) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_check_sync: NULL argument");
+    size_t n = mb_params_total(p);
+    float *host = (float *)mb__host_calloc(n, sizeof(float));
+    if (!host) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_check_sync: no host memory");
+    mb_result r = mb_params_get(p, host);
+    /* the hash as two exact doubles: rank r's differs from rank 0's iff (h_r - h_0) != 0 */
+    uint64_t h = r == MB_OK ? mb__fnv1a(host, n * sizeof(float)) : 0;
+    MB_FREE(host);
+    double v[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)}, v0[2] = {v[0], v[1]};
+    if (r == MB_OK) r = mb_dist_broadcast(d, v0, sizeof v0);
+    double diff[1] = {v[0] != v0[0] || v[1] != v0[1] ? 1.0 : 0.0};
+    if (r == MB_OK) r = mb_dist_sum(d, diff, 1);
+    *same = r == MB_OK && diff[0] == 0;
+    return r;
+}
+
+#ifdef MEGABATCH_MPI
+/* Host scratch for a payload of n floats on `size` ranks: send (n + size), recv and out. */
+static mb_result mb__dist_reserve(mb_dist *d, size_t n) {
+    if (n <= d->cap) return MB_OK;
+    MB_FREE(d->send); MB_FREE(d->recv); MB_FREE(d->out);
+    size_t w = (size_t)d->size, slice = n / w + 1;
+    d->send = (float *)mb__host_calloc(n + w, sizeof(float));
+    d->recv = (float *)mb__host_calloc(w * (slice + 1), sizeof(float));
+    d->out = (float *)mb__host_calloc(n, sizeof(float));
+    d->cap = d->send && d->recv && d->out ? n : 0;
+    if (!d->cap)
+        return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_allreduce_grads: no host memory for %zu floats", n);
+    return MB_OK;
+}
+
+/* The fixed-order all-reduce of x[0..n) weighted by count c: slice j = [n*j/W, n*(j+1)/W)
+ * goes to rank j with c appended (reduce-scatter: one MPI_Alltoallv), rank j sums
+ * x_r * c_r / sum(c) over r = 0..W-1 in that order in double, and the slices are
+ * gathered back into d->out (one MPI_Allgatherv). *total receives sum(c). */
+static mb_result mb__dist_reduce(mb_dist *d, const float *x, size_t n, float c, double *total) {
+    int w = d->size, me = d->rank;
+    for (int j = 0; j < w; j++) {
+        size_t a = n * (size_t)j / (size_t)w, b = n * (size_t)(j + 1) / (size_t)w;
+        d->gdisp[j] = (int)a;
+        d->gcount[j] = (int)(b - a);
+        d->sdisp[j] = (int)a + j;           /* send: slice j then c, packed */
+        d->scount[j] = (int)(b - a) + 1;
+        memcpy(d->send + a + (size_t)j, x + a, (b - a) * sizeof(float));
+        d->send[b + (size_t)j] = c;
+    }
+    int mine = d->gcount[me] + 1;
+    for (int j = 0; j < w; j++) { d->rcount[j] = mine; d->rdisp[j] = j * mine; }
+    MB_TRY(mb__mpi(d, MPI_Alltoallv(d->send, d->scount, d->sdisp, MPI_FLOAT, d->recv, d->rcount, d->rdisp, MPI_FLOAT,
+                                    d->comm), "mb_dist_allreduce_grads: MPI_Alltoallv"));
+    double sum = 0;
+    for (int j = 0; j < w; j++) sum += (double)d->recv[(size_t)j * (size_t)mine + (size_t)(mine - 1)];
+    if (!(sum > 0)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
+    float *dst = d->out + d->gdisp[me];
+    for (int i = 0; i < mine - 1; i++) {
+        double s = 0;
+        for (int j = 0; j < w; j++) {
+            const float *src = d->recv + (size_t)j * (size_t)mine;
+            s += (double)src[i] * (double)src[mine - 1];
+        }
+        dst[i] = (float)(s / sum);
+    }
+    *total = sum;
+    /* sent: the other ranks' slices (reduce-scatter), then our slice to each of them (all-gather) */
+    d->stats.bytes_sent += (uint64_t)(n + (size_t)w - (size_t)mine + (size_t)(mine - 1) * (size_t)(w - 1)) * sizeof(float);
+    return mb__mpi(d, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d->out, d->gcount, d->gdisp, MPI_FLOAT,
+                                     d->comm), "mb_dist_allreduce_grads: MPI_Allgatherv");
+}
+#endif
+
+MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total) {
+    if (!d || !p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: NULL argument");
+    if (count < 0 || count > ((int64_t)1 << 24))
+        return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: count %lld outside 0..2^24",
+                       (long long)count);
+    if (total) *total = count;
+    if (d->size == 1) {
+        if (!count) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
+        return MB_OK; /* a world of one: the identity, bit for bit */
+    }
+#ifdef MEGABATCH_MPI
+    size_t n = mb_params_total(p), payload = n + 1;
+    if (payload / (size_t)d->size + 2 > (size_t)INT32_MAX / 2 || payload > (size_t)INT32_MAX - (size_t)d->size)
+        return MB_FAIL(mb__dist_log(d), MB_ERR_OVERFLOW, "mb_dist_allreduce_grads: %zu floats exceed MPI's int counts", n);
+    double t0 = mb__seconds(), sum = 0;
+    MB_TRY(mb__dist_reserve(d, payload));
+    float *x = d->out; /* gradients then the loss, gathered into out, packed into send by reduce */
+    MB_TRY(mb_copy(d->dev, MB_STREAM_COMPUTE, x, mb_params_grad(p), n * sizeof(float)));
+    MB_TRY(mb_sync(d->dev, MB_STREAM_COMPUTE));
+    x[n] = loss ? *loss : 0.0f;
+    MB_TRY(mb__dist_reduce(d, x, payload, (float)count, &sum));
+    MB_TRY(mb_copy(d->dev, MB_STREAM_COMPUTE, mb_params_grad(p), d->out, n * sizeof(float)));
+    MB_TRY(mb_sync(d->dev, MB_STREAM_COMPUTE));
+    if (loss) *loss = d->out[n];
+    if (total) *total = (int64_t)sum;
+    d->stats.reductions++;
+    d->stats.seconds += mb__seconds() - t0;
+    return MB_OK;
+#else
+    (void)loss;
+    return MB_FAIL(mb__dist_log(d), MB_ERR_UNSUPPORTED, "mb_dist_allreduce_grads: built without MEGABATCH_MPI");
+#endif
+}
+
+// ---- end dist ----
 
 #ifdef __cplusplus
 }
