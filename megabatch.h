@@ -462,6 +462,9 @@ typedef struct mb_loader_config {
     mb_dtype dtype;         /* dtype of the device chunk (features and targets): MB_F32
                                (default), MB_BF16 or MB_F16 (read as f32, converted on the
                                device; needs one extra device buffer of one f32 slab) */
+    int shard_rank, shard_count; /* data parallel (docs/DIST.md): with shard_count W > 1 this
+                               loader returns rank shard_rank's slice of every global batch of
+                               W * batch samples (same seed on every rank); 0/0 = unsharded */
 } mb_loader_config;
 
 /* The chunk plan: what a run on a device with `free_bytes` will do. */
@@ -2391,6 +2394,21 @@ static void mb__permutation(uint64_t seed, uint64_t stream, int64_t n, int64_t *
 }
 static uint64_t mb__shuffle_stream(int64_t epoch, uint64_t chunk) { return ((uint64_t)epoch << 32) | (chunk & 0xffffffffu); }
 
+/* Sharding (shard_count W > 1, docs/DIST.md): a chunk of m samples in its epoch order is
+ * cut into global batches of G = W * batch; rank r takes rows [r*batch, (r+1)*batch) of
+ * each full one, and [t*r/W, t*(r+1)/W) of a last short one of t >= W rows (dropped when
+ * t < W or with drop_last). Rows of this rank for a chunk of m samples: */
+static int64_t mb__shard_rows(const mb_loader_config *c, int64_t m) {
+    int64_t w = c->shard_count, r = c->shard_rank, g = c->batch * w, t = m % g;
+    return m / g * c->batch + (c->drop_last || t < w ? 0 : t * (r + 1) / w - t * r / w);
+}
+/* Position in the chunk's order of this rank's local row i. */
+static int64_t mb__shard_pos(const mb_loader_config *c, int64_t m, int64_t i) {
+    int64_t w = c->shard_count, b = c->batch, g = b * w, full = m / g;
+    if (i < full * b) return i / b * g + c->shard_rank * b + i % b;
+    return full * g + m % g * c->shard_rank / w + (i - full * b);
+}
+
 MBDEF mb_result mb_loader_plan(int64_t n, int64_t t, int64_t f, int64_t k, const mb_loader_config *cfg,
                                size_t free_bytes, mb_chunk_plan *out) {
     if (!cfg || !out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: NULL argument");
@@ -2454,6 +2472,7 @@ struct mb_loader {
     void *stage;                  /* device, dtype != f32 only: one slab of f32 (slab_rows, t, f)
                                      then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
+    int64_t *gperm;               /* sharded: the whole chunk's sample order (samples_per_chunk) */
     unsigned char *seen;
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
@@ -2533,9 +2552,49 @@ static mb_result mb__ld_put(mb_loader *ld, mb__chunk_buf *cb, int64_t row, const
     return mb_convert(dev, MB_STREAM_COPY, dt, ld->cfg.dtype, gt, MB_F32, nt / sizeof(float));
 }
 
+/* Sharded: this rank's rows of file chunk fid, in the chunk's epoch order (the same
+ * permutation as unsharded), read as runs of consecutive samples (hyperslabs) into the
+ * slabs, slab by slab; no device shuffle is needed afterwards. */
+static mb_result mb__ld_load_shard(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
+    mb__chunk_buf *cb = &ld->buf[j->buf];
+    int64_t spc = ld->plan.samples_per_chunk, start = j->fid * spc, n = mb_dataset_info(ld->ds)->n;
+    int64_t m = n - start < spc ? n - start : spc, want = mb__shard_rows(&ld->cfg, m), *p = ld->gperm, i = 0, rows = 0;
+    if (ld->cfg.shuffle) mb__permutation(ld->cfg.seed, mb__shuffle_stream(j->epoch, (uint64_t)j->fid), m, p);
+    else for (int64_t k = 0; k < m; k++) p[k] = k;
+    for (int s = 0; i < want; s ^= 1) {
+        float *sf = (float *)ld->slab[s], *stg = (float *)((char *)ld->slab[s] + (size_t)ld->slab_rows * ld->row_f);
+        int64_t filled = 0;
+        double t0 = mb__seconds();
+        while (i < want && filled < ld->slab_rows) {
+            int64_t a = start + p[mb__shard_pos(&ld->cfg, m, i)], len = 1, got = 0;
+            while (i + len < want && filled + len < ld->slab_rows && start + p[mb__shard_pos(&ld->cfg, m, i + len)] == a + len)
+                len++;
+            MB_TRY(mb_dataset_read(ld->ds, a, a + len, sf + (size_t)filled * (ld->row_f / sizeof(float)),
+                                   stg + (size_t)filled * (ld->row_t / sizeof(float)), &got));
+            st->bytes_read += (uint64_t)len * (ld->row_f + ld->row_t);
+            i += len;
+            filled += got;
+        }
+        double t1 = mb__seconds();
+        st->read_seconds += t1 - t0;
+        MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
+        MB_TRY(mb__ld_put(ld, cb, rows, sf, stg, filled));
+        rows += filled;
+        st->copy_seconds += mb__seconds() - t1;
+    }
+    MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
+    cb->rows = rows;
+    for (int64_t k = 0; k < rows; k++) cb->cur[k] = k;
+    st->chunk_loads++;
+    cb->epoch = j->epoch;
+    cb->chunk = j->chunk;
+    return MB_OK;
+}
+
 /* The reader's job: file chunk fid into buffer b, slab by slab; the read of slab i
  * overlaps the copy of slab i-1 (the copy stream is synced before reusing a slab). */
 static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
+    if (ld->cfg.shard_count > 1) return mb__ld_load_shard(ld, j, st);
     mb__chunk_buf *cb = &ld->buf[j->buf];
     mb_device *dev = ld->dev;
     int64_t start = j->fid * ld->plan.samples_per_chunk, end = start + ld->plan.samples_per_chunk, rows = 0;
@@ -2662,6 +2721,10 @@ static mb_result mb__ld_acquire(mb_loader *ld, int64_t epoch, int64_t chunk, int
             MB_TRY(mb__ld_kick(ld, 0, epoch, 0));
             return mb__ld_wait(ld, 1);
         }
+        if (ld->cfg.shuffle && cb->epoch != epoch && ld->cfg.shard_count > 1) { /* sharded: this epoch's rows */
+            MB_TRY(mb__ld_kick(ld, 0, epoch, 0));
+            return mb__ld_wait(ld, 1);
+        }
         if (ld->cfg.shuffle && cb->epoch != epoch) { /* resident: reshuffle in place */
             MB_TRY(mb_stream_wait(ld->dev, MB_STREAM_COPY, MB_STREAM_COMPUTE));
             MB_TRY(mb__ld_permute(ld, 0, epoch, 0));
@@ -2743,6 +2806,7 @@ MBDEF mb_loader_pos mb_loader_position(const mb_loader *ld) {
 static int64_t mb__ld_chunk_batches(mb_loader *ld, int64_t epoch, int64_t chunk) {
     int64_t spc = ld->plan.samples_per_chunk, n = mb_dataset_info(ld->ds)->n, B = ld->cfg.batch;
     int64_t start = mb__ld_fid(ld, epoch, chunk) * spc, rows = n - start < spc ? n - start : spc;
+    if (ld->cfg.shard_count > 1) return (mb__shard_rows(&ld->cfg, rows) + B - 1) / B;
     return ld->cfg.drop_last ? rows / B : (rows + B - 1) / B;
 }
 
@@ -2783,13 +2847,32 @@ MBDEF mb_loader_stats mb_loader_get_stats(const mb_loader *ld) {
     return s;
 }
 
+/* The loader's plan. Sharded: the plan of the global batch W * batch over W times the
+ * budget (each rank holds its ~1/W of every chunk), batches counted per rank. */
+static mb_result mb__ld_plan(const mb_loader_config *cfg, const mb_dataset_meta *m, size_t free_bytes,
+                             mb_chunk_plan *out) {
+    if (cfg->shard_count <= 1) return mb_loader_plan(m->n, m->t, m->f, m->k, cfg, free_bytes, out);
+    if (cfg->shard_rank < 0 || cfg->shard_rank >= cfg->shard_count || cfg->batch < 1 ||
+        cfg->batch > INT64_MAX / cfg->shard_count)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_open: shard %d of %d (batch %lld) is not a shard",
+                       cfg->shard_rank, cfg->shard_count, (long long)cfg->batch);
+    mb_loader_config c = *cfg;
+    size_t w = (size_t)cfg->shard_count;
+    c.batch *= cfg->shard_count;
+    c.chunk_bytes = cfg->chunk_bytes <= SIZE_MAX / w ? cfg->chunk_bytes * w : SIZE_MAX;
+    MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, &c, free_bytes <= SIZE_MAX / w ? free_bytes * w : SIZE_MAX, out));
+    int64_t spc = out->samples_per_chunk, last = m->n - (out->chunks - 1) * spc, b = cfg->batch;
+    out->batches = (out->chunks - 1) * ((mb__shard_rows(cfg, spc) + b - 1) / b) + (mb__shard_rows(cfg, last) + b - 1) / b;
+    return MB_OK;
+}
+
 /* Device chunk buffers for the current plan; on out-of-memory retry with 0.8x the
  * budget (0.75 -> 0.60 -> 0.48 of free memory), error below one batch. */
 static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, size_t free_bytes) {
     double frac = ld->cfg.chunk_fraction == 0 ? 0.75 : ld->cfg.chunk_fraction;
     for (;;) {
         mb_result r = MB_OK;
-        ld->cap = ld->plan.samples_per_chunk;
+        ld->cap = ld->cfg.shard_count > 1 ? mb__shard_rows(&ld->cfg, ld->plan.samples_per_chunk) : ld->plan.samples_per_chunk;
         for (int b = 0; b < ld->plan.buffers && r == MB_OK; b++) {
             r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cap * (ld->drow_f + ld->drow_t), &ld->buf[b].mem);
             ld->buf[b].feat = (char *)ld->buf[b].mem;
@@ -2809,8 +2892,8 @@ static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, si
         MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: device chunk budget of %zu bytes failed; retrying with %zu "
                "bytes (fraction %.2f)", failed, next, frac);
         mb_loader_config c = ld->cfg;
-        c.chunk_bytes = next;
-        MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, &c, free_bytes, &ld->plan));
+        c.chunk_bytes = c.shard_count > 1 ? next / (size_t)c.shard_count : next;
+        MB_TRY(mb__ld_plan(&c, m, free_bytes, &ld->plan));
     }
 }
 
@@ -2849,9 +2932,10 @@ static mb_result mb__ld_alloc_host(mb_loader *ld) {
     ld->inv = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
     ld->seen = (unsigned char *)mb__host_calloc(cap, 1);
     ld->order = (int64_t *)mb__host_calloc((size_t)ld->plan.chunks, sizeof(int64_t));
+    ld->gperm = (int64_t *)mb__host_calloc(ld->cfg.shard_count > 1 ? (size_t)ld->plan.samples_per_chunk : 1, sizeof(int64_t));
     ld->buf[0].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
     ld->buf[1].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
-    if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->buf[0].cur || !ld->buf[1].cur)
+    if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->gperm || !ld->buf[0].cur || !ld->buf[1].cur)
         return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for %zu-row index arrays", cap);
     if (ld->cfg.shuffle) return mb_alloc(ld->dev, MB_MEM_DEVICE, ld->drow_f + ld->drow_t, &ld->tmp_row);
     return MB_OK;
@@ -2893,7 +2977,7 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->slab[1]);
     mb_free(ld->dev, ld->tmp_row);
     mb_free(ld->dev, ld->stage);
-    MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order);
+    MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order); MB_FREE(ld->gperm);
     MB_FREE(ld);
 }
 
@@ -2905,7 +2989,7 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     size_t free_bytes = 0;
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
-    MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, cfg, free_bytes, &plan));
+    MB_TRY(mb__ld_plan(cfg, m, free_bytes, &plan));
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
     if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
