@@ -928,6 +928,9 @@ MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n);
 MBDEF mb_result mb_dist_check_sync(mb_dist *d, mb_params *p, int *same);
 MBDEF mb_result mb_dist_barrier(mb_dist *d);
 MBDEF mb_dist_stats mb_dist_get_stats(const mb_dist *d);
+/* After a failure on this rank: end every rank (MPI_Abort with code; the others would
+ * wait in their next collective for ever). A world of one: nothing (return the error). */
+MBDEF void mb_dist_abort(mb_dist *d, int code);
 
 // ---- end dist ----
 
@@ -5180,6 +5183,14 @@ MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
 #endif
     *out = d;
     return MB_OK;
+}
+
+MBDEF void mb_dist_abort(mb_dist *d, int code) {
+#ifdef MEGABATCH_MPI
+    if (d && d->size > 1) MPI_Abort(d->comm, code);
+#else
+    (void)d; (void)code;
+#endif
 }
 
 MBDEF mb_result mb_dist_barrier(mb_dist *d) {
