@@ -84,8 +84,12 @@ MPICC :=
 endif
 MPI_TESTS := tests/dist/run.sh
 ifneq ($(MPICC),)
-MPI_TARGETS := $(BUILD)/mpi/test_dist $(BUILD)/train_multitf_mpi $(BUILD)/prepare $(BUILD)/train_multitf
+MPI_TARGETS := $(BUILD)/mpi/test_dist $(BUILD)/train_multitf_mpi $(BUILD)/bench/bench_dist_mpi $(BUILD)/prepare \
+               $(BUILD)/train_multitf
 endif
+$(BUILD)/bench/%_mpi : bench/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(DEP_LIBS)
 $(BUILD)/mpi/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
