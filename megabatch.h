@@ -902,7 +902,9 @@ typedef struct mb_dist_stats {
 
 /* Join the world (MPI_COMM_WORLD): initialises MPI (funneled: only the calling thread
  * uses MPI) unless the caller already did, in which case the caller finalizes it. dev:
- * the device whose memory the gradients live in. */
+ * the device whose memory mb_dist_broadcast's data lives in and whose logger is used; may
+ * be NULL (host memory; open the dist first to pick a GPU by mb_dist_local_rank). The
+ * params calls use the params' own device. */
 MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev);
 /* Finalizes MPI when mb_dist_open initialised it. NULL is fine. */
 MBDEF void mb_dist_close(mb_dist *d);
@@ -5148,10 +5150,11 @@ MBDEF void mb_dist_close(mb_dist *d) {
 }
 
 MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
-    if (!out || !dev) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_dist_open: NULL argument");
+    const mb_logger *lg = dev ? &dev->cfg.log : NULL;
+    if (!out) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dist_open: NULL argument");
     *out = NULL;
     mb_dist *d = (mb_dist *)mb__host_calloc(1, sizeof *d);
-    if (!d) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+    if (!d) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
     d->dev = dev;
     d->size = 1;
 #ifdef MEGABATCH_MPI
@@ -5161,7 +5164,7 @@ MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
     if (!init) {
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
             MB_FREE(d);
-            return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_dist_open: MPI_Init_thread failed");
+            return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_dist_open: MPI_Init_thread failed");
         }
         d->owns_mpi = 1;
     }
@@ -5178,7 +5181,7 @@ MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
     int **arrays[6] = {&d->scount, &d->sdisp, &d->rcount, &d->rdisp, &d->gcount, &d->gdisp};
     for (int i = 0; r == MB_OK && i < 6; i++)
         if (!(*arrays[i] = (int *)mb__host_calloc((size_t)d->size, sizeof(int))))
-            r = MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+            r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
     if (r != MB_OK) { mb_dist_close(d); return r; }
 #endif
     *out = d;
@@ -5202,20 +5205,27 @@ MBDEF mb_result mb_dist_barrier(mb_dist *d) {
 #endif
 }
 
+#ifdef MEGABATCH_MPI
+/* Copy between host and dev's memory and wait (dev NULL: host memory). */
+static mb_result mb__dist_copy(mb_device *dev, void *dst, const void *src, size_t bytes) {
+    if (!dev) { memmove(dst, src, bytes); return MB_OK; }
+    MB_TRY(mb_copy(dev, MB_STREAM_COMPUTE, dst, src, bytes));
+    return mb_sync(dev, MB_STREAM_COMPUTE);
+}
+#endif
+
 MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes) {
     if (!d || (!data && bytes)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast: NULL argument");
     if (d->size == 1 || bytes == 0) return MB_OK;
 #ifdef MEGABATCH_MPI
     char *host = (char *)mb__host_alloc(bytes);
     if (!host) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_broadcast: no host memory for %zu bytes", bytes);
-    mb_result r = mb_copy(d->dev, MB_STREAM_COMPUTE, host, data, bytes); /* device memory: through the host */
-    if (r == MB_OK) r = mb_sync(d->dev, MB_STREAM_COMPUTE);
+    mb_result r = mb__dist_copy(d->dev, host, data, bytes); /* device memory: through the host */
     for (size_t off = 0; r == MB_OK && off < bytes; off += (size_t)1 << 30) { /* MPI counts are int */
         size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
         r = mb__mpi(d, MPI_Bcast(host + off, (int)n, MPI_BYTE, 0, d->comm), "mb_dist_broadcast");
     }
-    if (r == MB_OK) r = mb_copy(d->dev, MB_STREAM_COMPUTE, data, host, bytes);
-    if (r == MB_OK) r = mb_sync(d->dev, MB_STREAM_COMPUTE);
+    if (r == MB_OK) r = mb__dist_copy(d->dev, data, host, bytes);
     MB_FREE(host);
     return r;
 #else
@@ -5224,8 +5234,12 @@ MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes) {
 }
 
 MBDEF mb_result mb_dist_broadcast_params(mb_dist *d, mb_params *p) {
-    if (!p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast_params: NULL params");
-    return mb_dist_broadcast(d, mb_params_data(p), mb_params_total(p) * sizeof(float));
+    if (!d || !p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast_params: NULL argument");
+    mb_device *dev = d->dev;
+    d->dev = mb_params_device(p); /* the params' memory */
+    mb_result r = mb_dist_broadcast(d, mb_params_data(p), mb_params_total(p) * sizeof(float));
+    d->dev = dev;
+    return r;
 }
 
 MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n) {
@@ -5343,12 +5357,10 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
     double t0 = mb__seconds(), sum = 0;
     MB_TRY(mb__dist_reserve(d, payload));
     float *x = d->out; /* gradients then the loss, gathered into out, packed into send by reduce */
-    MB_TRY(mb_copy(d->dev, MB_STREAM_COMPUTE, x, mb_params_grad(p), n * sizeof(float)));
-    MB_TRY(mb_sync(d->dev, MB_STREAM_COMPUTE));
+    MB_TRY(mb__dist_copy(mb_params_device(p), x, mb_params_grad(p), n * sizeof(float)));
     x[n] = loss ? *loss : 0.0f;
     MB_TRY(mb__dist_reduce(d, x, payload, (float)count, &sum));
-    MB_TRY(mb_copy(d->dev, MB_STREAM_COMPUTE, mb_params_grad(p), d->out, n * sizeof(float)));
-    MB_TRY(mb_sync(d->dev, MB_STREAM_COMPUTE));
+    MB_TRY(mb__dist_copy(mb_params_device(p), mb_params_grad(p), d->out, n * sizeof(float)));
     if (loss) *loss = d->out[n];
     if (total) *total = (int64_t)sum;
     d->stats.reductions++;

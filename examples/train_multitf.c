@@ -827,9 +827,10 @@ static mb_result run(const options *opts, run_state *rs, mb_dist **dist_out) {
     memset(&m, 0, sizeof m);
     FILE *csv = NULL;
     mb_dist *dist = NULL;
-    mb_result r = mb_device_open(&dev, &dc);
-    if (r == MB_OK) r = mb_dist_open(&dist, dev);
+    mb_result r = mb_dist_open(&dist, NULL);
     *dist_out = dist;
+    dc.index = mb_dist_local_rank(dist); /* CUDA: one GPU per rank of this machine */
+    if (r == MB_OK) r = mb_device_open(&dev, &dc);
     oo.world = mb_dist_size(dist);
     int lead = mb_dist_rank(dist) == 0; /* rank 0 prints, writes metrics and checkpoints */
     if (r == MB_OK) r = data_parallel_check(o);

@@ -149,10 +149,14 @@ static void test_training_matches_one_process(void **state) {
         }
         for (int64_t i = 0; i < g * IN; i++) x[i] = val(seed, 0, 10 + (uint64_t)step, (uint64_t)i);
         for (int64_t i = 0; i < g * OUT; i++) t[i] = val(seed, 0, 1000 + (uint64_t)step, (uint64_t)i);
+        // snippet: dist-step
+        /* forward + backward of this rank's b[g_rank] samples: the gradient of their mean loss */
         float l = lin_grad(&m, x + off[g_rank] * IN, t + off[g_rank] * OUT, b[g_rank]);
+        /* every rank: the gradient (and loss) of the mean over all ranks' samples */
         tu_ok(mb_dist_allreduce_grads(g_dist, m.p, b[g_rank], &l, NULL));
         float lr = 1e-2f;
-        tu_ok(mb_adamw_step(m.opt, lr, NULL));
+        tu_ok(mb_adamw_step(m.opt, lr, NULL)); /* clips by the global norm: the same bits everywhere */
+        // end snippet
         float lref = lin_grad(&ref, x, t, g);
         tu_ok(mb_adamw_step(ref.opt, lr, NULL));
         int same = 0;
