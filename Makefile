@@ -98,6 +98,22 @@ $(BUILD)/%_mpi : examples/%.c $(HEADERS)
 	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(DEP_LIBS)
 mpi-test: $(MPI_TARGETS)
 	@sh tests/run.sh $(MPI_TESTS)
+# CUDA + NCCL (with nvcc and mpicc): the dist test on CUDA params, part of `make cuda`
+# (compiled, not run here: it needs a GPU per rank; docs/DIST.md)
+ifneq ($(MPICC),)
+ifneq ($(NVCC),)
+MPI_NVCC_CFLAGS := $(filter-out -pthread,$(shell $(MPICC) -showme:compile 2>/dev/null))
+MPI_NVCC_LIBS   := $(filter-out -pthread,$(shell $(MPICC) -showme:link 2>/dev/null))
+CUDA_TARGETS += $(BUILD)/mpi/test_cuda_dist $(BUILD)/train_multitf_cuda_mpi
+$(BUILD)/mpi/test_cuda_dist: tests/cuda/test_cuda_dist.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(MPI_NVCC_CFLAGS) -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS) \
+	  -lnccl $(MPI_NVCC_LIBS)
+$(BUILD)/train_multitf_cuda_mpi: examples/train_multitf_cuda.cu examples/train_multitf.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(MPI_NVCC_CFLAGS) -o $@ $< $(NVCC_LIBS) -lnccl $(MPI_NVCC_LIBS)
+endif
+endif
 
 .PHONY: mpi-test
 .PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean

@@ -5113,7 +5113,13 @@ struct mb_dist {
     MPI_Comm comm;
     int *scount, *sdisp, *rcount, *rdisp, *gcount, *gdisp; /* per-rank counts and offsets */
 #endif
+    void *nccl;                /* MEGABATCH_NCCL: the ncclComm_t of CUDA params, made on first use */
 };
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+/* megabatch_cuda.cuh, "cuda dist": gradients of CUDA params through NCCL on the device. */
+static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+static void mb__nccl_destroy(mb_dist *d);
+#endif
 
 MBDEF int mb_dist_rank(const mb_dist *d) { return d ? d->rank : 0; }
 MBDEF int mb_dist_size(const mb_dist *d) { return d ? d->size : 1; }
@@ -5139,6 +5145,9 @@ static mb_result mb__mpi(const mb_dist *d, int rc, const char *what) {
 
 MBDEF void mb_dist_close(mb_dist *d) {
     if (!d) return;
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+    mb__nccl_destroy(d);
+#endif
 #ifdef MEGABATCH_MPI
     if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
     MB_FREE(d->scount); MB_FREE(d->sdisp); MB_FREE(d->rcount); MB_FREE(d->rdisp); MB_FREE(d->gcount); MB_FREE(d->gdisp);
@@ -5350,6 +5359,9 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
         if (!count) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
         return MB_OK; /* a world of one: the identity, bit for bit */
     }
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+    if (mb_params_device(p)->cfg.backend == MB_CUDA) return mb__nccl_allreduce(d, p, count, loss, total);
+#endif
 #ifdef MEGABATCH_MPI
     size_t n = mb_params_total(p), payload = n + 1;
     if (payload / (size_t)d->size + 2 > (size_t)INT32_MAX / 2 || payload > (size_t)INT32_MAX - (size_t)d->size)
