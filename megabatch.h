@@ -4498,6 +4498,7 @@ static mb_result mb__adamw_fetch(mb_adamw *o, mb__adamw_dev *dv, const char *wha
 
 MBDEF mb_result mb_adamw_steps(mb_adamw *o, int64_t *steps) {
     mb__adamw_dev dv;
+    memset(&dv, 0, sizeof dv); /* GCC 12 -O3 -Wmaybe-uninitialized cannot see the fetch's copy */
     if (!steps) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_steps: NULL argument");
     MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_steps"));
     *steps = dv.step;
