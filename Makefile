@@ -13,6 +13,7 @@
 #                    make fuzz-cov builds the coverage binary for tests/fuzz/coverage.sh
 #   make install PREFIX=/usr/local   headers + megabatch.pc
 #   make deps        install the Debian packages (as root), else print the command
+#   make mpi-test    data parallel on CPU ranks: mpirun -np 2 and -np 3 (tests/dist/run.sh; also in make test)
 #
 # Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
 # NVCC=..., CUDA_ARCHS="90 80".
@@ -23,7 +24,7 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 PREFIX  ?= /usr/local
 CUDA_ARCHS ?= 90 80
 BUILD   := build
-DEB_PACKAGES := pkg-config libcmocka-dev libhdf5-dev libopenblas-dev
+DEB_PACKAGES := pkg-config libcmocka-dev libhdf5-dev libopenblas-dev libopenmpi-dev openmpi-bin
 
 ifeq ($(NO_CUDA),1)
 NVCC :=
@@ -56,7 +57,7 @@ SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 TEST_SRCS    := $(wildcard tests/test_*.c)
 TEST_BINS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS)) $(BUILD)/tests/test_gemm_nocblas
 ASAN_BINS    := $(patsubst tests/%.c,$(BUILD)/asan/%,$(TEST_SRCS))
-TSAN_SRCS    := $(wildcard tests/test_loader*.c) tests/test_lstm_many.c
+TSAN_SRCS    := $(wildcard tests/test_loader*.c) tests/test_lstm_many.c tests/test_dist_shard.c
 TSAN_BINS    := $(patsubst tests/%.c,$(BUILD)/tsan/%,$(TSAN_SRCS))
 CUDA_SRCS    := $(wildcard tests/cuda/test_*.cu)
 CUDA_BINS    := $(patsubst tests/cuda/%.cu,$(BUILD)/cuda/%,$(CUDA_SRCS))
@@ -73,6 +74,48 @@ ifneq ($(NVCC),)
 CUDA_TARGETS := $(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA) $(BUILD)/compile/nvcc.o
 endif
 
+# ---- mpi: data parallel (docs/DIST.md) ----
+# The default build needs no MPI (the dist calls see a world of one). With mpicc, the MPI
+# builds of the dist test and of the example; tests/dist/run.sh runs them under mpirun
+# (and skips, saying so, without mpirun or these binaries). NO_MPI=1 leaves them out.
+MPICC    ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(NO_MPI),1)
+MPICC :=
+endif
+MPI_TESTS := tests/dist/run.sh
+ifneq ($(MPICC),)
+MPI_TARGETS := $(BUILD)/mpi/test_dist $(BUILD)/train_multitf_mpi $(BUILD)/bench/bench_dist_mpi $(BUILD)/prepare \
+               $(BUILD)/train_multitf
+endif
+$(BUILD)/bench/%_mpi : bench/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(DEP_LIBS)
+$(BUILD)/mpi/% : tests/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
+$(BUILD)/%_mpi : examples/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALL_CFLAGS) -DMEGABATCH_MPI -o $@ $< $(DEP_LIBS)
+mpi-test: $(MPI_TARGETS)
+	@sh tests/run.sh $(MPI_TESTS)
+# CUDA + NCCL (with nvcc and mpicc): the dist test on CUDA params, part of `make cuda`
+# (compiled, not run here: it needs a GPU per rank; docs/DIST.md)
+ifneq ($(MPICC),)
+ifneq ($(NVCC),)
+MPI_NVCC_CFLAGS := $(filter-out -pthread,$(shell $(MPICC) -showme:compile 2>/dev/null))
+MPI_NVCC_LIBS   := $(filter-out -pthread,$(shell $(MPICC) -showme:link 2>/dev/null))
+CUDA_TARGETS += $(BUILD)/mpi/test_cuda_dist $(BUILD)/train_multitf_cuda_mpi
+$(BUILD)/mpi/test_cuda_dist: tests/cuda/test_cuda_dist.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(MPI_NVCC_CFLAGS) -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS) \
+	  -lnccl $(MPI_NVCC_LIBS)
+$(BUILD)/train_multitf_cuda_mpi: examples/train_multitf_cuda.cu examples/train_multitf.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(MPI_NVCC_CFLAGS) -o $@ $< $(NVCC_LIBS) -lnccl $(MPI_NVCC_LIBS)
+endif
+endif
+
+.PHONY: mpi-test
 .PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean
 all: build
 
@@ -90,7 +133,7 @@ endif
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "✓ GPU: $$(nvidia-smi -L | head -n 1)"; \
 	 else echo "✗ no GPU: CUDA tests run only to check their no-GPU error path"; fi
 
-build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(CUDA_TARGETS)
+build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(CUDA_TARGETS) $(MPI_TARGETS)
 
 $(BUILD)/tests/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -178,7 +221,7 @@ test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS))
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
 cuda:
 ifeq ($(NVCC),)

@@ -464,6 +464,9 @@ typedef struct mb_loader_config {
     mb_dtype dtype;         /* dtype of the device chunk (features and targets): MB_F32
                                (default), MB_BF16 or MB_F16 (read as f32, converted on the
                                device; needs one extra device buffer of one f32 slab) */
+    int shard_rank, shard_count; /* data parallel (docs/DIST.md): with shard_count W > 1 this
+                               loader returns rank shard_rank's slice of every global batch of
+                               W * batch samples (same seed on every rank); 0/0 = unsharded */
 } mb_loader_config;
 
 /* The chunk plan: what a run on a device with `free_bytes` will do. */
@@ -946,6 +949,63 @@ MBDEF mb_result mb_st_save_params(const char *path, mb_params *p, const char *co
 MBDEF mb_result mb_st_load_params(const mb_st_file *f, mb_params *p, const char *const *rename);
 
 // ---- end export ----
+
+// ---- dist ----
+// Data-parallel training over MPI ranks (docs/DIST.md). Compiled with -DMEGABATCH_MPI
+// (and mpicc, or MPI's include and library flags); without it the same calls see a world
+// of one (rank 0, size 1, every reduction the identity), so one training loop serves both.
+// Per optimizer step one all-reduce of the flat gradient buffer (with the batch loss
+// riding along), in a fixed order: reduce-scatter (each rank owns a slice and sums every
+// rank's contribution to it in rank order, in double) then all-gather. The result is
+// bitwise the same on every rank and from run to run for a given world size, so ranks'
+// weights stay bitwise identical; the global gradient norm (clipping) and the f16
+// found_inf (skip) are computed from the reduced buffer by mb_adamw_step and
+// mb_scaler_unscale, i.e. from the same bits on every rank (an inf/NaN on any rank
+// reaches every rank: IEEE sums propagate it).
+
+typedef struct mb_dist mb_dist;
+
+typedef struct mb_dist_stats {
+    int64_t reductions;      /* gradient all-reduces so far */
+    uint64_t bytes_sent;     /* bytes this rank sent in them (both halves) */
+    double seconds;          /* wall time inside them, copies included */
+} mb_dist_stats;
+
+/* Join the world (MPI_COMM_WORLD): initialises MPI (funneled: only the calling thread
+ * uses MPI) unless the caller already did, in which case the caller finalizes it. dev:
+ * the device whose memory mb_dist_broadcast's data lives in and whose logger is used; may
+ * be NULL (host memory; open the dist first to pick a GPU by mb_dist_local_rank). The
+ * params calls use the params' own device. */
+MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev);
+/* Finalizes MPI when mb_dist_open initialised it. NULL is fine. */
+MBDEF void mb_dist_close(mb_dist *d);
+MBDEF int mb_dist_rank(const mb_dist *d);        /* 0..size-1 (0 for NULL) */
+MBDEF int mb_dist_size(const mb_dist *d);        /* ranks in the world (1 for NULL) */
+MBDEF int mb_dist_local_rank(const mb_dist *d);  /* rank among the ranks of this machine (GPU choice) */
+/* Copy rank 0's `bytes` bytes at data (host or device memory of the dist's device) to
+ * every rank. mb_dist_broadcast_params: the flat parameters (at start, so every rank
+ * starts from rank 0's weights). */
+MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes);
+MBDEF mb_result mb_dist_broadcast_params(mb_dist *d, mb_params *p);
+/* The step's all-reduce: every rank's gradients become sum_r(count_r * grad_r) /
+ * sum_r(count_r), the gradient of the mean loss over all ranks' samples (count_r: the
+ * samples rank r's gradient is the mean over, 0..2^24; the sum must be > 0). loss (host,
+ * may be NULL): this rank's mean loss in, the same weighted mean over ranks out.
+ * total (may be NULL): sum_r(count_r). Synchronises the compute stream. */
+MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+/* v[0..n) (host) becomes the sum over ranks, added in rank order in double: the same
+ * bits on every rank. */
+MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n);
+/* *same = 1 when every rank's flat parameters are bitwise equal to rank 0's (a 64-bit
+ * FNV-1a hash of the bytes is compared), else 0; the same answer on every rank. */
+MBDEF mb_result mb_dist_check_sync(mb_dist *d, mb_params *p, int *same);
+MBDEF mb_result mb_dist_barrier(mb_dist *d);
+MBDEF mb_dist_stats mb_dist_get_stats(const mb_dist *d);
+/* After a failure on this rank: end every rank (MPI_Abort with code; the others would
+ * wait in their next collective for ever). A world of one: nothing (return the error). */
+MBDEF void mb_dist_abort(mb_dist *d, int code);
+
+// ---- end dist ----
 
 #ifdef __cplusplus
 }
@@ -2637,6 +2697,21 @@ static void mb__permutation(uint64_t seed, uint64_t stream, int64_t n, int64_t *
 }
 static uint64_t mb__shuffle_stream(int64_t epoch, uint64_t chunk) { return ((uint64_t)epoch << 32) | (chunk & 0xffffffffu); }
 
+/* Sharding (shard_count W > 1, docs/DIST.md): a chunk of m samples in its epoch order is
+ * cut into global batches of G = W * batch; rank r takes rows [r*batch, (r+1)*batch) of
+ * each full one, and [t*r/W, t*(r+1)/W) of a last short one of t >= W rows (dropped when
+ * t < W or with drop_last). Rows of this rank for a chunk of m samples: */
+static int64_t mb__shard_rows(const mb_loader_config *c, int64_t m) {
+    int64_t w = c->shard_count, r = c->shard_rank, g = c->batch * w, t = m % g;
+    return m / g * c->batch + (c->drop_last || t < w ? 0 : t * (r + 1) / w - t * r / w);
+}
+/* Position in the chunk's order of this rank's local row i. */
+static int64_t mb__shard_pos(const mb_loader_config *c, int64_t m, int64_t i) {
+    int64_t w = c->shard_count, b = c->batch, g = b * w, full = m / g;
+    if (i < full * b) return i / b * g + c->shard_rank * b + i % b;
+    return full * g + m % g * c->shard_rank / w + (i - full * b);
+}
+
 MBDEF mb_result mb_loader_plan(int64_t n, int64_t t, int64_t f, int64_t k, const mb_loader_config *cfg,
                                size_t free_bytes, mb_chunk_plan *out) {
     if (!cfg || !out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: NULL argument");
@@ -2700,6 +2775,7 @@ struct mb_loader {
     void *stage;                  /* device, dtype != f32 only: one slab of f32 (slab_rows, t, f)
                                      then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
+    int64_t *gperm;               /* sharded: the whole chunk's sample order (samples_per_chunk) */
     unsigned char *seen;
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
@@ -2779,9 +2855,49 @@ static mb_result mb__ld_put(mb_loader *ld, mb__chunk_buf *cb, int64_t row, const
     return mb_convert(dev, MB_STREAM_COPY, dt, ld->cfg.dtype, gt, MB_F32, nt / sizeof(float));
 }
 
+/* Sharded: this rank's rows of file chunk fid, in the chunk's epoch order (the same
+ * permutation as unsharded), read as runs of consecutive samples (hyperslabs) into the
+ * slabs, slab by slab; no device shuffle is needed afterwards. */
+static mb_result mb__ld_load_shard(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
+    mb__chunk_buf *cb = &ld->buf[j->buf];
+    int64_t spc = ld->plan.samples_per_chunk, start = j->fid * spc, n = mb_dataset_info(ld->ds)->n;
+    int64_t m = n - start < spc ? n - start : spc, want = mb__shard_rows(&ld->cfg, m), *p = ld->gperm, i = 0, rows = 0;
+    if (ld->cfg.shuffle) mb__permutation(ld->cfg.seed, mb__shuffle_stream(j->epoch, (uint64_t)j->fid), m, p);
+    else for (int64_t k = 0; k < m; k++) p[k] = k;
+    for (int s = 0; i < want; s ^= 1) {
+        float *sf = (float *)ld->slab[s], *stg = (float *)((char *)ld->slab[s] + (size_t)ld->slab_rows * ld->row_f);
+        int64_t filled = 0;
+        double t0 = mb__seconds();
+        while (i < want && filled < ld->slab_rows) {
+            int64_t a = start + p[mb__shard_pos(&ld->cfg, m, i)], len = 1, got = 0;
+            while (i + len < want && filled + len < ld->slab_rows && start + p[mb__shard_pos(&ld->cfg, m, i + len)] == a + len)
+                len++;
+            MB_TRY(mb_dataset_read(ld->ds, a, a + len, sf + (size_t)filled * (ld->row_f / sizeof(float)),
+                                   stg + (size_t)filled * (ld->row_t / sizeof(float)), &got));
+            st->bytes_read += (uint64_t)len * (ld->row_f + ld->row_t);
+            i += len;
+            filled += got;
+        }
+        double t1 = mb__seconds();
+        st->read_seconds += t1 - t0;
+        MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
+        MB_TRY(mb__ld_put(ld, cb, rows, sf, stg, filled));
+        rows += filled;
+        st->copy_seconds += mb__seconds() - t1;
+    }
+    MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
+    cb->rows = rows;
+    for (int64_t k = 0; k < rows; k++) cb->cur[k] = k;
+    st->chunk_loads++;
+    cb->epoch = j->epoch;
+    cb->chunk = j->chunk;
+    return MB_OK;
+}
+
 /* The reader's job: file chunk fid into buffer b, slab by slab; the read of slab i
  * overlaps the copy of slab i-1 (the copy stream is synced before reusing a slab). */
 static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *st) {
+    if (ld->cfg.shard_count > 1) return mb__ld_load_shard(ld, j, st);
     mb__chunk_buf *cb = &ld->buf[j->buf];
     mb_device *dev = ld->dev;
     int64_t start = j->fid * ld->plan.samples_per_chunk, end = start + ld->plan.samples_per_chunk, rows = 0;
@@ -2908,6 +3024,10 @@ static mb_result mb__ld_acquire(mb_loader *ld, int64_t epoch, int64_t chunk, int
             MB_TRY(mb__ld_kick(ld, 0, epoch, 0));
             return mb__ld_wait(ld, 1);
         }
+        if (ld->cfg.shuffle && cb->epoch != epoch && ld->cfg.shard_count > 1) { /* sharded: this epoch's rows */
+            MB_TRY(mb__ld_kick(ld, 0, epoch, 0));
+            return mb__ld_wait(ld, 1);
+        }
         if (ld->cfg.shuffle && cb->epoch != epoch) { /* resident: reshuffle in place */
             MB_TRY(mb_stream_wait(ld->dev, MB_STREAM_COPY, MB_STREAM_COMPUTE));
             MB_TRY(mb__ld_permute(ld, 0, epoch, 0));
@@ -2989,6 +3109,7 @@ MBDEF mb_loader_pos mb_loader_position(const mb_loader *ld) {
 static int64_t mb__ld_chunk_batches(mb_loader *ld, int64_t epoch, int64_t chunk) {
     int64_t spc = ld->plan.samples_per_chunk, n = mb_dataset_info(ld->ds)->n, B = ld->cfg.batch;
     int64_t start = mb__ld_fid(ld, epoch, chunk) * spc, rows = n - start < spc ? n - start : spc;
+    if (ld->cfg.shard_count > 1) return (mb__shard_rows(&ld->cfg, rows) + B - 1) / B;
     return ld->cfg.drop_last ? rows / B : (rows + B - 1) / B;
 }
 
@@ -3029,13 +3150,32 @@ MBDEF mb_loader_stats mb_loader_get_stats(const mb_loader *ld) {
     return s;
 }
 
+/* The loader's plan. Sharded: the plan of the global batch W * batch over W times the
+ * budget (each rank holds its ~1/W of every chunk), batches counted per rank. */
+static mb_result mb__ld_plan(const mb_loader_config *cfg, const mb_dataset_meta *m, size_t free_bytes,
+                             mb_chunk_plan *out) {
+    if (cfg->shard_count <= 1) return mb_loader_plan(m->n, m->t, m->f, m->k, cfg, free_bytes, out);
+    if (cfg->shard_rank < 0 || cfg->shard_rank >= cfg->shard_count || cfg->batch < 1 ||
+        cfg->batch > INT64_MAX / cfg->shard_count)
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_open: shard %d of %d (batch %lld) is not a shard",
+                       cfg->shard_rank, cfg->shard_count, (long long)cfg->batch);
+    mb_loader_config c = *cfg;
+    size_t w = (size_t)cfg->shard_count;
+    c.batch *= cfg->shard_count;
+    c.chunk_bytes = cfg->chunk_bytes <= SIZE_MAX / w ? cfg->chunk_bytes * w : SIZE_MAX;
+    MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, &c, free_bytes <= SIZE_MAX / w ? free_bytes * w : SIZE_MAX, out));
+    int64_t spc = out->samples_per_chunk, last = m->n - (out->chunks - 1) * spc, b = cfg->batch;
+    out->batches = (out->chunks - 1) * ((mb__shard_rows(cfg, spc) + b - 1) / b) + (mb__shard_rows(cfg, last) + b - 1) / b;
+    return MB_OK;
+}
+
 /* Device chunk buffers for the current plan; on out-of-memory retry with 0.8x the
  * budget (0.75 -> 0.60 -> 0.48 of free memory), error below one batch. */
 static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, size_t free_bytes) {
     double frac = ld->cfg.chunk_fraction == 0 ? 0.75 : ld->cfg.chunk_fraction;
     for (;;) {
         mb_result r = MB_OK;
-        ld->cap = ld->plan.samples_per_chunk;
+        ld->cap = ld->cfg.shard_count > 1 ? mb__shard_rows(&ld->cfg, ld->plan.samples_per_chunk) : ld->plan.samples_per_chunk;
         for (int b = 0; b < ld->plan.buffers && r == MB_OK; b++) {
             r = mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cap * (ld->drow_f + ld->drow_t), &ld->buf[b].mem);
             ld->buf[b].feat = (char *)ld->buf[b].mem;
@@ -3055,8 +3195,8 @@ static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, si
         MB_LOG(ld->lg, MB_LOG_WARN, "mb_loader_open: device chunk budget of %zu bytes failed; retrying with %zu "
                "bytes (fraction %.2f)", failed, next, frac);
         mb_loader_config c = ld->cfg;
-        c.chunk_bytes = next;
-        MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, &c, free_bytes, &ld->plan));
+        c.chunk_bytes = c.shard_count > 1 ? next / (size_t)c.shard_count : next;
+        MB_TRY(mb__ld_plan(&c, m, free_bytes, &ld->plan));
     }
 }
 
@@ -3095,9 +3235,10 @@ static mb_result mb__ld_alloc_host(mb_loader *ld) {
     ld->inv = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
     ld->seen = (unsigned char *)mb__host_calloc(cap, 1);
     ld->order = (int64_t *)mb__host_calloc((size_t)ld->plan.chunks, sizeof(int64_t));
+    ld->gperm = (int64_t *)mb__host_calloc(ld->cfg.shard_count > 1 ? (size_t)ld->plan.samples_per_chunk : 1, sizeof(int64_t));
     ld->buf[0].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
     ld->buf[1].cur = (int64_t *)mb__host_calloc(cap, sizeof(int64_t));
-    if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->buf[0].cur || !ld->buf[1].cur)
+    if (!ld->perm || !ld->inv || !ld->seen || !ld->order || !ld->gperm || !ld->buf[0].cur || !ld->buf[1].cur)
         return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for %zu-row index arrays", cap);
     if (ld->cfg.shuffle) return mb_alloc(ld->dev, MB_MEM_DEVICE, ld->drow_f + ld->drow_t, &ld->tmp_row);
     return MB_OK;
@@ -3139,7 +3280,7 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->slab[1]);
     mb_free(ld->dev, ld->tmp_row);
     mb_free(ld->dev, ld->stage);
-    MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order);
+    MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order); MB_FREE(ld->gperm);
     MB_FREE(ld);
 }
 
@@ -3151,7 +3292,7 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     size_t free_bytes = 0;
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
-    MB_TRY(mb_loader_plan(m->n, m->t, m->f, m->k, cfg, free_bytes, &plan));
+    MB_TRY(mb__ld_plan(cfg, m, free_bytes, &plan));
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
     if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
@@ -4698,6 +4839,7 @@ static mb_result mb__adamw_fetch(mb_adamw *o, mb__adamw_dev *dv, const char *wha
 
 MBDEF mb_result mb_adamw_steps(mb_adamw *o, int64_t *steps) {
     mb__adamw_dev dv;
+    memset(&dv, 0, sizeof dv); /* GCC 12 -O3 -Wmaybe-uninitialized cannot see the fetch's copy */
     if (!steps) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_steps: NULL argument");
     MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_steps"));
     *steps = dv.step;
@@ -5849,6 +5991,307 @@ MBDEF mb_result mb_st_load_params(const mb_st_file *f, mb_params *p, const char 
 }
 
 // ---- end export ----
+
+// ---- dist ----
+
+#ifdef MEGABATCH_MPI
+#ifdef __cplusplus
+}
+#endif
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1 /* the C API only (OpenMPI's C++ bindings do not build with -Werror) */
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#endif
+
+struct mb_dist {
+    mb_device *dev;
+    int rank, size, local_rank, owns_mpi;
+    float *send, *recv, *out;  /* host scratch of the all-reduce (grown on demand) */
+    size_t cap;                /* payload floats the scratch holds */
+    mb_dist_stats stats;
+#ifdef MEGABATCH_MPI
+    MPI_Comm comm;
+    int *scount, *sdisp, *rcount, *rdisp, *gcount, *gdisp; /* per-rank counts and offsets */
+#endif
+    void *nccl;                /* MEGABATCH_NCCL: the ncclComm_t of CUDA params, made on first use */
+};
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+/* megabatch_cuda.cuh, "cuda dist": gradients of CUDA params through NCCL on the device. */
+static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+static void mb__nccl_destroy(mb_dist *d);
+#endif
+
+MBDEF int mb_dist_rank(const mb_dist *d) { return d ? d->rank : 0; }
+MBDEF int mb_dist_size(const mb_dist *d) { return d ? d->size : 1; }
+MBDEF int mb_dist_local_rank(const mb_dist *d) { return d ? d->local_rank : 0; }
+MBDEF mb_dist_stats mb_dist_get_stats(const mb_dist *d) {
+    mb_dist_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+static const mb_logger *mb__dist_log(const mb_dist *d) { return d && d->dev ? &d->dev->cfg.log : NULL; }
+
+#ifdef MEGABATCH_MPI
+/* An MPI failure as an mb_result (MPI_ERRORS_RETURN is set on the communicator). */
+static mb_result mb__mpi(const mb_dist *d, int rc, const char *what) {
+    if (rc == MPI_SUCCESS) return MB_OK;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return MB_FAIL(mb__dist_log(d), MB_ERR_IO, "%s: MPI error: %.*s", what, len, msg);
+}
+#endif
+
+MBDEF void mb_dist_close(mb_dist *d) {
+    if (!d) return;
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+    mb__nccl_destroy(d);
+#endif
+#ifdef MEGABATCH_MPI
+    if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
+    MB_FREE(d->scount); MB_FREE(d->sdisp); MB_FREE(d->rcount); MB_FREE(d->rdisp); MB_FREE(d->gcount); MB_FREE(d->gdisp);
+    int fin = 0;
+    if (d->owns_mpi && MPI_Finalized(&fin) == MPI_SUCCESS && !fin) MPI_Finalize();
+#endif
+    MB_FREE(d->send); MB_FREE(d->recv); MB_FREE(d->out);
+    MB_FREE(d);
+}
+
+MBDEF mb_result mb_dist_open(mb_dist **out, mb_device *dev) {
+    const mb_logger *lg = dev ? &dev->cfg.log : NULL;
+    if (!out) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dist_open: NULL argument");
+    *out = NULL;
+    mb_dist *d = (mb_dist *)mb__host_calloc(1, sizeof *d);
+    if (!d) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+    d->dev = dev;
+    d->size = 1;
+#ifdef MEGABATCH_MPI
+    d->comm = MPI_COMM_NULL;
+    int init = 0, provided = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            MB_FREE(d);
+            return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_dist_open: MPI_Init_thread failed");
+        }
+        d->owns_mpi = 1;
+    }
+    mb_result r = mb__mpi(d, MPI_Comm_dup(MPI_COMM_WORLD, &d->comm), "mb_dist_open: MPI_Comm_dup");
+    if (r == MB_OK) {
+        MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(d->comm, &d->rank);
+        MPI_Comm_size(d->comm, &d->size);
+        MPI_Comm node;
+        r = mb__mpi(d, MPI_Comm_split_type(d->comm, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &node),
+                    "mb_dist_open: MPI_Comm_split_type");
+        if (r == MB_OK) { MPI_Comm_rank(node, &d->local_rank); MPI_Comm_free(&node); }
+    }
+    int **arrays[6] = {&d->scount, &d->sdisp, &d->rcount, &d->rdisp, &d->gcount, &d->gdisp};
+    for (int i = 0; r == MB_OK && i < 6; i++)
+        if (!(*arrays[i] = (int *)mb__host_calloc((size_t)d->size, sizeof(int))))
+            r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dist_open: no host memory");
+    if (r != MB_OK) { mb_dist_close(d); return r; }
+#endif
+    *out = d;
+    return MB_OK;
+}
+
+MBDEF void mb_dist_abort(mb_dist *d, int code) {
+#ifdef MEGABATCH_MPI
+    if (d && d->size > 1) MPI_Abort(d->comm, code);
+#else
+    (void)d; (void)code;
+#endif
+}
+
+MBDEF mb_result mb_dist_barrier(mb_dist *d) {
+    if (!d) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_dist_barrier: NULL dist");
+#ifdef MEGABATCH_MPI
+    return mb__mpi(d, MPI_Barrier(d->comm), "mb_dist_barrier");
+#else
+    return MB_OK;
+#endif
+}
+
+#ifdef MEGABATCH_MPI
+/* Copy between host and dev's memory and wait (dev NULL: host memory). */
+static mb_result mb__dist_copy(mb_device *dev, void *dst, const void *src, size_t bytes) {
+    if (!dev) { memmove(dst, src, bytes); return MB_OK; }
+    MB_TRY(mb_copy(dev, MB_STREAM_COMPUTE, dst, src, bytes));
+    return mb_sync(dev, MB_STREAM_COMPUTE);
+}
+#endif
+
+MBDEF mb_result mb_dist_broadcast(mb_dist *d, void *data, size_t bytes) {
+    if (!d || (!data && bytes)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast: NULL argument");
+    if (d->size == 1 || bytes == 0) return MB_OK;
+#ifdef MEGABATCH_MPI
+    char *host = (char *)mb__host_alloc(bytes);
+    if (!host) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_broadcast: no host memory for %zu bytes", bytes);
+    mb_result r = mb__dist_copy(d->dev, host, data, bytes); /* device memory: through the host */
+    for (size_t off = 0; r == MB_OK && off < bytes; off += (size_t)1 << 30) { /* MPI counts are int */
+        size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
+        r = mb__mpi(d, MPI_Bcast(host + off, (int)n, MPI_BYTE, 0, d->comm), "mb_dist_broadcast");
+    }
+    if (r == MB_OK) r = mb__dist_copy(d->dev, data, host, bytes);
+    MB_FREE(host);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+MBDEF mb_result mb_dist_broadcast_params(mb_dist *d, mb_params *p) {
+    if (!d || !p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_broadcast_params: NULL argument");
+    mb_device *dev = d->dev;
+    d->dev = mb_params_device(p); /* the params' memory */
+    mb_result r = mb_dist_broadcast(d, mb_params_data(p), mb_params_total(p) * sizeof(float));
+    d->dev = dev;
+    return r;
+}
+
+MBDEF mb_result mb_dist_sum(mb_dist *d, double *v, int n) {
+    if (!d || (!v && n) || n < 0) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_sum: bad argument");
+    if (d->size == 1 || n == 0) return MB_OK;
+#ifdef MEGABATCH_MPI
+    double *all = (double *)mb__host_calloc((size_t)n * (size_t)d->size, sizeof(double));
+    if (!all) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_sum: no host memory");
+    mb_result r = mb__mpi(d, MPI_Allgather(v, n, MPI_DOUBLE, all, n, MPI_DOUBLE, d->comm), "mb_dist_sum");
+    for (int i = 0; r == MB_OK && i < n; i++) {
+        double s = 0;
+        for (int j = 0; j < d->size; j++) s += all[(size_t)j * (size_t)n + (size_t)i];
+        v[i] = s;
+    }
+    MB_FREE(all);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+/* 64-bit FNV-1a of bytes. */
+static uint64_t mb__fnv1a(const void *data, size_t bytes) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+MBDEF mb_result mb_dist_check_sync(mb_dist *d, mb_params *p, int *same) {
+    if (!d || !p || !same) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_check_sync: NULL argument");
+    size_t n = mb_params_total(p);
+    float *host = (float *)mb__host_calloc(n, sizeof(float));
+    if (!host) return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_check_sync: no host memory");
+    mb_result r = mb_params_get(p, host);
+    /* the hash as two exact doubles: rank r's differs from rank 0's iff (h_r - h_0) != 0 */
+    uint64_t h = r == MB_OK ? mb__fnv1a(host, n * sizeof(float)) : 0;
+    MB_FREE(host);
+    double v[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)}, v0[2] = {v[0], v[1]};
+    if (r == MB_OK) r = mb_dist_broadcast(d, v0, sizeof v0);
+    double diff[1] = {v[0] != v0[0] || v[1] != v0[1] ? 1.0 : 0.0};
+    if (r == MB_OK) r = mb_dist_sum(d, diff, 1);
+    *same = r == MB_OK && diff[0] == 0;
+    return r;
+}
+
+#ifdef MEGABATCH_MPI
+/* Host scratch for a payload of n floats on `size` ranks: send (n + size), recv and out. */
+static mb_result mb__dist_reserve(mb_dist *d, size_t n) {
+    if (n <= d->cap) return MB_OK;
+    MB_FREE(d->send); MB_FREE(d->recv); MB_FREE(d->out);
+    size_t w = (size_t)d->size, slice = n / w + 1;
+    d->send = (float *)mb__host_calloc(n + w, sizeof(float));
+    d->recv = (float *)mb__host_calloc(w * (slice + 1), sizeof(float));
+    d->out = (float *)mb__host_calloc(n, sizeof(float));
+    d->cap = d->send && d->recv && d->out ? n : 0;
+    if (!d->cap)
+        return MB_FAIL(mb__dist_log(d), MB_ERR_OUT_OF_MEMORY, "mb_dist_allreduce_grads: no host memory for %zu floats", n);
+    return MB_OK;
+}
+
+/* The fixed-order all-reduce of x[0..n) weighted by count c: slice j = [n*j/W, n*(j+1)/W)
+ * goes to rank j with c appended (reduce-scatter: one MPI_Alltoallv), rank j sums
+ * x_r * c_r / sum(c) over r = 0..W-1 in that order in double, and the slices are
+ * gathered back into d->out (one MPI_Allgatherv). *total receives sum(c). */
+static mb_result mb__dist_reduce(mb_dist *d, const float *x, size_t n, float c, double *total) {
+    int w = d->size, me = d->rank;
+    for (int j = 0; j < w; j++) {
+        size_t a = n * (size_t)j / (size_t)w, b = n * (size_t)(j + 1) / (size_t)w;
+        d->gdisp[j] = (int)a;
+        d->gcount[j] = (int)(b - a);
+        d->sdisp[j] = (int)a + j;           /* send: slice j then c, packed */
+        d->scount[j] = (int)(b - a) + 1;
+        memcpy(d->send + a + (size_t)j, x + a, (b - a) * sizeof(float));
+        d->send[b + (size_t)j] = c;
+    }
+    int mine = d->gcount[me] + 1;
+    for (int j = 0; j < w; j++) { d->rcount[j] = mine; d->rdisp[j] = j * mine; }
+    MB_TRY(mb__mpi(d, MPI_Alltoallv(d->send, d->scount, d->sdisp, MPI_FLOAT, d->recv, d->rcount, d->rdisp, MPI_FLOAT,
+                                    d->comm), "mb_dist_allreduce_grads: MPI_Alltoallv"));
+    double sum = 0;
+    for (int j = 0; j < w; j++) sum += (double)d->recv[(size_t)j * (size_t)mine + (size_t)(mine - 1)];
+    if (!(sum > 0)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
+    float *dst = d->out + d->gdisp[me];
+    for (int i = 0; i < mine - 1; i++) {
+        double s = 0;
+        for (int j = 0; j < w; j++) {
+            const float *src = d->recv + (size_t)j * (size_t)mine;
+            s += (double)src[i] * (double)src[mine - 1];
+        }
+        dst[i] = (float)(s / sum);
+    }
+    *total = sum;
+    /* sent: the other ranks' slices (reduce-scatter), then our slice to each of them (all-gather) */
+    d->stats.bytes_sent += (uint64_t)(n + (size_t)w - (size_t)mine + (size_t)(mine - 1) * (size_t)(w - 1)) * sizeof(float);
+    return mb__mpi(d, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d->out, d->gcount, d->gdisp, MPI_FLOAT,
+                                     d->comm), "mb_dist_allreduce_grads: MPI_Allgatherv");
+}
+#endif
+
+MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total) {
+    if (!d || !p) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: NULL argument");
+    if (count < 0 || count > ((int64_t)1 << 24))
+        return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: count %lld outside 0..2^24",
+                       (long long)count);
+    if (total) *total = count;
+    if (d->size == 1) {
+        if (!count) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
+        return MB_OK; /* a world of one: the identity, bit for bit */
+    }
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
+    if (mb_params_device(p)->cfg.backend == MB_CUDA) return mb__nccl_allreduce(d, p, count, loss, total);
+#endif
+#ifdef MEGABATCH_MPI
+    size_t n = mb_params_total(p), payload = n + 1;
+    if (payload / (size_t)d->size + 2 > (size_t)INT32_MAX / 2 || payload > (size_t)INT32_MAX - (size_t)d->size)
+        return MB_FAIL(mb__dist_log(d), MB_ERR_OVERFLOW, "mb_dist_allreduce_grads: %zu floats exceed MPI's int counts", n);
+    double t0 = mb__seconds(), sum = 0;
+    MB_TRY(mb__dist_reserve(d, payload));
+    float *x = d->out; /* gradients then the loss, gathered into out, packed into send by reduce */
+    MB_TRY(mb__dist_copy(mb_params_device(p), x, mb_params_grad(p), n * sizeof(float)));
+    x[n] = loss ? *loss : 0.0f;
+    MB_TRY(mb__dist_reduce(d, x, payload, (float)count, &sum));
+    MB_TRY(mb__dist_copy(mb_params_device(p), mb_params_grad(p), d->out, n * sizeof(float)));
+    if (loss) *loss = d->out[n];
+    if (total) *total = (int64_t)sum;
+    d->stats.reductions++;
+    d->stats.seconds += mb__seconds() - t0;
+    return MB_OK;
+#else
+    (void)loss;
+    return MB_FAIL(mb__dist_log(d), MB_ERR_UNSUPPORTED, "mb_dist_allreduce_grads: built without MEGABATCH_MPI");
+#endif
+}
+
+// ---- end dist ----
 
 #ifdef __cplusplus
 }

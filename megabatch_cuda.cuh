@@ -534,5 +534,64 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
 
 // ---- cuda end numerics ----
 
+// ---- cuda dist ----
+// MEGABATCH_NCCL (with MEGABATCH_MPI; link -lnccl and MPI): the gradient all-reduce of
+// CUDA params on the device, on the compute stream, no host sync: each rank scales its
+// gradients by count / sum(counts) (the counts and the loss are summed on the host in
+// rank order by mb_dist_sum, exact for the counts), then one ncclAllReduce (sum) of the
+// flat buffer. The NCCL communicator is made on first use: rank 0's ncclUniqueId is
+// broadcast through MPI. NCCL's ring/tree gives every rank the same result; its order is
+// NCCL's (fixed for a given topology, world size and NCCL_ALGO), not the CPU path's rank
+// order. Compiled by `make cuda`; not run (no GPU here).
+#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL)
+#include <nccl.h>
+
+static mb_result mb__nccl_check(mb_dist *d, ncclResult_t e, const char *call) {
+    if (e == ncclSuccess) return MB_OK;
+    return MB_FAIL(mb__dist_log(d), MB_ERR_CUDA, "%s failed: %s (NCCL %d)", call, ncclGetErrorString(e), (int)e);
+}
+
+__global__ void mb__k_dist_scale(float *g, float w, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) g[i] *= w;
+}
+
+static mb_result mb__nccl_comm(mb_dist *d, mb_device *dev) {
+    if (d->nccl) return MB_OK;
+    ncclUniqueId id;
+    if (d->rank == 0) MB_TRY(mb__nccl_check(d, ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    MB_TRY(mb__mpi(d, MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm), "mb_dist: MPI_Bcast of the NCCL id"));
+    MB_CUDA_TRY(cudaSetDevice(dev->cfg.index));
+    ncclComm_t c;
+    MB_TRY(mb__nccl_check(d, ncclCommInitRank(&c, d->size, id, d->rank), "ncclCommInitRank"));
+    d->nccl = (void *)c;
+    return MB_OK;
+}
+
+static void mb__nccl_destroy(mb_dist *d) {
+    if (d->nccl) ncclCommDestroy((ncclComm_t)d->nccl);
+    d->nccl = NULL;
+}
+
+static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total) {
+    mb_device *dev = mb_params_device(p);
+    double v[2] = {(double)count, loss ? (double)*loss * (double)count : 0.0};
+    MB_TRY(mb_dist_sum(d, v, 2)); /* rank order, the same on every rank */
+    if (!(v[0] > 0)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
+    MB_TRY(mb__nccl_comm(d, dev));
+    size_t n = mb_params_total(p);
+    cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
+    mb__k_dist_scale<<<mb__grid(n, 256), 256, 0, st>>>(mb_params_grad(p), (float)((double)count / v[0]), n);
+    MB_CUDA_LAUNCHED();
+    MB_TRY(mb__nccl_check(d, ncclAllReduce(mb_params_grad(p), mb_params_grad(p), n, ncclFloat, ncclSum,
+                                           (ncclComm_t)d->nccl, st), "ncclAllReduce"));
+    if (loss) *loss = (float)(v[1] / v[0]);
+    if (total) *total = (int64_t)v[0];
+    d->stats.reductions++;
+    d->stats.bytes_sent += (uint64_t)(2.0 * (double)(d->size - 1) / d->size * (double)n * sizeof(float));
+    return MB_OK;
+}
+#endif
+// ---- cuda end dist ----
+
 #endif /* MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED */
 #endif /* MEGABATCH_IMPLEMENTATION */

@@ -30,8 +30,12 @@
  * loader position, accumulation window, counters; crash-safe: temp file, fsync, rename,
  * checksum) after every epoch and every --ckpt-every N optimizer steps; --resume continues
  * from FILE and ends with the same weights, bit for bit, as an uninterrupted run.
+ * Data parallel (docs/DIST.md): build/train_multitf_mpi (this file built by mpicc with
+ * -DMEGABATCH_MPI) under `mpirun -np N`: each rank trains on its shard of every global
+ * batch of N x --batch samples, the gradients are averaged by one all-reduce per step,
+ * and rank 0 alone prints, writes metrics and checkpoints (section "data parallel").
  * Last line, for scripts:
- *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=..
+ *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=.. world=..
  * Exit 2 with `error: ...` on bad flags or data.
  */
 #define MEGABATCH_IMPLEMENTATION
@@ -65,6 +69,7 @@ typedef struct options {
     mb_loss_kind loss;
     mb_dtype precision;
     uint64_t seed;
+    int world;          /* data parallel: ranks (set by run(); part of a checkpoint's shape) */
 } options;
 
 static options default_options(void) {
@@ -188,6 +193,7 @@ typedef struct model {
     float *z1, *a1, *da1;                                /* (B, head) */
     float *pred, *dpred, *zeros;                         /* (B, K) */
     float *loss;                                         /* one device float */
+    mb_dist *dist;                                       /* data parallel: a world of one without MPI */
 } model;
 
 static mb_result alloc_f32(mb_device *dev, float **p, int64_t n) {
@@ -624,6 +630,35 @@ static mb_result write_plot(const char *path, const options *o) {
     return MB_OK;
 }
 
+// ---- data parallel ----
+// Under mpirun (build/train_multitf_mpi) each rank's training loader reads its shard of
+// every global batch (mb_loader_config.shard_*); rank 0's weights are broadcast at the
+// start; per batch one all-reduce averages the gradients over all ranks' samples (the
+// batch loss rides along) before the optimizer step, so clipping and the f16 skip see
+// the same bits on every rank; after each epoch the ranks check they are bitwise in sync.
+// Rank 0 alone prints, writes metrics, the picture and checkpoints (which every rank
+// reads on --resume: a shared file system, or a copy on each machine). Validation runs
+// whole on every rank (same weights, same numbers). Not supported with several ranks:
+// --accum > 1 and --carry (refused).
+
+static mb_result data_parallel_check(const options *o) {
+    if (o->world > 1 && (o->accum > 1 || o->carry))
+        return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "--accum > 1 and --carry are not supported with %d ranks", o->world);
+    return MB_OK;
+}
+
+/* The batch's gradients (and loss) averaged over the ranks, weighted by their samples. */
+static mb_result data_parallel_reduce(model *m, int64_t count, float *loss, int64_t *total) {
+    MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, loss)); /* the host reduces: the batch is done */
+    return mb_dist_allreduce_grads(m->dist, m->params, count, loss, total);
+}
+
+static mb_result data_parallel_in_sync(model *m) {
+    int same = 1;
+    if (mb_dist_size(m->dist) > 1) MB_TRY(mb_dist_check_sync(m->dist, m->params, &same));
+    return same ? MB_OK : MB_FAIL(NULL, MB_ERR_CORRUPT, "the ranks' weights differ (rank %d)", mb_dist_rank(m->dist));
+}
+
 // ---- the training loop ----
 
 static double rate(int64_t samples, double seconds) { return seconds > 0 ? (double)samples / seconds : 0; }
@@ -665,22 +700,25 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, const mb_lr
         MB_TRY(model_backward(m, b.count));
         float lr; /* this accumulation window's learning rate */
         MB_TRY(mb_lr_at(sched, rs->step, &lr));
-        int stepped = mb_accum_tick(&rs->acc);
+        int stepped = mb_accum_tick(&rs->acc), dp = mb_dist_size(m->dist) > 1;
+        float l;             /* the batch loss; data parallel: over all ranks' samples */
+        int64_t n = b.count; /* samples of the batch, over all ranks */
+        if (dp) MB_TRY(data_parallel_reduce(m, b.count, &l, &n));
         if (stepped) {
             MB_TRY(optimizer_step(m, opt, lr));
             rs->step++;
         }
-        float l; /* fetching the loss waits for the batch: one host sync per batch, after its step */
-        MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
-        rs->epoch_loss_sum += (double)l * (double)b.count;
-        rs->epoch_n += b.count;
+        /* fetching the loss waits for the batch: one host sync per batch, after its step */
+        if (!dp) MB_TRY(mb_fetch_scalar(m->dev, MB_STREAM_COMPUTE, m->loss, &l));
+        rs->epoch_loss_sum += (double)l * (double)n;
+        rs->epoch_n += n;
         rs->epoch_batches++;
         rs->batches++;
-        rs->samples += b.count;
+        rs->samples += n;
         double sps = rate(rs->samples - samples0, now_seconds() - t0);
         metrics_step(csv, rs, l, lr, sps);
         progress_draw(pb, m, rs, total, sps, 0);
-        if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
+        if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0 && mb_dist_rank(m->dist) == 0) {
             rs->pos = mb_loader_position(tr);
             MB_TRY(save_ckpt(o, m, opt, rs, csv));
         }
@@ -708,14 +746,17 @@ static mb_result open_dataset(const char *path, mb_dataset **ds) {
     return mb_dataset_open_file(ds, path, &dc);
 }
 
-static mb_result open_loader(mb_device *dev, mb_dataset *ds, const options *o, mb_loader **ld) {
+static mb_result open_loader(mb_device *dev, mb_dataset *ds, const options *o, mb_dist *shard, mb_loader **ld) {
     mb_loader_config lc;
     memset(&lc, 0, sizeof lc);
     lc.batch = o->batch; lc.shuffle = 0; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
+    lc.shard_rank = mb_dist_rank(shard); lc.shard_count = mb_dist_size(shard); /* NULL: unsharded */
     return mb_loader_open(ld, dev, ds, &lc);
 }
 
-static mb_result run(const options *o, run_state *rs) {
+static mb_result run(const options *opts, run_state *rs, mb_dist **dist_out) {
+    options oo = *opts;
+    const options *o = &oo;
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
     dc.backend = BACKEND; dc.streams = 2 + MAX_SEG; dc.threads = o->threads;
@@ -727,21 +768,31 @@ static mb_result run(const options *o, run_state *rs) {
     model m;
     memset(&m, 0, sizeof m);
     FILE *csv = NULL;
+    mb_dist *dist = NULL;
     mb_result r = open_dataset(o->train, &dtr);
     if (r == MB_OK) r = open_dataset(o->val, &dva);
+    if (r == MB_OK) r = mb_dist_open(&dist, NULL);
+    *dist_out = dist;
+    dc.index = mb_dist_local_rank(dist); /* CUDA: one GPU per rank of this machine */
     if (r == MB_OK) r = mb_device_open(&dev, &dc);
-    if (r == MB_OK) r = open_loader(dev, dtr, o, &tr);
-    if (r == MB_OK) r = open_loader(dev, dva, o, &va);
+    oo.world = mb_dist_size(dist);
+    int lead = mb_dist_rank(dist) == 0; /* rank 0 prints, writes metrics and checkpoints */
+    if (r == MB_OK) r = data_parallel_check(o);
+    if (r == MB_OK) r = open_loader(dev, dtr, o, dist, &tr);
+    if (r == MB_OK) r = open_loader(dev, dva, o, NULL, &va);
     const mb_dataset_meta *mt = dtr ? mb_dataset_info(dtr) : NULL, *mv = dva ? mb_dataset_info(dva) : NULL;
     if (r == MB_OK && (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k))
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
     if (r == MB_OK) r = model_create(&m, dev, mt, o);
+    m.dist = dist;
     if (r == MB_OK && o->init && !o->resume) r = init_model(o, &m);
-    if (r == MB_OK && o->export_path) r = export_writable(o->export_path);
+    if (r == MB_OK) r = mb_dist_broadcast_params(dist, m.params);
+    if (r == MB_OK && o->export_path && lead) r = export_writable(o->export_path);
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     if (r == MB_OK) r = mb_adamw_create(&opt, m.params, &ac);
-    if (r == MB_OK && !o->quiet)
+    if (r == MB_OK && !o->quiet && lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
+    if (r == MB_OK && !o->quiet && lead)
         printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
                mb_device_name(dev), o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
                (long long)mt->k, m.nseg, mb_params_total(m.params));
@@ -752,12 +803,12 @@ static mb_result run(const options *o, run_state *rs) {
     if (r == MB_OK && o->resume) {
         r = load_ckpt(o, &m, opt, rs);
         if (r == MB_OK) r = mb_loader_set_position(tr, rs->pos);
-        if (r == MB_OK && !o->quiet)
+        if (r == MB_OK && !o->quiet && lead)
             printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)rs->epoch, (long long)rs->step);
     }
     char plot[1024] = "";
-    if (r == MB_OK && o->metrics) r = plot_path(o, plot, sizeof plot);
-    if (r == MB_OK && o->metrics && !(csv = metrics_open(o->metrics, o->resume, rs)))
+    if (r == MB_OK && o->metrics && lead) r = plot_path(o, plot, sizeof plot);
+    if (r == MB_OK && o->metrics && lead && !(csv = metrics_open(o->metrics, o->resume, rs)))
         r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->metrics, strerror(errno));
     sched.kind = o->schedule; sched.lr = o->lr;
     if (r == MB_OK) { /* optimizer steps in the whole run: the schedule's length */
@@ -767,22 +818,23 @@ static mb_result run(const options *o, run_state *rs) {
         sched.warmup_steps = o->warmup < sched.total_steps ? o->warmup : sched.total_steps / 2;
     }
     size_t live0 = dev ? mb_device_mem_stats(dev).live[MB_MEM_DEVICE] : 0;
-    progress pb = {!o->quiet && isatty(STDERR_FILENO), 0};
+    progress pb = {!o->quiet && lead && isatty(STDERR_FILENO), 0};
     double seconds = 0;
     int64_t samples0 = rs->samples;
     for (; r == MB_OK && rs->epoch <= o->epochs; rs->epoch++) {
         r = train_epoch(&m, tr, opt, &sched, o, rs, &seconds, csv, &pb);
         if (r == MB_OK) r = evaluate(&m, va, &rs->val_loss, &rs->baseline);
+        if (r == MB_OK) r = data_parallel_in_sync(&m);
         if (r != MB_OK) break;
         size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
         double sps = rate(rs->samples - samples0, seconds);
         char mem[96];
         memory_text(dev, mem, sizeof mem);
-        printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
+        if (lead) printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
                (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, sps, mem);
         mb_scaler_state sst;
-        if (m.scaler && mb_scaler_get(m.scaler, &sst) == MB_OK) printf("  f16 loss scale %g\n", (double)sst.scale);
-        if (live > live0 + (size_t)100e6) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
+        if (m.scaler && mb_scaler_get(m.scaler, &sst) == MB_OK && lead) printf("  f16 loss scale %g\n", (double)sst.scale);
+        if (live > live0 + (size_t)100e6 && lead) printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - live0) / 1e6);
         live0 = live;
         metrics_epoch(csv, rs, sps, live);
         run_state next = *rs; /* the checkpoint resumes at the start of the next epoch */
@@ -790,7 +842,7 @@ static mb_result run(const options *o, run_state *rs) {
         next.epoch_batches = next.epoch_n = 0;
         next.epoch_loss_sum = 0;
         next.pos = mb_loader_position(tr);
-        if (o->ckpt) r = save_ckpt(o, &m, opt, &next, csv);
+        if (o->ckpt && lead) r = save_ckpt(o, &m, opt, &next, csv);
         rs->epoch_batches = rs->epoch_n = 0;
         rs->epoch_loss_sum = 0;
     }
@@ -799,9 +851,9 @@ static mb_result run(const options *o, run_state *rs) {
     rs->samples_run = rs->samples - samples0;
     if (csv && fclose(csv) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->metrics);
     if (r == MB_OK && plot[0]) r = write_plot(plot, o);
-    if (r == MB_OK && plot[0] && !o->quiet) printf("loss curves: %s\n", plot);
-    if (r == MB_OK && o->export_path) r = export_model(o, &m, mt);
-    if (r == MB_OK && o->export_path && !o->quiet) printf("weights: %s\n", o->export_path);
+    if (r == MB_OK && plot[0] && !o->quiet) printf("loss curves: %s\n", plot); /* plot: rank 0 only */
+    if (r == MB_OK && o->export_path && lead) r = export_model(o, &m, mt);
+    if (r == MB_OK && o->export_path && lead && !o->quiet) printf("weights: %s\n", o->export_path);
     mb_adamw_destroy(opt);
     mb_loader_close(tr); mb_loader_close(va);
     mb_dataset_close(dtr); mb_dataset_close(dva);
@@ -816,13 +868,18 @@ int main(int argc, char **argv) {
     if (!parse_options(argc, argv, &o)) return 2;
     run_state rs;
     memset(&rs, 0, sizeof rs);
-    mb_result r = run(&o, &rs);
+    mb_dist *dist = NULL;
+    mb_result r = run(&o, &rs, &dist);
     if (r != MB_OK) {
         fprintf(stderr, "error: %s\n", mb_last_error());
+        mb_dist_abort(dist, 2); /* several ranks: end them all (they would wait for this one) */
+        mb_dist_close(dist);
         return 2;
     }
-    printf("summary: epochs=%lld steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f\n",
-           (long long)rs.epoch, (long long)rs.step, rs.train_loss, rs.val_loss, rs.baseline,
-           rs.seconds > 0 ? (double)rs.samples_run / rs.seconds : 0.0);
+    if (mb_dist_rank(dist) == 0) /* samples: over all ranks */
+        printf("summary: epochs=%lld steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f "
+               "world=%d\n", (long long)rs.epoch, (long long)rs.step, rs.train_loss, rs.val_loss, rs.baseline,
+               rs.seconds > 0 ? (double)rs.samples_run / rs.seconds : 0.0, mb_dist_size(dist));
+    mb_dist_close(dist);
     return 0;
 }
