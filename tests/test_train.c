@@ -142,6 +142,27 @@ static void test_trains_below_baseline(void **state) {
     check_gap(svg, csv);
 }
 
+/* examples/train_minimal.c, the smallest loop: below the baseline in 3 epochs on the same
+ * data; --help on stdout with exit 0; a bad flag exits 2 with one error line. */
+static void test_minimal_example(void **state) {
+    (void)state;
+    char cmd[512], line[1024];
+    snprintf(cmd, sizeof cmd, "build/train_minimal --train %s/train.h5 --val %s/val.h5 --epochs 3 --hidden 16 2>&1",
+             dir, dir);
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    double vl, base;
+    if (sscanf(line, "summary: val_loss=%lf baseline_val_loss=%lf", &vl, &base) != 2) fail_msg("no summary: '%s'", line);
+    printf("%s", line);
+    assert_true(base > 0.5 && base < 2.0);
+    if (!(vl < 0.98 * base)) fail_msg("train_minimal: val_loss %.4f is not below the baseline %.4f", vl, base);
+    assert_int_equal(run_cmd("build/train_minimal --help 2>/dev/null", "usage: train_minimal", line, sizeof line), 0);
+    assert_true(line[0] != 0);
+    assert_int_equal(run_cmd("build/train_minimal --epochs 2>&1", "error: --epochs needs a value", line, sizeof line), 2);
+    assert_true(line[0] != 0);
+    assert_int_equal(run_cmd("build/train_minimal --bogus 1 2>&1", "error: unknown flag '--bogus'", line, sizeof line), 2);
+    assert_true(line[0] != 0);
+}
+
 static void test_bad_flags_and_data(void **state) {
     (void)state;
     struct { const char *args, *want; } cases[] = {
@@ -338,6 +359,7 @@ int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains_below_baseline),
+        cmocka_unit_test(test_minimal_example),
         cmocka_unit_test(test_bad_flags_and_data),
         cmocka_unit_test(test_kill_and_resume_bitwise),
         cmocka_unit_test(test_mixed_precision),
