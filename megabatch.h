@@ -1997,6 +1997,47 @@ static mb_result mb__h5_set_cache(mb_dataset *ds, hid_t *d, const char *name) {
     return MB_OK;
 }
 
+/* Read a string attribute that must be one element into text (cap bytes with the NUL):
+ * fixed-length or variable-length (h5py's default for str), ASCII or UTF-8 (read in the
+ * file's character set: HDF5 converts neither into the other), NUL- or space-padded.
+ * A longer string is refused, not cut. */
+static mb_result mb__h5_attr_string(mb_dataset *ds, hid_t a, const char *name, char *text, size_t cap) {
+    const mb_logger *lg = &ds->cfg.log;
+    const char *src = ds->meta.source;
+    char st[512];
+    hid_t ty = H5Aget_type(a), asp = H5Aget_space(a), mt = H5Tcopy(H5T_C_S1);
+    hssize_t np = H5Sget_simple_extent_npoints(asp); /* H5Aread writes every element: one buffer, one string */
+    H5T_cset_t cs = H5Tget_cset(ty);
+    int vlen = H5Tis_variable_str(ty) > 0;
+    size_t sz = vlen ? 0 : H5Tget_size(ty);
+    text[0] = 0;
+    mb_result r = MB_OK;
+    if (H5Tget_class(ty) != H5T_STRING)
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s' is not a string", src, name, ds->fname);
+    else if (np != 1)
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s' must be one string (\"A,B,C\"); it has %lld "
+                    "elements", src, name, ds->fname, (long long)np);
+    else if (cs != H5T_CSET_ASCII && cs != H5T_CSET_UTF8)
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' has an unknown character set %d", src, name, (int)cs);
+    else if (!vlen && (sz == 0 || sz >= cap))
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: '%s' too long (%zu bytes)", src, name, sz);
+    else if (H5Tset_cset(mt, cs) < 0 || H5Tset_size(mt, vlen ? H5T_VARIABLE : sz + 1) < 0)
+        r = MB_FAIL(lg, MB_ERR_IO, "%s: reading '%s': %s", src, name, mb__h5_stack(st));
+    if (r == MB_OK && vlen) {
+        char *s = NULL;
+        if (H5Aread(a, mt, &s) < 0) r = MB_FAIL(lg, MB_ERR_IO, "%s: reading '%s': %s", src, name, mb__h5_stack(st));
+        else if (s && strlen(s) >= cap) r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: '%s' too long (%zu bytes)", src, name, strlen(s));
+        else if (s) memcpy(text, s, strlen(s) + 1);
+        if (s) H5free_memory(s);
+    } else if (r == MB_OK && H5Aread(a, mt, text) < 0) {
+        r = MB_FAIL(lg, MB_ERR_IO, "%s: reading '%s': %s", src, name, mb__h5_stack(st));
+    }
+    text[cap - 1] = 0;
+    for (size_t n = strlen(text); n > 0 && text[n - 1] == ' '; n--) text[n - 1] = 0; /* space padding */
+    H5Tclose(mt); H5Sclose(asp); H5Tclose(ty);
+    return r;
+}
+
 /* Optional attributes on features: `segments` (ints summing to T), `segment_names`. */
 static mb_result mb__h5_segments(mb_dataset *ds) {
     mb_dataset_meta *m = &ds->meta;
@@ -2030,35 +2071,10 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         m->segments = (int)n;
     }
     if (H5Aexists(ds->dfeat, "segment_names") <= 0) return MB_OK;
-    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT), ty = H5Aget_type(a), asp = H5Aget_space(a);
-    hssize_t np = H5Sget_simple_extent_npoints(asp); /* H5Aread writes every element: one buffer, one string */
-    H5Sclose(asp);
     char text[MB_MAX_SEGMENTS * MB_MAX_NAME];
-    text[0] = 0;
-    mb_result r = MB_OK;
-    if (H5Tget_class(ty) != H5T_STRING) {
-        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' is not a string", m->source, ds->fname);
-    } else if (np != 1) {
-        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segment_names' of '%s' must be one string (\"A,B,C\"); it "
-                    "has %lld elements", m->source, ds->fname, (long long)np);
-    } else if (H5Tis_variable_str(ty) > 0) {
-        char *s = NULL;
-        hid_t mt = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mt, H5T_VARIABLE);
-        if (H5Aread(a, mt, &s) < 0) r = MB_FAIL(lg, MB_ERR_IO, "%s: reading 'segment_names': %s", m->source, mb__h5_stack(st));
-        else if (s) { snprintf(text, sizeof text, "%s", s); H5free_memory(s); }
-        H5Tclose(mt);
-    } else {
-        size_t sz = H5Tget_size(ty);
-        hid_t mt = H5Tcopy(H5T_C_S1);
-        if (sz >= sizeof text) r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: 'segment_names' too long (%zu bytes)", m->source, sz);
-        else {
-            H5Tset_size(mt, sz + 1);
-            if (H5Aread(a, mt, text) < 0) r = MB_FAIL(lg, MB_ERR_IO, "%s: reading 'segment_names': %s", m->source, mb__h5_stack(st));
-        }
-        H5Tclose(mt);
-    }
-    H5Tclose(ty); H5Aclose(a);
+    hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT);
+    mb_result r = mb__h5_attr_string(ds, a, "segment_names", text, sizeof text);
+    H5Aclose(a);
     MB_TRY(r);
     int i = 0;
     for (char *p = text, *tok; (tok = p) != NULL && i <= MB_MAX_SEGMENTS; i++) {
@@ -2067,6 +2083,7 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         p = comma ? comma + 1 : NULL;
         if (i < MB_MAX_SEGMENTS) {
             size_t len = strlen(tok) < MB_MAX_NAME - 1 ? strlen(tok) : MB_MAX_NAME - 1;
+            while (len < strlen(tok) && len > 0 && ((unsigned char)tok[len] & 0xC0) == 0x80) len--; /* whole UTF-8 characters */
             memcpy(m->segment_name[i], tok, len);
             m->segment_name[i][len] = 0;
         }

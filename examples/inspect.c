@@ -1,6 +1,6 @@
 /* inspect - validate an HDF5 training file and print its shape and the chunk plan.
  *
- *   build/inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16] [--no-probe]
+ *   build/inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16] [--no-probe] [--help]
  *
  * The file is first validated in a child process (mb_dataset_probe), so a file that
  * crashes or hangs the HDF5 library ends in an error line, not in a crash of inspect;
@@ -10,48 +10,53 @@
  * Exit 0 for a valid file; exit 2 with one line "error: ..." on stderr otherwise. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
+#include "mb_args.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, "error: %s%s%s (usage: inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16] "
-            "[--no-probe])\n", msg, arg ? ": " : "", arg ? arg : "");
-    return 2;
-}
+static const char usage[] =
+    "usage: inspect FILE.h5 [--gpu-mem GB] [--batch B] [--dtype f32|bf16] [--no-probe]\n"
+    "Validates an HDF5 training file and prints N, T, F, K, the segments, bytes per sample,\n"
+    "the dataset size and the loader's chunk plan for a GPU with GB free (docs/LOADER.md).\n"
+    "  --gpu-mem GB         free GPU memory, 1 GB = 1e9 bytes [16]\n"
+    "  --batch B            batch size of the plan [128]\n"
+    "  --dtype f32|bf16     the loader's device dtype [f32]\n"
+    "  --no-probe           skip the validation in a child process (trusted files only)\n"
+    "  -h, --help           this text\n"
+    "Exit 0 for a valid file, 2 with one line `error: ...` on stderr otherwise.\n";
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     const char *path = NULL;
-    double gb = 16;
+    double gb = 16, x;
     long long batch = 128;
     mb_dtype dtype = MB_F32;
     int probe = 1;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
+        const char *a = argv[i], *v = mba_value(argc, argv, i);
         if (!strcmp(a, "--gpu-mem") || !strcmp(a, "--batch") || !strcmp(a, "--dtype")) {
-            if (!v) return usage_error("missing value for", a);
+            if (!v) return mba_missing(a);
             i++;
             if (!strcmp(a, "--gpu-mem")) {
-                gb = strtod(v, &end);
-                if (*end || !(gb > 0 && gb < 1e6)) return usage_error("--gpu-mem wants a positive number of GB", v);
+                if (mba_number(v, 1e-9, 1e6, &x)) return mba_error("--gpu-mem wants a positive number of GB: %s", v);
+                gb = x;
             } else if (!strcmp(a, "--batch")) {
-                batch = strtoll(v, &end, 10);
-                if (*end || batch < 1 || batch > 100000000) return usage_error("--batch wants a positive integer", v);
+                if (mba_long(v, 1, 100000000, &batch)) return mba_error("--batch wants a positive integer: %s", v);
             } else if (!strcmp(v, "f32")) dtype = MB_F32;
             else if (!strcmp(v, "bf16")) dtype = MB_BF16;
-            else return usage_error("--dtype wants f32 or bf16", v);
+            else return mba_error("--dtype wants f32 or bf16: %s", v);
         } else if (!strcmp(a, "--no-probe")) {
             probe = 0;
         } else if (a[0] == '-' && a[1]) {
-            return usage_error("unknown option", a);
+            return mba_unknown(a);
         } else if (path) {
-            return usage_error("more than one file", a);
+            return mba_error("more than one file: %s (see --help)", a);
         } else {
             path = a;
         }
     }
-    if (!path) return usage_error("no file given", NULL);
+    if (!path) return mba_error("no file given (see --help)");
     mb_dataset *ds = NULL;
     mb_dataset_config dc;
     memset(&dc, 0, sizeof dc);

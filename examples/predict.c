@@ -47,7 +47,7 @@ typedef struct options {
     int threads, quiet, live, stateful;
 } options;
 
-static int usage(const char *flag, const char *why) {
+static int flag_error(const char *flag, const char *why) {
     fprintf(stderr, "error: %s: %s (see the comment at the top of examples/predict.c)\n", flag, why);
     return 0;
 }
@@ -61,21 +61,21 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
         if (!strcmp(a, "--live")) { o->live = 1; continue; }
         if (!strcmp(a, "--stateful")) { o->stateful = 1; continue; }
-        if (!v) return usage(a, "needs a value");
+        if (!v) return flag_error(a, "needs a value");
         long long x = strtoll(v, &end, 10);
         int is_num = *v && end && !*end;
         if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--csv")) o->csv = v;
-        else if (!strcmp(a, "--batch")) { if (!is_num || x < 1 || x > 1000000) return usage(a, "expected 1..1000000"); o->batch = x; }
-        else if (!strcmp(a, "--threads")) { if (!is_num || x < 0 || x > 1024) return usage(a, "expected 0..1024"); o->threads = (int)x; }
-        else return usage(a, "unknown flag");
+        else if (!strcmp(a, "--batch")) { if (!is_num || x < 1 || x > 1000000) return flag_error(a, "expected 1..1000000"); o->batch = x; }
+        else if (!strcmp(a, "--threads")) { if (!is_num || x < 0 || x > 1024) return flag_error(a, "expected 0..1024"); o->threads = (int)x; }
+        else return flag_error(a, "unknown flag");
         i++;
     }
-    if (!o->model) return usage("--model", "needed");
-    if (o->live != !!o->csv || (o->stateful && !o->live)) return usage("--live/--csv/--stateful", "go together");
-    if (!o->live && (!o->data || !o->out)) return usage("--data/--out", "needed");
+    if (!o->model) return flag_error("--model", "needed");
+    if (o->live != !!o->csv || (o->stateful && !o->live)) return flag_error("--live/--csv/--stateful", "go together");
+    if (!o->live && (!o->data || !o->out)) return flag_error("--data/--out", "needed");
     return 1;
 }
 

@@ -19,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L /* isatty, fileno */
 #endif
 #include "megabatch.h"
+#include "mb_args.h"
 #include "mb_features.h"
 #include <hdf5.h>
 #include <ctype.h>
@@ -585,55 +586,75 @@ static int prepare(const bars *m1, const prep_config *c) {
 // ---- command line ----
 
 #ifndef PREPARE_NO_MAIN
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    return 2;
-}
+static const char usage[] =
+    "usage: prepare --synthetic [--bars N] [--seed S]     the embedded synthetic M1 series\n"
+    "       prepare --csv FILE [--skip-bad]               MetaTrader 5/4 or histdata M1 bars\n"
+    "       prepare --list-features                       the feature names, one a line\n"
+    "Makes data/train.h5 and data/val.h5: samples of the last 480 M1, 288 M5, 192 M15, 96 H1\n"
+    "and 48 H4 closed bars x F features, K forward-return targets (docs/PREPARE.md).\n"
+    "  --out-train FILE     [data/train.h5]\n"
+    "  --out-val FILE       [data/val.h5]\n"
+    "  --features F         features per bar, 1..169 [12]\n"
+    "  --targets K          forward returns over 5, 10, ..., 5K M1 bars, 1..1000 [36]\n"
+    "  --stride S           one sample every S M1 bars [15]\n"
+    "  --val-fraction X     the last part of the samples, by time, in (0, 1) [0.2]\n"
+    "  --max-samples N      keep the last N samples [all]\n"
+    "  --bars N             synthetic M1 bars, 1..1e8 [400000]\n"
+    "  --seed S             synthetic series seed [1]\n"
+    "  --skip-bad           count and skip bad CSV rows instead of stopping\n"
+    "  --quiet              no progress and no summary line\n"
+    "  -h, --help           this text\n"
+    "Exit 0 on success, 2 with one line `error: ...` on stderr otherwise.\n";
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return -1;
-    *out = v;
+static int value_flag(const char *a) {
+    static const char *const flags[] = {"--csv", "--out-train", "--out-val", "--bars", "--seed", "--features",
+                                        "--targets", "--stride", "--max-samples", "--val-fraction"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!strcmp(a, flags[i])) return 1;
     return 0;
 }
 
-#define VALUE_FLAGS "--csv --out-train --out-val --bars --seed --features --targets --stride --max-samples --val-fraction"
+static int list_features(void) {
+    for (int j = 0; j < MAXF; j++) {
+        char name[32];
+        mbf_feature_name(j, name, sizeof name);
+        printf("%d %s\n", j, name);
+    }
+    return 0;
+}
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5"};
     const char *csv = NULL;
     int synthetic = 0, skip_bad = 0;
-    long nbars = 400000, seed = 1, v;
+    long long nbars = 400000, seed = 1, v;
+    double x;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *val = mba_value(argc, argv, i);
         int takes = 1;
         if (!strcmp(a, "--synthetic")) { synthetic = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { c.quiet = 1; takes = 0; }
-        else if (!strstr(VALUE_FLAGS, a) || strncmp(a, "--", 2) || strchr(a, ' '))
-            return usage_error("unknown flag '%s' (see the comment at the top of examples/prepare.c)", a);
-        else if (!val || !strncmp(val, "--", 2)) return usage_error("%s needs a value", a);
+        else if (!strcmp(a, "--list-features")) return list_features();
+        else if (!value_flag(a)) return mba_unknown(a);
+        else if (!val) return mba_missing(a);
         else if (!strcmp(a, "--csv")) csv = val;
         else if (!strcmp(a, "--out-train")) c.out_train = val;
         else if (!strcmp(a, "--out-val")) c.out_val = val;
-        else if (!strcmp(a, "--bars")) { if (parse_long(val, 1, 100000000, &nbars)) return usage_error("--bars: '%s' is not 1..1e8", val); }
-        else if (!strcmp(a, "--seed")) { if (parse_long(val, 0, 2147483647, &seed)) return usage_error("--seed: '%s' is not a non-negative integer", val); }
-        else if (!strcmp(a, "--features")) { if (parse_long(val, 1, MAXF, &v)) return usage_error("--features: '%s' is not 1..169", val); c.nf = (int)v; }
-        else if (!strcmp(a, "--targets")) { if (parse_long(val, 1, 1000, &v)) return usage_error("--targets: '%s' is not 1..1000", val); c.k = (int)v; }
-        else if (!strcmp(a, "--stride")) { if (parse_long(val, 1, 100000, &v)) return usage_error("--stride: '%s' is not 1..100000", val); c.stride = (int)v; }
-        else if (!strcmp(a, "--max-samples")) { if (parse_long(val, 1, 100000000, &v)) return usage_error("--max-samples: '%s' is not 1..1e8", val); c.max_samples = (size_t)v; }
+        else if (!strcmp(a, "--bars")) { if (mba_long(val, 1, 100000000, &nbars)) return mba_error("--bars: '%s' is not 1..1e8", val); }
+        else if (!strcmp(a, "--seed")) { if (mba_long(val, 0, 2147483647, &seed)) return mba_error("--seed: '%s' is not a non-negative integer", val); }
+        else if (!strcmp(a, "--features")) { if (mba_long(val, 1, MAXF, &v)) return mba_error("--features: '%s' is not 1..%d", val, MAXF); c.nf = (int)v; }
+        else if (!strcmp(a, "--targets")) { if (mba_long(val, 1, 1000, &v)) return mba_error("--targets: '%s' is not 1..1000", val); c.k = (int)v; }
+        else if (!strcmp(a, "--stride")) { if (mba_long(val, 1, 100000, &v)) return mba_error("--stride: '%s' is not 1..100000", val); c.stride = (int)v; }
+        else if (!strcmp(a, "--max-samples")) { if (mba_long(val, 1, 100000000, &v)) return mba_error("--max-samples: '%s' is not 1..1e8", val); c.max_samples = (size_t)v; }
         else if (!strcmp(a, "--val-fraction")) {
-            char *end;
-            c.val_fraction = strtod(val, &end);
-            if (*end || !(c.val_fraction > 0 && c.val_fraction < 1)) return usage_error("--val-fraction: '%s' is not in (0, 1)", val);
-        } else return usage_error("unknown flag '%s' (see the comment at the top of examples/prepare.c)", a);
+            if (mba_number(val, 1e-9, 1 - 1e-9, &x)) return mba_error("--val-fraction: '%s' is not in (0, 1)", val);
+            c.val_fraction = x;
+        }
         i += takes;
     }
-    if (synthetic == (csv != NULL)) return usage_error("%s", "give exactly one of --synthetic or --csv FILE");
+    if (synthetic == (csv != NULL)) return mba_error("give exactly one of --synthetic or --csv FILE (see --help)");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
     bars m1 = {0};
     size_t skipped = 0;

@@ -42,6 +42,8 @@
 #include "megabatch.h"
 #define BACKEND MB_CPU
 #endif
+#include "mb_args.h"
+#include "mb_plot.h"
 #include "multitf.h" /* the weights file: --export, --init */
 #include <errno.h>
 #include <stdio.h>
@@ -76,28 +78,41 @@ static options default_options(void) {
     return o;
 }
 
+static const char usage[] =
+    "usage: train_multitf [--train data/train.h5] [--val data/val.h5] [flags]   (train_multitf_cuda: the GPU)\n"
+    "Trains five LSTM encoders (one per timeframe segment) + fusion + head on the files that\n"
+    "build/prepare writes; a line per epoch and a last `summary:` line (docs/EXAMPLE.md).\n"
+    "model:      --hidden H [32]  --head N [64]  --layers L [1]  --loss mse|huber [mse]\n"
+    "            --carry (carry the encoders' state from batch to batch)\n"
+    "training:   --epochs E [3]  --batch B [128]  --lr X [2e-3]  --schedule constant|cosine|onecycle [cosine]\n"
+    "            --warmup STEPS [20]  --accum N [1]  --clip X [1.0]  --weight-decay X [0.01]\n"
+    "            --precision f32|bf16|f16 [f32]  --seed S [1]  --max-batches N [0: all]\n"
+    "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
+    "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
+    "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
+    "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
+    "            -h, --help: this text\n"
+    "Exit 2 with one line `error: ...` on stderr on bad flags or data.\n";
+
 static int bad_flag(const char *flag, const char *value, const char *want) {
-    fprintf(stderr, "error: %s '%s': %s\n", flag, value ? value : "", want);
+    if (!value) mba_missing(flag);
+    else mba_error("%s '%s': %s", flag, value, want);
     return 0;
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end || errno || !(x >= lo && x <= hi)) {
+    if (mba_number(v, lo, hi, out)) {
         char want[96];
         snprintf(want, sizeof want, "expected a number in [%g, %g]", lo, hi);
         return bad_flag(flag, v, want);
     }
-    *out = x;
     return 1;
 }
 
 /* Returns 1 when the flags are good; prints `error: ...` and returns 0 otherwise. */
 static int parse_options(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v = mba_value(argc, argv, i);
         double x = 0;
         int used = 1;
         if (!strcmp(a, "--carry")) { o->carry = 1; used = 0; }
@@ -140,7 +155,7 @@ static int parse_options(int argc, char **argv, options *o) {
             if (v && !strcmp(v, "mse")) o->loss = MB_LOSS_MSE;
             else if (v && !strcmp(v, "huber")) o->loss = MB_LOSS_HUBER;
             else return bad_flag(a, v, "expected mse or huber");
-        } else return bad_flag("flag", a, "unknown (see the comment at the top of examples/train_multitf.c)");
+        } else return mba_unknown(a), 0;
         i += used;
     }
     if ((o->resume || o->ckpt_every) && !o->ckpt) return bad_flag("--resume/--ckpt-every", "", "need --ckpt FILE");
@@ -578,137 +593,10 @@ static void metrics_epoch(FILE *f, const run_state *rs, double samples_per_s, si
 }
 
 // ---- loss-curve picture ----
-// At the end of a run with --metrics: an SVG (plain text, deterministic) drawn from the
-// metrics file, so that a resumed run shows the whole run. x: batches trained; y: loss.
-// Each batch's loss (thin line, class "step") and its running mean (class "mean"), the
-// epochs' mean training loss (circles) and validation loss (squares), the baseline's
-// validation loss (dashed). Non-finite losses are left out.
-
-#define SVG_STEP "stroke=\"#a8a8a8\" stroke-width=\"0.8\""
-#define SVG_MEAN "stroke=\"#1f77b4\" stroke-width=\"2\""
-#define SVG_BASE "stroke=\"#555\" stroke-dasharray=\"6 4\""
-enum { SVG_W = 720, SVG_H = 420, PL = 64, PR = 16, PT = 48, PB = 44 }; /* size; plot margins */
-
-typedef struct series { double *xy; int64_t n, cap; } series; /* points x0 y0 x1 y1 ... */
-typedef struct curves {
-    series step, mean, train, val;
-    double last[3];  /* the last epoch row's train, validation and baseline losses */
-    int epochs;      /* epoch rows */
-    double x1, y0, y1; /* x from 0 to x1, y from y0 to y1 */
-} curves;
-
-static int series_add(series *s, double x, double y) { /* 0: out of memory */
-    if (!isfinite(x) || !isfinite(y)) return 1;
-    if (s->n == s->cap) {
-        double *xy = (double *)realloc(s->xy, (size_t)(s->cap ? 4 * s->cap : 512) * sizeof(double));
-        if (!xy) return 0;
-        s->xy = xy;
-        s->cap = s->cap ? 2 * s->cap : 256;
-    }
-    s->xy[2 * s->n] = x; s->xy[2 * s->n + 1] = y; s->n++;
-    return 1;
-}
-
-/* The step and epoch rows of the metrics file, the running mean (trailing window of a
- * 25th of the steps) and the data's range. */
-static int read_curves(FILE *f, curves *c) {
-    char line[512];
-    long long e, b, s;
-    double loss, val, base, lo = INFINITY, hi = -INFINITY;
-    int ok = 1;
-    while (ok && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "step,%lld,%lld,%lld,%lf", &e, &b, &s, &loss) == 4) ok = series_add(&c->step, (double)b, loss);
-        else if (sscanf(line, "epoch,%lld,%lld,%lld,%lf,%lf,%lf", &e, &b, &s, &loss, &val, &base) == 6) {
-            ok = series_add(&c->train, (double)b, loss) && series_add(&c->val, (double)b, val);
-            c->last[0] = loss; c->last[1] = val; c->last[2] = base;
-            c->epochs++;
-        }
-    }
-    int64_t w = c->step.n / 25 > 1 ? c->step.n / 25 : 1;
-    double sum = 0;
-    for (int64_t i = 0; ok && i < c->step.n; i++) {
-        sum += c->step.xy[2 * i + 1] - (i >= w ? c->step.xy[2 * (i - w) + 1] : 0);
-        ok = series_add(&c->mean, c->step.xy[2 * i], sum / (double)(i < w ? i + 1 : w));
-    }
-    series *all[] = {&c->step, &c->train, &c->val};
-    for (int k = 0; k < 3; k++)
-        for (int64_t i = 0; i < all[k]->n; i++) {
-            c->x1 = fmax(c->x1, all[k]->xy[2 * i]);
-            lo = fmin(lo, all[k]->xy[2 * i + 1]); hi = fmax(hi, all[k]->xy[2 * i + 1]);
-        }
-    if (c->epochs && isfinite(c->last[2])) { lo = fmin(lo, c->last[2]); hi = fmax(hi, c->last[2]); }
-    if (!(lo <= hi)) { lo = 0; hi = 1; } /* nothing to draw */
-    double pad = fmax((hi - lo) * 0.05, 0.05 * fmax(fabs(lo), fabs(hi)) + 1e-6); /* also when all are equal */
-    c->y0 = lo - pad; c->y1 = hi + pad;
-    if (!(c->x1 > 0)) c->x1 = 1;
-    return ok;
-}
-
-static double sx(const curves *c, double x) { return PL + x / c->x1 * (SVG_W - PL - PR); }
-static double sy(const curves *c, double y) { return SVG_H - PB - (y - c->y0) / (c->y1 - c->y0) * (SVG_H - PT - PB); }
-
-static double tick_step(double range) { /* 1, 2 or 5 x 10^k: about five ticks */
-    double s = pow(10, floor(log10(range / 4))), r = range / 4 / s;
-    return s * (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10);
-}
-
-static void svg_axes(FILE *f, const curves *c) {
-    int w = SVG_W - PL - PR, h = SVG_H - PT - PB;
-    double st = tick_step(c->y1 - c->y0);
-    for (double k = ceil(c->y0 / st); k * st <= c->y1; k++)
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>"
-                   "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
-                PL, sy(c, k * st), PL + w, sy(c, k * st), PL - 6, sy(c, k * st) + 4, k * st + 0.0);
-    st = fmax(1, tick_step(c->x1));
-    for (double k = 0; k * st <= c->x1; k++)
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#999\"/>"
-                   "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
-                sx(c, k * st), PT + h, sx(c, k * st), PT + h + 5, sx(c, k * st), PT + h + 18, k * st);
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", PL, PT, w, h);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">batches trained</text>\n", PL + w / 2, SVG_H - 8);
-    fprintf(f, "<text transform=\"translate(16 %d) rotate(-90)\" text-anchor=\"middle\">loss</text>\n", PT + h / 2);
-}
-
-static void svg_polyline(FILE *f, const curves *c, const char *cls, const char *style, const series *s) {
-    fprintf(f, "<polyline class=\"%s\" fill=\"none\" %s points=\"", cls, style);
-    for (int64_t i = 0; i < s->n; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", sx(c, s->xy[2 * i]), sy(c, s->xy[2 * i + 1]));
-    fprintf(f, "\"/>\n");
-}
-
-static void svg_markers_legend(FILE *f, const curves *c) {
-    for (int64_t i = 0; i < c->train.n; i++)
-        fprintf(f, "<circle class=\"train\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#1f77b4\"/>\n",
-                sx(c, c->train.xy[2 * i]), sy(c, c->train.xy[2 * i + 1]));
-    for (int64_t i = 0; i < c->val.n; i++)
-        fprintf(f, "<rect class=\"val\" x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"8\" fill=\"#d62728\"/>\n",
-                sx(c, c->val.xy[2 * i]) - 4, sy(c, c->val.xy[2 * i + 1]) - 4);
-    if (c->epochs && isfinite(c->last[2]))
-        fprintf(f, "<line class=\"baseline\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" %s/>\n", PL,
-                sy(c, c->last[2]), SVG_W - PR, sy(c, c->last[2]), SVG_BASE);
-    static const char *const legend[][2] = {
-        {"batch loss", "<line x2=\"18\" " SVG_STEP "/>"},
-        {"running mean", "<line x2=\"18\" " SVG_MEAN "/>"},
-        {"epoch: train loss", "<circle cx=\"9\" r=\"4\" fill=\"#1f77b4\"/>"},
-        {"epoch: validation loss", "<rect x=\"5\" y=\"-4\" width=\"8\" height=\"8\" fill=\"#d62728\"/>"},
-        {"baseline validation loss", "<line x2=\"18\" " SVG_BASE "/>"},
-    };
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"170\" height=\"86\" fill=\"white\" fill-opacity=\"0.8\"/>\n",
-            SVG_W - PR - 176, PT + 4);
-    for (int i = 0; i < 5; i++)
-        fprintf(f, "<g transform=\"translate(%d %d)\">%s<text x=\"24\" y=\"4\">%s</text></g>\n", SVG_W - PR - 170,
-                PT + 14 + 16 * i, legend[i][1], legend[i][0]);
-}
-
-static void svg_title(FILE *f, const options *o, const curves *c) {
-    static const char *const sched[] = {"constant", "cosine", "onecycle"};
-    fprintf(f, "<text x=\"%d\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">train_multitf: hidden %lld, head %lld, "
-               "layers %d, batch %lld, accum %d, lr %g %s, %s loss, seed %llu</text>\n",
-            SVG_W / 2, (long long)o->hidden, (long long)o->head, o->layers, (long long)o->batch, o->accum,
-            (double)o->lr, sched[o->schedule], o->loss == MB_LOSS_HUBER ? "huber" : "mse", (unsigned long long)o->seed);
-    if (c->epochs)
-        fprintf(f, "<text x=\"%d\" y=\"36\" text-anchor=\"middle\">last epoch: train %.4f, validation %.4f, "
-                   "baseline %.4f</text>\n", SVG_W / 2, c->last[0], c->last[1], c->last[2]);
-}
+// At the end of a run with --metrics: an SVG drawn from the metrics file (so a resumed run
+// shows the whole run) by examples/mb_plot.h: the last validation loss against the
+// baseline in percent, the epochs' losses on a y range of their own, the batch losses in
+// a small panel below (docs/EXAMPLE.md).
 
 /* --plot FILE, or the metrics file's name with .svg for its extension. */
 static mb_result plot_path(const options *o, char *buf, size_t cap) {
@@ -726,27 +614,15 @@ static mb_result plot_path(const options *o, char *buf, size_t cap) {
 }
 
 static mb_result write_plot(const char *path, const options *o) {
-    curves c;
-    memset(&c, 0, sizeof c);
-    FILE *in = fopen(o->metrics, "r"), *f = NULL;
-    int ok = in && read_curves(in, &c);
-    if (in) fclose(in);
-    if (ok && !(f = fopen(path, "w"))) ok = 0;
-    if (f) {
-        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-                   "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n",
-                SVG_W, SVG_H, SVG_W, SVG_H, SVG_W, SVG_H);
-        svg_title(f, o, &c);
-        svg_axes(f, &c);
-        svg_polyline(f, &c, "step", SVG_STEP, &c.step);
-        svg_polyline(f, &c, "mean", SVG_MEAN, &c.mean);
-        svg_markers_legend(f, &c);
-        fputs("</svg>\n", f);
-        ok = !ferror(f);
-        ok = !fclose(f) && ok;
-    }
-    free(c.step.xy); free(c.mean.xy); free(c.train.xy); free(c.val.xy);
-    return ok ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot draw %s from %s", path, o->metrics);
+    static const char *const sched[] = {"constant", "cosine", "onecycle"};
+    char title[256];
+    snprintf(title, sizeof title, "train_multitf: hidden %lld, head %lld, layers %d, batch %lld, accum %d, lr %g %s, "
+             "%s loss, %s, seed %llu", (long long)o->hidden, (long long)o->head, o->layers, (long long)o->batch,
+             o->accum, (double)o->lr, sched[o->schedule], o->loss == MB_LOSS_HUBER ? "huber" : "mse",
+             mb_dtype_name(o->precision), (unsigned long long)o->seed);
+    if (mb_plot_svg(o->metrics, path, title) != 0)
+        return MB_FAIL(NULL, MB_ERR_IO, "cannot draw %s from %s", path, o->metrics);
+    return MB_OK;
 }
 
 // ---- the training loop ----
@@ -822,15 +698,22 @@ static void log_warnings(mb_log_level level, const char *msg, const char *file, 
     if (level != MB_LOG_ERROR) mb_log_stderr(level, msg, file, line, user);
 }
 
-static mb_result open_data(mb_device *dev, const char *path, const options *o, int shuffle, mb_dataset **ds,
-                           mb_loader **ld) {
+/* Untrusted files: each is validated first in a child process (mb_dataset_probe), so a
+ * file that crashes or hangs HDF5 ends in an error line. Both are opened before the device
+ * and the loaders start threads: the probe must not fork while another thread is inside
+ * HDF5. */
+static mb_result open_dataset(const char *path, mb_dataset **ds) {
     mb_dataset_config dc;
     memset(&dc, 0, sizeof dc);
-    MB_TRY(mb_dataset_open_file(ds, path, &dc));
+    dc.isolate = 1;
+    return mb_dataset_open_file(ds, path, &dc);
+}
+
+static mb_result open_loader(mb_device *dev, mb_dataset *ds, const options *o, mb_loader **ld) {
     mb_loader_config lc;
     memset(&lc, 0, sizeof lc);
-    lc.batch = o->batch; lc.shuffle = shuffle; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
-    return mb_loader_open(ld, dev, *ds, &lc);
+    lc.batch = o->batch; lc.shuffle = 0; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
+    return mb_loader_open(ld, dev, ds, &lc);
 }
 
 static mb_result run(const options *o, run_state *rs) {
@@ -845,9 +728,11 @@ static mb_result run(const options *o, run_state *rs) {
     model m;
     memset(&m, 0, sizeof m);
     FILE *csv = NULL;
-    mb_result r = mb_device_open(&dev, &dc);
-    if (r == MB_OK) r = open_data(dev, o->train, o, 0, &dtr, &tr);
-    if (r == MB_OK) r = open_data(dev, o->val, o, 0, &dva, &va);
+    mb_result r = open_dataset(o->train, &dtr);
+    if (r == MB_OK) r = open_dataset(o->val, &dva);
+    if (r == MB_OK) r = mb_device_open(&dev, &dc);
+    if (r == MB_OK) r = open_loader(dev, dtr, o, &tr);
+    if (r == MB_OK) r = open_loader(dev, dva, o, &va);
     const mb_dataset_meta *mt = dtr ? mb_dataset_info(dtr) : NULL, *mv = dva ? mb_dataset_info(dva) : NULL;
     if (r == MB_OK && (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k))
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
@@ -927,6 +812,7 @@ static mb_result run(const options *o, run_state *rs) {
 }
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     options o = default_options();
     if (!parse_options(argc, argv, &o)) return 2;
     run_state rs;

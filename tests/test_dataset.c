@@ -147,6 +147,80 @@ static void test_segments(void **state) {
     mb_dataset_close(ds);
 }
 
+/* segment_names as h5py writes it: attrs['segment_names'] = "M1,M5" is a scalar
+ * variable-length UTF-8 string; numpy's fixed-length strings and HDF5's C strings are
+ * fixed-length (UTF-8 or ASCII, NUL- or space-padded). Each loads. A string longer than
+ * the names can hold, an array of strings and an empty string are refused. */
+static const char *write_names(const char *file, const char *text, int vlen, H5T_cset_t cset, H5T_str_t pad,
+                               hsize_t count) {
+    fx_opts o;
+    memset(&o, 0, sizeof o);
+    o.segments = "2,3";
+    const char *p = fx_path(file);
+    fx_write(p, g_feat, g_targ, N, T, F, K, &o);
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT), d = H5Dopen2(f, "features", H5P_DEFAULT);
+    hid_t ty = H5Tcopy(H5T_C_S1), sp = count ? H5Screate_simple(1, &count, NULL) : H5Screate(H5S_SCALAR);
+    assert_true(H5Tset_size(ty, vlen ? H5T_VARIABLE : strlen(text)) >= 0);
+    assert_true(H5Tset_cset(ty, cset) >= 0 && H5Tset_strpad(ty, pad) >= 0);
+    hid_t a = H5Acreate2(d, "segment_names", ty, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(a >= 0);
+    const char *many[2] = {text, text};
+    size_t len = strlen(text);
+    char *fixed = (char *)calloc(2 * len + 1, 1);               /* one or two elements back to back */
+    memcpy(fixed, text, len);
+    if (count) memcpy(fixed + len, text, len);
+    assert_true(H5Awrite(a, ty, vlen ? (const void *)many : (const void *)fixed) >= 0);
+    free(fixed);
+    H5Aclose(a); H5Sclose(sp); H5Tclose(ty); H5Dclose(d); H5Fclose(f);
+    return p;
+}
+
+static void test_segment_names_utf8(void **state) {
+    (void)state;
+    struct { int vlen; H5T_cset_t cset; H5T_str_t pad; const char *text; } ok[] = {
+        {1, H5T_CSET_UTF8, H5T_STR_NULLTERM, "M1,M5"},           /* h5py's default */
+        {0, H5T_CSET_UTF8, H5T_STR_NULLPAD, "M1,M5"},            /* numpy fixed-length, UTF-8 */
+        {0, H5T_CSET_UTF8, H5T_STR_NULLTERM, "\xc2\xb5s,H\xc3\xa9"}, /* "µs,Hé": non-ASCII names */
+        {1, H5T_CSET_ASCII, H5T_STR_NULLTERM, "M1,M5"},
+        {0, H5T_CSET_ASCII, H5T_STR_SPACEPAD, "M1,M5"},
+        {0, H5T_CSET_ASCII, H5T_STR_NULLPAD, "M1,M5"},           /* np.bytes_ */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        const char *p = write_names("names.h5", ok[i].text, ok[i].vlen, ok[i].cset, ok[i].pad, 0);
+        mb_dataset *ds = NULL;
+        if (mb_dataset_open_file(&ds, p, NULL) != MB_OK) fail_msg("case %zu: %s", i, mb_last_error());
+        const mb_dataset_meta *m = mb_dataset_info(ds);
+        char want[2][16];
+        sscanf(ok[i].text, "%15[^,],%15s", want[0], want[1]);
+        assert_int_equal(m->segments, 2);
+        assert_string_equal(m->segment_name[0], want[0]);
+        assert_string_equal(m->segment_name[1], want[1]);
+        mb_dataset_close(ds);
+    }
+    mb_dataset *ds;
+    char long_text[3000];
+    memset(long_text, 'a', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = 0;
+    long_text[5] = ',';
+    tu_assert_error(mb_dataset_open_file(&ds, write_names("long.h5", long_text, 1, H5T_CSET_UTF8, H5T_STR_NULLTERM, 0),
+                    NULL), MB_ERR_FORMAT, "'segment_names' too long (2999 bytes)");
+    tu_assert_error(mb_dataset_open_file(&ds, write_names("long2.h5", long_text, 0, H5T_CSET_UTF8, H5T_STR_NULLPAD, 0),
+                    NULL), MB_ERR_FORMAT, "'segment_names' too long (2999 bytes)");
+    tu_assert_error(mb_dataset_open_file(&ds, write_names("arr.h5", "M1,M5", 1, H5T_CSET_UTF8, H5T_STR_NULLTERM, 2),
+                    NULL), MB_ERR_FORMAT, "must be one string (\"A,B,C\"); it has 2 elements");
+    tu_assert_error(mb_dataset_open_file(&ds, write_names("empty.h5", "", 1, H5T_CSET_UTF8, H5T_STR_NULLTERM, 0),
+                    NULL), MB_ERR_FORMAT, "has 1 names for 2 segments");
+    /* a name cut to MB_MAX_NAME - 1 bytes ends on a whole UTF-8 character */
+    char cut[200] = "M1,";
+    for (int i = 0; i < 60; i++) strcat(cut, "\xc3\xa9"); /* 120 bytes of "é" */
+    assert_int_equal(mb_dataset_open_file(&ds, write_names("cut.h5", cut, 1, H5T_CSET_UTF8, H5T_STR_NULLTERM, 0), NULL),
+                     MB_OK);
+    const char *n1 = mb_dataset_info(ds)->segment_name[1];
+    size_t len = strlen(n1);
+    assert_true(len >= (size_t)MB_MAX_NAME - 2 && len <= (size_t)MB_MAX_NAME - 1 && len % 2 == 0);
+    mb_dataset_close(ds);
+}
+
 static void test_memory_dataset(void **state) {
     (void)state;
     mb_dataset *ds = NULL;
@@ -449,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_contiguous_f32),          cmocka_unit_test(test_chunked_gzip_shuffle),
         cmocka_unit_test(test_float64_and_int_converted), cmocka_unit_test(test_targets_rank1_and_names),
         cmocka_unit_test(test_segments),                cmocka_unit_test(test_memory_dataset),
+        cmocka_unit_test(test_segment_names_utf8),
         cmocka_unit_test(test_bad_missing_file),        cmocka_unit_test(test_bad_not_hdf5),
         cmocka_unit_test(test_bad_missing_dataset),     cmocka_unit_test(test_bad_group_not_dataset),
         cmocka_unit_test(test_bad_rank),                cmocka_unit_test(test_bad_zero_dim),

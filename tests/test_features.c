@@ -236,7 +236,7 @@ static void test_engine_vs_batch(void **state) {
 static void test_warmup_and_prefix(void **state) {
     (void)state;
     ref_bars m1;
-    make_m1(&m1, 90000);
+    make_m1(&m1, 40000);
     size_t from = (size_t)tu_int(1, 5000);
     rows a, b, c;
     run_engine(&m1, 0, MBF_MAX, &a);

@@ -104,9 +104,9 @@ static void test_inspect_bad_arguments(void **state) {
     assert_int_equal(run("a.h5 --batch -3"), 2);
     assert_one_error_line("--batch wants a positive integer");
     assert_int_equal(run("a.h5 --gpu-mem"), 2);
-    assert_one_error_line("missing value for: --gpu-mem");
+    assert_one_error_line("--gpu-mem needs a value (see --help)");
     assert_int_equal(run("a.h5 --frobnicate"), 2);
-    assert_one_error_line("unknown option");
+    assert_one_error_line("unknown flag '--frobnicate' (see --help)");
     assert_int_equal(run("a.h5 b.h5"), 2);
     assert_one_error_line("more than one file");
 }

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
 
 static char dir[64];
 
@@ -81,6 +82,39 @@ static void check_svg(const char *path, int points) {
     if (system("command -v xmllint >/dev/null 2>&1") == 0) assert_int_equal(system(cmd), 0);
 }
 
+/* The picture answers "did it learn, and by how much": the last validation loss and the
+ * baseline are at least a sixth of the main panel (330 px) apart, and the line under the
+ * title gives the gap in percent, from the last epoch row of the metrics (the numbers the
+ * picture is drawn from). */
+static void check_gap(const char *path, const char *csv) {
+    FILE *f = fopen(csv, "r");
+    if (!f) fail_msg("no metrics %s", csv);
+    char row[512];
+    double val = NAN, base = NAN, loss;
+    long long e, nb, st;
+    while (fgets(row, sizeof row, f)) sscanf(row, "epoch,%lld,%lld,%lld,%lf,%lf,%lf", &e, &nb, &st, &loss, &val, &base);
+    fclose(f);
+    assert_true(isfinite(val) && base > 0);
+    f = fopen(path, "rb");
+    if (!f) fail_msg("no picture %s", path);
+    static char svg[1 << 20];
+    svg[fread(svg, 1, sizeof svg - 1, f)] = 0;
+    fclose(f);
+    const char *b = strstr(svg, "<line class=\"baseline\""), *v = NULL;
+    for (const char *p = svg; (p = strstr(p, "<rect class=\"val\"")) != NULL; p++) v = p;
+    double yb = 0, yv = 0;
+    assert_true(b && v);
+    assert_int_equal(sscanf(strstr(b, "y1=\""), "y1=\"%lf", &yb), 1);
+    assert_int_equal(sscanf(strstr(v, " y=\""), " y=\"%lf", &yv), 1);
+    yv += 4.5; /* the marker's centre */
+    printf("picture: baseline at y=%.1f, last validation loss at y=%.1f\n", yb, yv);
+    if (!(fabs(yv - yb) >= 55)) fail_msg("the validation loss is %.1f px from the baseline", fabs(yv - yb));
+    char want[128];
+    double pct = 100 * (val - base) / base;
+    snprintf(want, sizeof want, "%.1f%% %s the baseline", fabs(pct), pct < 0 ? "below" : "above");
+    if (!strstr(svg, want)) fail_msg("%s lacks '%s'", path, want);
+}
+
 static void test_trains_below_baseline(void **state) {
     (void)state;
     char cmd[512], line[1024];
@@ -105,6 +139,7 @@ static void test_trains_below_baseline(void **state) {
     assert_int_equal(count_rows(csv, "step,"), steps); /* one per batch; --accum 1: per step */
     assert_int_equal(count_rows(csv, "epoch,"), 2);
     check_svg(svg, (int)steps);
+    check_gap(svg, csv);
 }
 
 static void test_bad_flags_and_data(void **state) {
@@ -263,6 +298,42 @@ static void test_plot_edge_cases(void **state) {
     check_svg(svg, 1); /* NaN and Inf left out */
 }
 
+/* Hostile files (tests/fuzz/regress: each crashes, hangs or overflows inside HDF5): the
+ * trainer probes every file it opens in a child, so each run as --train (and the crashers
+ * as --val) ends in exit 2 and one `error:` line naming the file; none crashes or hangs
+ * (each run is bounded by timeout -s KILL: a hang would show as a signal). */
+static void test_hostile_files(void **state) {
+    (void)state;
+    DIR *d = opendir("tests/fuzz/regress");
+    if (!d) skip();
+    int ran = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (!strstr(e->d_name, ".h5")) continue;
+        for (int as_val = 0; as_val < (strstr(e->d_name, "segv") ? 2 : 1); as_val++) {
+            char cmd[1024], line[1024], file[512];
+            snprintf(file, sizeof file, "tests/fuzz/regress/%s", e->d_name);
+            snprintf(cmd, sizeof cmd, "timeout -s KILL 60 build/train_multitf --train %s/%s --val %s/%s --quiet --epochs 1 "
+                     "2>&1 >/dev/null", as_val ? dir : "tests/fuzz/regress", as_val ? "train.h5" : e->d_name,
+                     as_val ? "tests/fuzz/regress" : dir, as_val ? e->d_name : "val.h5");
+            FILE *p = popen(cmd, "r");
+            assert_non_null(p);
+            int lines = 0;
+            line[0] = 0;
+            while (fgets(cmd, sizeof cmd, p)) if (lines++ == 0) snprintf(line, sizeof line, "%s", cmd);
+            int st = pclose(p);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
+                fail_msg("%s (%s): %s %d, output '%s'", file, as_val ? "--val" : "--train",
+                         WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), line);
+            if (lines != 1 || strncmp(line, "error: ", 7) || !strstr(line, e->d_name))
+                fail_msg("%s: %d lines, first '%s'", file, lines, line);
+            ran++;
+        }
+    }
+    closedir(d);
+    printf("%d runs on hostile files, each a clean error\n", ran);
+    assert_true(ran >= 12);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -271,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_kill_and_resume_bitwise),
         cmocka_unit_test(test_mixed_precision),
         cmocka_unit_test(test_plot_edge_cases),
+        cmocka_unit_test(test_hostile_files),
     };
     return cmocka_run_group_tests_name("train_multitf", tests, make_data, remove_data);
 }
