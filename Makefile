@@ -177,7 +177,11 @@ $(BUILD)/bench/% : bench/%.cu $(HEADERS) $(wildcard bench/*.c)
 compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static \
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
-                $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(if $(NVCC),$(BUILD)/compile/cuda_open)
+                $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
+                $(if $(NVCC),$(BUILD)/compile/cuda_open)
+$(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Iexamples -o $@ $< $(DEP_LIBS)
 # the docs' code: every C block in README.md and docs/ is a region of these files (tests/docs/check.sh)
 $(BUILD)/compile/snippets_c.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)

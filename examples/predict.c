@@ -30,6 +30,7 @@
 #define BACKEND MB_CPU
 #endif
 #include "multitf.h"
+#include "mb_args.h"
 #ifndef __CUDACC__
 #include "mtf_live.h"
 #define main prepare_main /* prepare's CSV reading, for --live: one implementation */
@@ -47,36 +48,42 @@ typedef struct options {
     int threads, quiet, live, stateful;
 } options;
 
-static int predict_usage_error(const char *flag, const char *why) {
-    fprintf(stderr, "error: %s: %s (see the comment at the top of examples/predict.c)\n", flag, why);
-    return 0;
-}
+static const char predict_usage[] =
+    "usage: predict --model FILE.safetensors --data FILE.h5 --out preds.csv [--batch 256] [--threads 0] [--quiet]\n"
+    "       predict --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]\n"
+    "  The K predictions of a trained multi-timeframe model (docs/TRADING.md): one CSV row per\n"
+    "  sample of an HDF5 file written by prepare, or (--live) one line per closed M1 bar of an\n"
+    "  MT5/MT4 export replayed through the live predictor; --stateful: the O(1)-per-bar mode of\n"
+    "  a model trained with --carry.\n";
 
+/* 0 when the options are usable; else the exit status (2), the error printed (mb_args.h). */
 static int parse_options(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->batch = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
-        if (!strcmp(a, "--live")) { o->live = 1; continue; }
-        if (!strcmp(a, "--stateful")) { o->stateful = 1; continue; }
-        if (!v) return predict_usage_error(a, "needs a value");
-        long long x = strtoll(v, &end, 10);
-        int is_num = *v && end && !*end;
-        if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--out")) o->out = v;
-        else if (!strcmp(a, "--csv")) o->csv = v;
-        else if (!strcmp(a, "--batch")) { if (!is_num || x < 1 || x > 1000000) return predict_usage_error(a, "expected 1..1000000"); o->batch = x; }
-        else if (!strcmp(a, "--threads")) { if (!is_num || x < 0 || x > 1024) return predict_usage_error(a, "expected 0..1024"); o->threads = (int)x; }
-        else return predict_usage_error(a, "unknown flag");
-        i++;
+    for (int i = 1; i < argc; i++, i++) {
+        const char *a = argv[i], *v = mba_value(argc, argv, i);
+        long long x;
+        if (!strcmp(a, "--quiet")) { o->quiet = 1; i--; continue; }
+        if (!strcmp(a, "--live")) { o->live = 1; i--; continue; }
+        if (!strcmp(a, "--stateful")) { o->stateful = 1; i--; continue; }
+        const char **text = !strcmp(a, "--model") ? &o->model : !strcmp(a, "--data") ? &o->data
+                          : !strcmp(a, "--out") ? &o->out : !strcmp(a, "--csv") ? &o->csv : NULL;
+        if (!text && strcmp(a, "--batch") && strcmp(a, "--threads")) return mba_unknown(a);
+        if (!v) return mba_missing(a);
+        if (text) *text = v;
+        else if (!strcmp(a, "--batch")) {
+            if (mba_long(v, 1, 1000000, &x)) return mba_error("--batch wants an integer 1..1000000: %s", v);
+            o->batch = x;
+        } else {
+            if (mba_long(v, 0, 1024, &x)) return mba_error("--threads wants an integer 0..1024: %s", v);
+            o->threads = (int)x;
+        }
     }
-    if (!o->model) return predict_usage_error("--model", "needed");
-    if (o->live != !!o->csv || (o->stateful && !o->live)) return predict_usage_error("--live/--csv/--stateful", "go together");
-    if (!o->live && (!o->data || !o->out)) return predict_usage_error("--data/--out", "needed");
-    return 1;
+    if (!o->model) return mba_error("--model is needed (see --help)");
+    if (o->live != !!o->csv || (o->stateful && !o->live))
+        return mba_error("--live and --csv go together, and --stateful needs them (see --help)");
+    if (!o->live && (!o->data || !o->out)) return mba_error("--data and --out are needed (see --help)");
+    return 0;
 }
 
 /* The data file must be the model's: T, F, K and the segment lengths. */
@@ -255,8 +262,10 @@ static mb_result live(const options *o) {
 #endif
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(predict_usage);
     options o;
-    if (!parse_options(argc, argv, &o)) return 2;
+    int bad = parse_options(argc, argv, &o);
+    if (bad) return bad;
     int64_t n = 0;
     mb_result r = o.live ? live(&o) : run(&o, &n);
     if (r != MB_OK) {

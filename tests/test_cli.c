@@ -22,9 +22,11 @@ static const tool tools[] = {
     {"build/train_multitf",
      {"--train", "--val", "--metrics", "--plot", "--ckpt", "--ckpt-every", "--epochs", "--batch", "--hidden", "--head",
       "--layers", "--accum", "--threads", "--checkpoint-k", "--max-batches", "--warmup", "--seed", "--lr", "--clip",
-      "--weight-decay", "--chunk-fraction", "--schedule", "--precision", "--loss"},
+      "--weight-decay", "--chunk-fraction", "--schedule", "--precision", "--loss", "--export", "--init"},
      {"--carry", "--quiet", "--resume"}},
     {"build/inspect", {"--gpu-mem", "--batch", "--dtype"}, {"--no-probe"}},
+    {"build/predict", {"--model", "--data", "--out", "--csv", "--batch", "--threads"}, {"--live", "--stateful", "--quiet"}},
+    {"build/train_minimal", {"--train", "--val", "--epochs", "--hidden", "--batch", "--lr", "--seed"}, {NULL}},
 };
 
 /* Run "bin args"; stdout and stderr into out/err; the exit status (-1: a signal). */
