@@ -183,7 +183,7 @@ static void test_bad_files_exit_2(void **state) {
         {"predict", "--model @/m.safetensors --data @/val.h5 --out /nonexistent/x.csv", "cannot write"},
         {"predict", "--model @/m.safetensors --data @/none.h5 --out @/x.csv", "none.h5"},
         {"predict", "--model @/m.safetensors --data @/val.h5 --out @/x.csv --batch 0", "--batch"},
-        {"predict", "--model @/m.safetensors", "--data/--out"},
+        {"predict", "--model @/m.safetensors", "--data and --out are needed"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 7 --init @/m.safetensors",
          "'enc.0.weight_ih_l0' is F32 [24,4], the model needs F32 [28,4]"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --init @/cut.safetensors", "does not fit"},
