@@ -17,6 +17,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <tuple>
@@ -70,6 +73,95 @@ template <class T> inline T atomicCAS(T *p, T cmp, T v) {
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return cmp;
 }
+template <class T> inline T atomicSub(T *p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+template <class T> inline T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+template <class T> inline T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+template <class T> inline T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, __ATOMIC_RELAXED); }
+template <class T, class F> inline T atomic_update(T *p, F f) {
+    T old, nv;
+    __atomic_load(p, &old, __ATOMIC_RELAXED);
+    do nv = f(old);
+    while (!__atomic_compare_exchange(p, &old, &nv, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+template <class T> inline T atomicMax(T *p, T v) { return atomic_update(p, [v](T o) { return o < v ? v : o; }); }
+template <class T> inline T atomicMin(T *p, T v) { return atomic_update(p, [v](T o) { return v < o ? v : o; }); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+/* read-only cache load, IEEE-rounded float ops (never contracted), fast-math intrinsics */
+template <class T> inline T __ldg(const T *p) { return *p; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+inline float __fmaf_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
+inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __expf(float x) { return __builtin_expf(x); }
+inline float __logf(float x) { return __builtin_logf(x); }
+inline float __tanhf(float x) { return __builtin_tanhf(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float rsqrtf(float x) { return 1.0f / __builtin_sqrtf(x); }
+inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+
+/* Warp-collective operations: every lane of `mask` must arrive (the block's threads are fibers,
+ * so a lane waits for the others); a lane not in the mask, exited, or at a __syncthreads is a
+ * reported error, as is reading a lane outside the mask. */
+namespace cudasim {
+const std::atomic<uint64_t> *warp_collective(unsigned mask, uint64_t v, const char *op);
+unsigned lane_id();
+unsigned live_lanes();
+[[noreturn]] void device_error(const char *what);
+template <class T> inline uint64_t bits_of(T v) {
+    static_assert(sizeof(T) <= 8, "warp shuffle of a type wider than 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    return u;
+}
+template <class T> inline T shfl_at(unsigned mask, T v, const std::atomic<uint64_t> *all, unsigned src) {
+    if (!(mask >> src & 1u)) device_error("warp shuffle reads a lane outside its mask");
+    T r;
+    uint64_t u = all[src].load(std::memory_order_relaxed);
+    memcpy(&r, &u, sizeof r);
+    (void)v;
+    return r;
+}
+} // namespace cudasim
+inline void __syncwarp(unsigned mask = 0xffffffffu) { cudasim::warp_collective(mask, 0, "__syncwarp"); }
+inline unsigned __activemask() { return cudasim::live_lanes(); }
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    const std::atomic<uint64_t> *all = cudasim::warp_collective(mask, cudasim::bits_of(v), "__shfl_sync");
+    unsigned l = cudasim::lane_id(), base = l & ~(unsigned)(width - 1);
+    return cudasim::shfl_at(mask, v, all, base + ((unsigned)src & (unsigned)(width - 1)));
+}
+template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    const std::atomic<uint64_t> *all = cudasim::warp_collective(mask, cudasim::bits_of(v), "__shfl_up_sync");
+    unsigned l = cudasim::lane_id(), base = l & ~(unsigned)(width - 1);
+    return l - base < d ? v : cudasim::shfl_at(mask, v, all, l - d);
+}
+template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    const std::atomic<uint64_t> *all = cudasim::warp_collective(mask, cudasim::bits_of(v), "__shfl_down_sync");
+    unsigned l = cudasim::lane_id(), base = l & ~(unsigned)(width - 1);
+    return l - base + d >= (unsigned)width ? v : cudasim::shfl_at(mask, v, all, l + d);
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int x, int width = 32) {
+    const std::atomic<uint64_t> *all = cudasim::warp_collective(mask, cudasim::bits_of(v), "__shfl_xor_sync");
+    unsigned l = cudasim::lane_id(), base = l & ~(unsigned)(width - 1), s = l ^ (unsigned)x;
+    return s < base || s >= base + (unsigned)width ? v : cudasim::shfl_at(mask, v, all, s);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    const std::atomic<uint64_t> *all = cudasim::warp_collective(mask, pred != 0, "__ballot_sync");
+    unsigned r = 0;
+    for (unsigned i = 0; i < 32; i++)
+        if ((mask >> i & 1u) && all[i].load(std::memory_order_relaxed)) r |= 1u << i;
+    return r;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & cudasim::live_lanes()); }
 
 // ---- launch: MB_LAUNCH(k, grid, block, smem, stream)(args...) ----
 namespace cudasim {
@@ -95,11 +187,35 @@ launcher<P...> launch(void (*k)(P...), const char *name, dim3 g, dim3 b, size_t 
     return launcher<P...>{k, name, g, b, smem, st};
 }
 /* Counters for tests and benchmarks. */
-struct stats { unsigned long long launches, blocks, threads, fiber_switches, direct_threads; };
+/* Counters since the start (or the last reset): what the GPU work is steered by. */
+struct stats {
+    unsigned long long launches, blocks, threads, fiber_switches, direct_threads;
+    unsigned long long cublas_calls, host_syncs, device_allocs, bytes_h2d, bytes_d2h, bytes_d2d;
+};
 stats get_stats();
+void reset_stats();
+void print_stats(FILE *f);
+/* Print the counters to stderr when the program exits (the example and benchmarks call it). */
+int print_stats_at_exit();
+/* Fault injection: the n-th device allocation from now fails (cudaErrorMemoryAllocation);
+ * the n-th kernel launch from now faults (sticky cudaErrorIllegalAddress). 0 disarms. */
+void fail_alloc(long n);
+void fault_launch(long n);
+} // namespace cudasim
+#define CUDASIM 1 /* for programs that print the counters under the simulator */
+namespace cudasim {
 } // namespace cudasim
 
 #define MB_LAUNCH(k, ...) cudasim::launch(k, #k, __VA_ARGS__)
+
+/* Dynamic shared memory. `extern __shared__ T name[]` cannot be spelled in C++, so a kernel that
+ * is to run here declares it as MB_DYNAMIC_SHARED(T, name); under nvcc the library defines
+ * MB_DYNAMIC_SHARED(T, name) as `extern __shared__ T name[]` (beside MB_LAUNCH). The buffer has
+ * exactly the launch's dynamic size, so ASan reports an access past it. */
+namespace cudasim {
+void *dynamic_shared();
+}
+#define MB_DYNAMIC_SHARED(T, name) T *name = (T *)cudasim::dynamic_shared()
 
 // =====================================================================================
 #ifdef CUDASIM_IMPLEMENTATION
@@ -151,6 +267,16 @@ static long env_long(const char *n, long d) {
     const char *s = getenv(n);
     return s && *s ? atol(s) : d;
 }
+/* CUDASIM_MEM: the device memory, e.g. 2G, 512M, 80G (the default: an H100's 80 GiB). */
+static size_t mem_total() {
+    const char *s = getenv("CUDASIM_MEM");
+    if (!s || !*s) return (size_t)80 << 30;
+    char *end;
+    double v = strtod(s, &end);
+    int sh = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
+    if (!(v > 0)) fatal("CUDASIM_MEM=%s: want a size such as 2G or 512M", s);
+    return (size_t)(v * (double)((size_t)1 << sh));
+}
 
 // ---- context: allocations, streams, errors ----
 enum mem_kind { MEM_PAGEABLE = 0, MEM_DEVICE = 1, MEM_PINNED = 2 };
@@ -159,18 +285,26 @@ struct stream;
 struct context {
     std::mutex m;
     std::map<uintptr_t, alloc_rec> allocs;
-    size_t total = (size_t)env_long("CUDASIM_MEM_MB", 16384) << 20, used = 0;
+    size_t total = mem_total(), used = 0;
     std::vector<stream *> streams;
     stream *null_stream = nullptr;
     std::atomic<int> sticky{cudaSuccess};
     std::unordered_map<const void *, int> kernel_mode; /* 1: has barriers (fibers), 2: none seen (direct) */
     std::atomic<unsigned long long> launches{0}, blocks{0}, threads{0}, switches{0}, direct{0};
+    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0};
+    std::atomic<long> fail_alloc_in{env_long("CUDASIM_FAIL_ALLOC", 0)}, fault_launch_in{env_long("CUDASIM_FAULT_LAUNCH", 0)};
+    std::unordered_map<const void *, size_t> max_dyn_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
 };
-static void print_stats();
+/* counts down an armed fault; true when it fires now */
+static bool fires(std::atomic<long> &in) {
+    long v = in.load();
+    while (v > 0 && !in.compare_exchange_weak(v, v - 1)) { }
+    return v == 1;
+}
 static context &ctx() {
     static context *c = [] {
         auto *x = new context; /* never destroyed: workers may outlive main's statics */
-        if (env_long("CUDASIM_STATS", 0)) atexit(print_stats);
+        if (env_long("CUDASIM_STATS", 0)) print_stats_at_exit();
         return x;
     }();
     return *c;
@@ -323,7 +457,7 @@ CUDASIM_NO_TSAN static void fctx_swap(fctx *from, fctx *to) { cudasim_swap(&from
 #endif
 
 // ---- kernel execution: blocks in order, the threads of a block as fibers ----
-enum { F_READY = 0, F_BARRIER = 1, F_DONE = 2 };
+enum { F_READY = 0, F_BARRIER = 1, F_DONE = 2, F_WARP = 3 };
 /* Fiber bookkeeping: all fibers of a block run on one OS thread, so relaxed loads and stores
  * suffice; atomics only so that TSan (which sees fibers as threads) does not flag them. */
 struct rint {
@@ -341,6 +475,11 @@ struct fiber {
     rint state{F_READY};
     void *tsan = nullptr;
     void *fake = nullptr;
+    unsigned lin = 0;                            /* linear thread index in the block */
+    std::atomic<const void *> site{nullptr};     /* the __syncthreads it waits at */
+    std::atomic<uint64_t> wval{0};               /* its value for a warp collective */
+    std::atomic<unsigned> wmask{0};
+    std::atomic<const std::atomic<uint64_t> *> wres{nullptr}; /* the warp's values, when resolved */
 };
 struct block_run {
     fctx sched;
@@ -348,6 +487,8 @@ struct block_run {
     const char *name;
     rint arrived{0}, acc_or{0}, acc_and{1}, acc_count{0}, res_or{0}, res_and{0}, res_count{0};
     rint gen{0}, saw_barrier{0};
+    fiber *fibers = nullptr;
+    char tsan_warp[32]; /* __syncwarp: release/acquire per warp */
     bool direct = false;
     bool tsan_on = true; /* this block's fibers are TSan fibers (race-checked) */
     int nthreads = 1;
@@ -471,7 +612,7 @@ static void resume(block_run *b, fiber *f) {
 #endif
 }
 
-static int barrier(int pred, int op) {
+static int barrier(int pred, int op, const void *site) {
     block_run *b = cur_block;
     if (!b) fatal("__syncthreads called outside a kernel");
     fiber *f = cur_fiber;
@@ -481,6 +622,7 @@ static int barrier(int pred, int op) {
               "set CUDASIM_FIBERS=1 (a data-dependent barrier)", b->name);
     }
     b->saw_barrier = 1;
+    f->site.store(site, std::memory_order_relaxed);
     if (pred) b->acc_or = 1; else b->acc_and = 0;
     if (pred) b->acc_count++;
     unsigned g = (unsigned)(int)b->gen;
@@ -492,10 +634,70 @@ static int barrier(int pred, int op) {
     return op == 0 ? (int)b->res_or : op == 1 ? (int)b->res_and : (int)b->res_count;
 }
 
+[[noreturn]] static void block_error(block_run &b, const fiber &f, const char *what, const fiber *g = nullptr) {
+    char msg[512];
+    int k = snprintf(msg, sizeof msg, "kernel %s block (%u,%u,%u) thread (%u,%u,%u): %s", b.name, blockIdx.x, blockIdx.y,
+                     blockIdx.z, f.tid.x, f.tid.y, f.tid.z, what);
+    if (g) snprintf(msg + k, sizeof msg - (size_t)k, "; thread (%u,%u,%u) is elsewhere", g->tid.x, g->tid.y, g->tid.z);
+    fatal("%s", msg);
+}
+
+/* The warp collectives whose lanes have all arrived: their values published, lanes resumed. */
+static bool resolve_warps(block_run &b, fiber *fs, int n, std::atomic<uint64_t> *res, unsigned *wgen) {
+    bool progressed = false;
+    for (int w = 0; w * 32 < n; w++) {
+        int first = -1;
+        for (int l = w * 32; l < n && l < w * 32 + 32; l++)
+            if (fs[l].state == F_WARP) { first = l; break; }
+        if (first < 0) continue;
+        unsigned m = fs[first].wmask.load(std::memory_order_relaxed);
+        for (int l = 0; l < 32; l++) {
+            int t = w * 32 + l;
+            bool in = m >> l & 1u;
+            if (in && t >= n) block_error(b, fs[first], "warp collective's mask names a lane the block does not have");
+            if (t >= n) break;
+            int st = fs[t].state;
+            if (in && st == F_DONE) block_error(b, fs[first], "warp collective waits for a lane that exited", &fs[t]);
+            if (in && st == F_BARRIER) block_error(b, fs[first], "warp collective in divergent code: a lane of its mask waits at __syncthreads", &fs[t]);
+            if (st == F_WARP && fs[t].wmask.load(std::memory_order_relaxed) != m)
+                block_error(b, fs[first], "lanes of one warp wait in warp collectives with different masks", &fs[t]);
+        }
+        std::atomic<uint64_t> *slot = res + (size_t)(w * 2 + (wgen[w]++ & 1u)) * 32;
+        for (int l = 0; l < 32 && w * 32 + l < n; l++) {
+            fiber &f = fs[w * 32 + l];
+            if (!(m >> l & 1u)) continue;
+            slot[l].store(f.wval.load(std::memory_order_relaxed), std::memory_order_relaxed);
+            f.wres.store(slot, std::memory_order_relaxed);
+            f.state = F_READY;
+        }
+        progressed = true;
+    }
+    return progressed;
+}
+
+/* Every live thread waits at a __syncthreads: the same one, and none has exited. */
+static void check_barrier(block_run &b, fiber *fs, int n, int live) {
+    const fiber *w = nullptr;
+    for (int i = 0; i < n; i++)
+        if (fs[i].state == F_BARRIER) { w = &fs[i]; break; }
+    for (int i = 0; i < n; i++) {
+        if (fs[i].state == F_DONE && live < n)
+            block_error(b, *w, "__syncthreads in divergent code: it waits for a thread that exited", &fs[i]);
+        if (fs[i].state == F_BARRIER && fs[i].site.load(std::memory_order_relaxed) != w->site.load(std::memory_order_relaxed))
+            block_error(b, *w, "__syncthreads in divergent code: threads wait at different barriers", &fs[i]);
+    }
+}
+
 static void run_block_fibers(block_run &b, int n) {
     std::vector<fiber> fs(n);
     unsigned bx = blockDim.x, by = blockDim.y;
-    for (int i = 0; i < n; i++) fs[i].tid = make_uint3(i % bx, (i / bx) % by, i / (bx * by));
+    for (int i = 0; i < n; i++) {
+        fs[i].tid = make_uint3(i % bx, (i / bx) % by, i / (bx * by));
+        fs[i].lin = (unsigned)i;
+    }
+    b.fibers = fs.data();
+    std::unique_ptr<std::atomic<uint64_t>[]> wres(new std::atomic<uint64_t>[(size_t)(n + 31) / 32 * 64]);
+    std::vector<unsigned> wgen((size_t)(n + 31) / 32);
 #ifdef CUDASIM_TSAN
     b.sched_tsan = __tsan_get_current_fiber();
 #endif
@@ -528,7 +730,8 @@ static void run_block_fibers(block_run &b, int n) {
             }
         }
         if (live == 0) break;
-        if (b.arrived != live) fatal("kernel %s: barrier bookkeeping broken", b.name);
+        if (resolve_warps(b, fs.data(), n, wres.get(), wgen.data())) continue;
+        check_barrier(b, fs.data(), n, live);
         /* every live thread waits at the barrier (exited threads count as arrived) */
         b.res_or = (int)b.acc_or;
         b.res_and = (int)b.acc_and;
@@ -553,7 +756,6 @@ static void on_fault(int sig, siginfo_t *, void *) {
     signal(sig, SIG_DFL); /* not a kernel: crash as usual */
 }
 static void install_fault_handler() {
-#ifndef CUDASIM_ASAN /* ASan reports the fault itself */
     static std::once_flag once;
     std::call_once(once, [] {
         struct sigaction sa;
@@ -572,11 +774,14 @@ static void install_fault_handler() {
         ss.ss_size = 64 << 10;
         sigaltstack(&ss, nullptr);
     }
-#endif
 }
 
 static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body);
-static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, const task &body) {
+static thread_local char *dyn_smem; /* this launch's dynamic shared memory: exactly its size (ASan) */
+static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t smem, const task &body) {
+    std::unique_ptr<char[]> dyn(new char[smem ? smem : 1]);
+    memset(dyn.get(), 0xFF, smem); /* uninitialised, as on a GPU: NaN bytes */
+    dyn_smem = dyn.get();
     install_fault_handler();
     sigjmp_buf jb;
     if (sigsetjmp(jb, 1) == 0) {
@@ -643,27 +848,64 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
 
 void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body) {
     if (sticky() != cudaSuccess) { set_err(sticky()); return; }
+    /* an H100's limits (cudaGetDeviceProperties below), with the errors its launch gives */
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
-    if (nt == 0 || nt > 1024 || b.z > 64 || g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 ||
-        g.z > 65535 || smem > 48 * 1024) {
+    if (nt == 0 || nt > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64 || g.x == 0 || g.y == 0 || g.z == 0 ||
+        g.x > 2147483647u || g.y > 65535 || g.z > 65535) {
+        fprintf(stderr, "cudasim: launch of %s: grid (%u,%u,%u) block (%u,%u,%u) exceeds the device limits\n", name, g.x, g.y,
+                g.z, b.x, b.y, b.z);
         set_err(cudaErrorInvalidConfiguration);
+        return;
+    }
+    size_t dyn_max = 48 << 10;
+    {
+        std::lock_guard<std::mutex> l(ctx().m);
+        auto it = ctx().max_dyn_smem.find(key);
+        if (it != ctx().max_dyn_smem.end()) dyn_max = it->second;
+    }
+    if (smem > dyn_max) {
+        fprintf(stderr, "cudasim: launch of %s: %zu bytes of dynamic shared memory, the limit is %zu%s\n", name, smem, dyn_max,
+                dyn_max == 48 << 10 ? " (above 48 KB needs cudaFuncSetAttribute)" : "");
+        set_err(cudaErrorInvalidValue);
         return;
     }
     stream *s = get_stream(st);
     if (!s) { set_err(cudaErrorInvalidResourceHandle); return; }
+    if (fires(ctx().fault_launch_in)) { /* injected: the kernel faults on the device */
+        s->push([name] {
+            fprintf(stderr, "cudasim: kernel %s: injected fault (illegal address)\n", name);
+            int ok = cudaSuccess;
+            ctx().sticky.compare_exchange_strong(ok, cudaErrorIllegalAddress);
+        });
+        return;
+    }
     auto bp = std::make_shared<task>(std::move(body));
-    s->push([name, key, g, b, bp] { run_grid(name, key, g, b, *bp); });
+    s->push([name, key, g, b, smem, bp] { run_grid(name, key, g, b, smem, *bp); });
 }
 
-static void print_stats() {
-    auto &c = ctx();
-    fprintf(stderr, "cudasim: %llu launches, %llu blocks, %llu threads (%llu run directly), %llu fiber switches\n",
-            c.launches.load(), c.blocks.load(), c.threads.load(), c.direct.load(), c.switches.load());
-}
 stats get_stats() {
     auto &c = ctx();
-    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct};
+    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct, c.cublas, c.syncs, c.dallocs, c.h2d, c.d2h, c.d2d};
 }
+void reset_stats() {
+    auto &c = ctx();
+    for (auto *x : {&c.launches, &c.blocks, &c.threads, &c.switches, &c.direct, &c.cublas, &c.syncs, &c.dallocs, &c.h2d,
+                    &c.d2h, &c.d2d})
+        x->store(0);
+}
+void print_stats(FILE *f) {
+    stats s = get_stats();
+    fprintf(f, "cudasim: %llu kernel launches, %llu cuBLAS calls, %llu host syncs, %llu device allocations, "
+               "copied %.1f MB H2D, %.1f MB D2H, %.1f MB D2D (%llu blocks, %llu threads)\n",
+            s.launches, s.cublas_calls, s.host_syncs, s.device_allocs, (double)s.bytes_h2d / 1e6, (double)s.bytes_d2h / 1e6,
+            (double)s.bytes_d2d / 1e6, s.blocks, s.threads);
+}
+int print_stats_at_exit() {
+    static int once = atexit([] { print_stats(stderr); });
+    return once;
+}
+void fail_alloc(long n) { ctx().fail_alloc_in = n; }
+void fault_launch(long n) { ctx().fault_launch_in = n; }
 
 // ---- copies ----
 /* CUDA's documented host synchronisation: pageable H2D is staged (the source may be reused
@@ -688,12 +930,15 @@ static cudaError_t copy_async(stream *s, void *dst, size_t dpitch, const void *s
         for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, from + r * spitch, width);
     };
     bool dev = dk == MEM_DEVICE || sk == MEM_DEVICE;
+    auto &bytes = dk == MEM_DEVICE ? (sk == MEM_DEVICE ? ctx().d2d : ctx().h2d) : ctx().d2h;
+    if (dev) bytes += width * rows;
     if (dev && sk == MEM_PAGEABLE) { /* staged */
         auto stage = std::make_shared<std::vector<char>>(sext);
         memcpy(stage->data(), src, sext);
         s->push([copy, stage] { copy(stage->data()); });
     } else if (!dev || dk == MEM_PAGEABLE) { /* synchronous */
         s->wait(s->push([copy, src] { copy((const char *)src); }));
+        ctx().syncs++;
     } else {
         s->push([copy, src] { copy((const char *)src); });
     }
@@ -734,10 +979,57 @@ static const char *err_string(cudaError_t e) {
 }
 } // namespace cudasim
 
-void __syncthreads() { cudasim::barrier(1, 0); }
-int __syncthreads_or(int p) { return cudasim::barrier(p, 0); }
-int __syncthreads_and(int p) { return cudasim::barrier(p, 1); }
-int __syncthreads_count(int p) { return cudasim::barrier(p, 2); }
+/* not inlined: the return address names the barrier (divergence check) */
+__attribute__((noinline)) void __syncthreads() { cudasim::barrier(1, 0, __builtin_return_address(0)); }
+__attribute__((noinline)) int __syncthreads_or(int p) { return cudasim::barrier(p, 0, __builtin_return_address(0)); }
+__attribute__((noinline)) int __syncthreads_and(int p) { return cudasim::barrier(p, 1, __builtin_return_address(0)); }
+__attribute__((noinline)) int __syncthreads_count(int p) { return cudasim::barrier(p, 2, __builtin_return_address(0)); }
+
+namespace cudasim {
+void *dynamic_shared() {
+    if (!cur_block) fatal("dynamic shared memory used outside a kernel");
+    return dyn_smem;
+}
+void device_error(const char *what) {
+    block_run *b = cur_block;
+    fatal("kernel %s: %s", b ? b->name : "(none)", what);
+}
+unsigned lane_id() {
+    if (cur_fiber) return cur_fiber->lin % 32;
+    return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+}
+unsigned live_lanes() {
+    block_run *b = cur_block;
+    if (!b) fatal("__activemask called outside a kernel");
+    unsigned lin = cur_fiber ? cur_fiber->lin : threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    unsigned w0 = lin / 32 * 32, m = 0;
+    for (unsigned l = 0; l < 32 && (int)(w0 + l) < b->nthreads; l++)
+        if (!cur_fiber || b->fibers[w0 + l].state != F_DONE) m |= 1u << l;
+    return m;
+}
+const std::atomic<uint64_t> *warp_collective(unsigned mask, uint64_t v, const char *op) {
+    block_run *b = cur_block;
+    fiber *f = cur_fiber;
+    if (!b) fatal("%s called outside a kernel", op);
+    unsigned lane = lane_id();
+    if (!(mask >> lane & 1u)) device_error("a warp collective called by a lane outside its own mask");
+    if (!f) {
+        if (b->nthreads != 1) fatal("kernel %s reached %s after earlier launches reached no barrier; set CUDASIM_FIBERS=1", b->name, op);
+        static thread_local std::atomic<uint64_t> one[32];
+        one[0].store(v, std::memory_order_relaxed);
+        if (mask != 1u) device_error("warp collective's mask names a lane the block does not have");
+        return one;
+    }
+    b->saw_barrier = 1;
+    f->wval.store(v, std::memory_order_relaxed);
+    f->wmask.store(mask, std::memory_order_relaxed);
+    tsan_release(&b->tsan_warp[f->lin / 32 % 32]); /* __syncwarp orders the lanes' memory */
+    f->state = F_WARP;
+    to_sched(f, false);
+    tsan_acquire(&b->tsan_warp[f->lin / 32 % 32]);
+    return f->wres.load(std::memory_order_relaxed);
+}
+} // namespace cudasim
 
 // ---- the runtime API (NVIDIA's prototypes) ----
 using namespace cudasim;
@@ -762,8 +1054,14 @@ cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     if (d != 0) return set_err(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "cudasim CPU device");
+    snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3 (cudasim on the CPU)");
     p->totalGlobalMem = ctx().total;
+    p->sharedMemPerBlockOptin = 227 << 10;
+    p->sharedMemPerMultiprocessor = 228 << 10;
+    p->regsPerBlock = 65536;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->l2CacheSize = 50 << 20;
+    p->memoryBusWidth = 5120;
     p->major = 9;
     p->minor = 0;
     p->maxThreadsPerBlock = 1024;
@@ -773,12 +1071,29 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     p->maxGridSize[1] = p->maxGridSize[2] = 65535;
     p->sharedMemPerBlock = 48 << 10;
     p->warpSize = 32;
-    p->multiProcessorCount = 1;
+    p->multiProcessorCount = 132;
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
     if (d != 0) return set_err(cudaErrorInvalidDevice);
-    *v = a == cudaDevAttrClockRate ? 1000000 : a == cudaDevAttrMaxThreadsPerBlock ? 1024 : 0;
+    switch (a) {
+    case cudaDevAttrClockRate: *v = 1000000; break; /* kHz; clock64() counts TSC ticks */
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; break;
+    case cudaDevAttrMultiProcessorCount: *v = 132; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    default: *v = 0;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess; /* hints: accepted */
+    if (value < 0 || value > (227 << 10)) return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(ctx().m);
+    ctx().max_dyn_smem[func] = (size_t)value;
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
@@ -792,10 +1107,12 @@ static cudaError_t do_alloc(void **out, size_t n, mem_kind k) {
     auto &c = ctx();
     *out = nullptr;
     if (sticky() != cudaSuccess) return set_err(sticky());
+    if (k == MEM_DEVICE && fires(c.fail_alloc_in)) return set_err(cudaErrorMemoryAllocation); /* injected */
     {
         std::lock_guard<std::mutex> l(c.m);
         if (k == MEM_DEVICE && n > c.total - c.used) return set_err(cudaErrorMemoryAllocation);
     }
+    if (k == MEM_DEVICE) c.dallocs++;
     void *p = nullptr;
     if (posix_memalign(&p, 256, n ? n : 1) != 0) return set_err(cudaErrorMemoryAllocation); /* exact size: ASan redzones */
     if (k == MEM_DEVICE) memset(p, 0xFF, n); /* cudaMalloc memory is garbage: NaN bytes, not zeros */
@@ -843,6 +1160,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     sync_all();
     cudaError_t e = copy_async(s, dst, n, src, n, n, 1, kind);
     s->drain();
+    ctx().syncs++;
     return e;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, cudaMemcpyKind kind,
@@ -889,10 +1207,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
     s->drain();
+    ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
     sync_all();
+    ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) {
@@ -939,6 +1259,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     event *e = (event *)ev;
+    ctx().syncs++;
     std::unique_lock<std::mutex> l(e->m);
     uint64_t g = e->recorded;
     e->cv.wait(l, [&] { return e->completed >= g; });
@@ -1059,7 +1380,10 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
         fprintf(stderr, "cudasim: cublasGemmStridedBatchedEx: an operand is not (all) in device memory\n");
         abort(); /* on a GPU: an illegal address, later */
     }
-    bool t32 = comp == CUBLAS_COMPUTE_32F_FAST_TF32;
+    /* TF32: asked by the compute type, or by the handle's math mode for an f32 compute */
+    bool t32 = comp == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+               (comp == CUBLAS_COMPUTE_32F && at == CUDA_R_32F && (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH);
+    ctx().cublas++;
     stream *s = get_stream(h->stream);
     s->push([=] {
         /* op(A) and op(B) unpacked to f32 (TF32-rounded when asked), then C row by row; each
