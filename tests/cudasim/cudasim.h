@@ -1176,6 +1176,12 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t st) {
     s->push([=] { memset(dst, v, n); });
     return cudaSuccess;
 }
+cudaError_t cudaMemset(void *dst, int v, size_t n) {
+    sync_all();
+    cudaError_t e = cudaMemsetAsync(dst, v, n, nullptr);
+    if (e == cudaSuccess) get_stream(nullptr)->drain();
+    return e;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int) {
     stream *s = new stream;
     auto &c = ctx();
@@ -1419,6 +1425,13 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     return CUBLAS_STATUS_SUCCESS;
 }
 } // extern "C"
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                       const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                                       cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                                       cublasComputeType_t comp, cublasGemmAlgo_t algo) {
+    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1,
+                                      comp, algo);
+}
 #endif /* CUDASIM_IMPLEMENTATION */
 
 /* From here on the source is "CUDA C++": what nvcc defines for it (after NVIDIA's headers and
