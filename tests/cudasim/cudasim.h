@@ -765,6 +765,7 @@ static void install_fault_handler() {
         sigaction(SIGSEGV, &sa, nullptr);
         sigaction(SIGBUS, &sa, nullptr);
     });
+#ifndef CUDASIM_ASAN /* ASan gives every thread its own alternate signal stack */
     static thread_local char *alt;
     if (!alt) { /* the fault may be a fiber's stack overflow: handle it on its own stack */
         alt = (char *)malloc(64 << 10);
@@ -774,6 +775,7 @@ static void install_fault_handler() {
         ss.ss_size = 64 << 10;
         sigaltstack(&ss, nullptr);
     }
+#endif
 }
 
 static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body);
