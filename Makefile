@@ -108,9 +108,10 @@ $(BUILD)/tsan/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -O1 -fsanitize=thread -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
 
+# -fmad=false: the tests assert bitwise CPU == CUDA results, true only without FMA contraction
 $(BUILD)/cuda/% : tests/cuda/%.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) -fmad=false -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS)
 
 $(BUILD)/% : examples/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -253,3 +254,14 @@ endef
 $(eval $(call SIM_RULE,sim,-O2 $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
 $(eval $(call SIM_RULE,sim-asan,-O1 $(SAN_FLAGS) $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
 $(eval $(call SIM_RULE,sim-tsan,-O1 -fsanitize=thread -DMEGABATCH_NO_CBLAS,$(HDF5_LIBS)))
+SIM_VARIANTS := sim sim-asan sim-tsan
+SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS),$(BUILD)/$(v)/$(t)))
+.PHONY: sim-build sim-test
+sim-build: $(if $(SIM_OK),$(SIM_BINS) $(BUILD)/prepare $(BUILD)/train_multitf)
+sim-test:
+ifeq ($(SIM_OK),)
+	@echo "✗ no CUDA host headers ($(CUDA_INC)/cuda_runtime.h): simulator tests skipped (install the CUDA toolkit)"
+else
+	@$(MAKE) --no-print-directory sim-build
+	@sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES)
+endif
