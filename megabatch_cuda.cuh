@@ -260,7 +260,8 @@ __global__ void mb__k_fill_uniform(float *dst, size_t n, uint64_t seed, uint64_t
 static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream,
                                        float bound) {
     if (n == 0) return MB_OK;
-    MB_LAUNCH(mb__k_fill_uniform, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(dst, n, seed, stream, bound);
+    MB_LAUNCH(mb__k_fill_uniform, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(dst, n, seed, stream,
+        bound);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -322,8 +323,8 @@ __global__ void mb__k_lstm_fill(float *y, float v, size_t n) {
 static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                          const float *b_ih, const float *b_hh, const float *c_prev, float *c,
                                          float *h) {
-    MB_LAUNCH(mb__k_lstm_fwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, g, b_ih, b_hh, c_prev,
-                                                                                          c, h);
+    MB_LAUNCH(mb__k_lstm_fwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, g, b_ih, b_hh,
+        c_prev, c, h);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -331,16 +332,16 @@ static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, 
 static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
                                          const float *c_prev, const float *c, const float *dh_rec,
                                          const float *dout, float *dc, float *dg) {
-    MB_LAUNCH(mb__k_lstm_bwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, a, c_prev, c, dh_rec,
-                                                                                          dout, dc, dg);
+    MB_LAUNCH(mb__k_lstm_bwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, a, c_prev, c,
+        dh_rec, dout, dc, dg);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
 
 static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
                                      const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    MB_LAUNCH(mb__k_lstm_copy3, mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream))(dst, ds0, ds1, src, ss0,
-                                                                                           ss1, n0, n1, d);
+    MB_LAUNCH(mb__k_lstm_copy3, mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream))(dst, ds0, ds1, src,
+        ss0, ss1, n0, n1, d);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -461,7 +462,7 @@ static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delt
                                const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
                                float *dpred) {
     MB_LAUNCH(mb__k_loss, 1, MB__RED_THREADS, 0, mb__st(dev, stream))(huber, delta, pred, target, n, scale, scale_dev,
-                                                               loss_out, dpred);
+        loss_out, dpred);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -531,7 +532,8 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
     cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
     MB_LAUNCH(mb__k_sumsq_partial, MB__NORM_BLOCKS, MB__RED_THREADS, 0, st)(grad, n, partials);
     MB_CUDA_LAUNCHED();
-    MB_LAUNCH(mb__k_adamw_finalize, 1, MB__RED_THREADS, 0, st)(partials, dv, found_inf, found_inf == &dv->own_found_inf, *hp);
+    MB_LAUNCH(mb__k_adamw_finalize, 1, MB__RED_THREADS, 0, st)(partials, dv, found_inf, found_inf == &dv->own_found_inf,
+        *hp);
     MB_CUDA_LAUNCHED();
     MB_LAUNCH(mb__k_adamw, mb__grid(n, 256), 256, 0, st)(*hp, dv, param, grad, m, v, decay, n);
     MB_CUDA_LAUNCHED();

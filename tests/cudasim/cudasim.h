@@ -162,6 +162,7 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & cudasim::live_lanes()); }
+#include "cudasim_wmma.h"
 
 // ---- launch: MB_LAUNCH(k, grid, block, smem, stream)(args...) ----
 namespace cudasim {
@@ -248,6 +249,8 @@ extern "C" void AnnotateIgnoreWritesBegin(const char *f, int l);
 extern "C" void AnnotateIgnoreWritesEnd(const char *f, int l);
 extern "C" void __tsan_ignore_thread_begin();
 extern "C" void __tsan_ignore_thread_end();
+extern "C" void AnnotateIgnoreSyncBegin(const char *f, int l);
+extern "C" void AnnotateIgnoreSyncEnd(const char *f, int l);
 #endif
 
 thread_local uint3 threadIdx, blockIdx;
@@ -356,6 +359,9 @@ struct stream {
             }
             if (delay_us) usleep((useconds_t)(rand_r(&seed) % (delay_us + 1)));
             if (sticky() == cudaSuccess) t(); /* after a fault, queued work is dropped */
+#ifdef CUDASIM_TSAN
+            __tsan_release(&done_sync); /* a host sync sees this operation's effects */
+#endif
             {
                 std::lock_guard<std::mutex> l(m);
                 done++;
@@ -369,9 +375,22 @@ struct stream {
         cv.notify_one();
         return ++enq;
     }
+    /* The host waits for operation id. Under TSan the wait orders the stream's work before the
+     * host, but not the host's later work before the stream's queued operations (the mutex would:
+     * a later host sync would hide a missing event between two streams). */
+    char done_sync = 0;
     void wait(uint64_t id) {
-        std::unique_lock<std::mutex> l(m);
-        idle.wait(l, [&] { return done >= id; });
+#ifdef CUDASIM_TSAN
+        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+#endif
+        {
+            std::unique_lock<std::mutex> l(m);
+            idle.wait(l, [&] { return done >= id; });
+        }
+#ifdef CUDASIM_TSAN
+        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+        __tsan_acquire(&done_sync);
+#endif
     }
     void drain() {
         uint64_t id;
@@ -689,15 +708,20 @@ static void check_barrier(block_run &b, fiber *fs, int n, int live) {
 }
 
 static void run_block_fibers(block_run &b, int n) {
-    std::vector<fiber> fs(n);
+    /* thread-local, not on this frame: a faulting kernel leaves the frame by siglongjmp */
+    static thread_local std::unique_ptr<fiber[]> fs_keep;
+    static thread_local std::unique_ptr<std::atomic<uint64_t>[]> wres;
+    static thread_local std::vector<unsigned> wgen;
+    fs_keep.reset(new fiber[n]);
+    fiber *fs = fs_keep.get();
     unsigned bx = blockDim.x, by = blockDim.y;
     for (int i = 0; i < n; i++) {
         fs[i].tid = make_uint3(i % bx, (i / bx) % by, i / (bx * by));
         fs[i].lin = (unsigned)i;
     }
-    b.fibers = fs.data();
-    std::unique_ptr<std::atomic<uint64_t>[]> wres(new std::atomic<uint64_t>[(size_t)(n + 31) / 32 * 64]);
-    std::vector<unsigned> wgen((size_t)(n + 31) / 32);
+    b.fibers = fs;
+    wres.reset(new std::atomic<uint64_t>[(size_t)(n + 31) / 32 * 64]);
+    wgen.assign((size_t)(n + 31) / 32, 0);
 #ifdef CUDASIM_TSAN
     b.sched_tsan = __tsan_get_current_fiber();
 #endif
@@ -730,8 +754,8 @@ static void run_block_fibers(block_run &b, int n) {
             }
         }
         if (live == 0) break;
-        if (resolve_warps(b, fs.data(), n, wres.get(), wgen.data())) continue;
-        check_barrier(b, fs.data(), n, live);
+        if (resolve_warps(b, fs, n, wres.get(), wgen.data())) continue;
+        check_barrier(b, fs, n, live);
         /* every live thread waits at the barrier (exited threads count as arrived) */
         b.res_or = (int)b.acc_or;
         b.res_and = (int)b.acc_and;
@@ -741,8 +765,8 @@ static void run_block_fibers(block_run &b, int n) {
         b.acc_count = 0;
         b.arrived = 0;
         b.gen++;
-        for (auto &f : fs)
-            if (f.state == F_BARRIER) f.state = F_READY;
+        for (int i = 0; i < n; i++)
+            if (fs[i].state == F_BARRIER) fs[i].state = F_READY;
     }
     tsan_acquire(&b.tsan_end);
     (void)started;

@@ -5,7 +5,9 @@
 b=${1:-build}
 pass=0 fail=0
 check() { # name binary case expected-pattern
-    out=$(TSAN_OPTIONS=halt_on_error=0 ASAN_OPTIONS=detect_leaks=0 timeout 120 "$2" "$3" 2>&1)
+    # CUDASIM_DELAY_US: jitter before each stream operation; TSan can miss a race whose two
+    # accesses lie far apart in time, the jitter makes them overlap
+    out=$( (TSAN_OPTIONS=halt_on_error=0 ASAN_OPTIONS=detect_leaks=0 CUDASIM_DELAY_US=3000 timeout 120 "$2" "$3") 2>&1)
     if printf '%s' "$out" | grep -q -- "$4"; then pass=$((pass + 1)); echo "ok   $1: $4"
     else fail=$((fail + 1)); echo "FAIL $1: no \"$4\" in:"; printf '%s\n' "$out" | tail -20; fi
 }

@@ -58,6 +58,20 @@ __global__ void k_dyn(float *y, int n) {
     }
 }
 
+/* 16x16x16 half x half -> f32 on tensor cores (wmma), with an element-wise scale in between */
+__global__ void k_wmma(const __half *a, const __half *b, float *c) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::fill_fragment(fc, 1.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(fc, fa, fb, fc);
+    for (int i = 0; i < fc.num_elements; i++) fc.x[i] *= 2.0f;
+    wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+
 __global__ void k_nop(float *y) {
     if (y) y[0] = 1.0f;
 }
@@ -144,6 +158,32 @@ static void test_atomics_dynamic_shared(void **state) {
                      cudaErrorInvalidValue);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     cudaFree(ci); cudaFree(cf); cudaFree(mx); cudaFree(y);
+}
+
+static void test_wmma(void **state) {
+    (void)state;
+    __half ha[256], hb[256];
+    float ref[256], got[256];
+    for (int i = 0; i < 256; i++) {
+        ha[i] = __float2half((float)(i % 7 - 3) / 4.0f);
+        hb[i] = __float2half((float)(i % 5 - 2) / 2.0f);
+    }
+    for (int i = 0; i < 16; i++) /* b is column-major: b(k, j) = hb[j * 16 + k] */
+        for (int j = 0; j < 16; j++) {
+            float acc = 1.0f;
+            for (int k = 0; k < 16; k++) acc += __half2float(ha[i * 16 + k]) * __half2float(hb[j * 16 + k]);
+            ref[i * 16 + j] = 2.0f * acc;
+        }
+    __half *a = NULL, *b = NULL;
+    float *c = dev_f32(256);
+    cudaMalloc((void **)&a, sizeof ha);
+    cudaMalloc((void **)&b, sizeof hb);
+    cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice);
+    MB_LAUNCH(k_wmma, 1, 32, 0, 0)(a, b, c);
+    assert_int_equal(cudaMemcpy(got, c, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(got, ref, sizeof ref); /* small dyadic values: exact in any order */
+    cudaFree(a); cudaFree(b); cudaFree(c);
 }
 
 static void test_launch_limits(void **state) {
@@ -265,7 +305,7 @@ static void test_sticky_fault(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_barrier_and_shared),     cmocka_unit_test(test_warp_intrinsics),
-        cmocka_unit_test(test_atomics_dynamic_shared), cmocka_unit_test(test_launch_limits),
+        cmocka_unit_test(test_atomics_dynamic_shared), cmocka_unit_test(test_wmma), cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_streams_events_counters), cmocka_unit_test(test_cublas_math_mode),
         cmocka_unit_test(test_memory_and_faults),      cmocka_unit_test(test_sticky_fault),
     };
