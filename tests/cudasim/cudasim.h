@@ -341,7 +341,8 @@ struct stream {
     std::mutex m;
     std::condition_variable cv, idle;
     std::deque<task> q;
-    uint64_t enq = 0, done = 0;
+    uint64_t enq = 0;
+    std::atomic<uint64_t> done{0}; /* read by host waits outside TSan's view of the mutex */
     bool stop = false;
     std::thread th;
     long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before each op: shakes out missing syncs */
@@ -364,7 +365,7 @@ struct stream {
 #endif
             {
                 std::lock_guard<std::mutex> l(m);
-                done++;
+                done.fetch_add(1);
             }
             idle.notify_all();
         }
@@ -385,7 +386,7 @@ struct stream {
 #endif
         {
             std::unique_lock<std::mutex> l(m);
-            idle.wait(l, [&] { return done >= id; });
+            idle.wait(l, [&] { return done.load() >= id; });
         }
 #ifdef CUDASIM_TSAN
         AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
@@ -1006,10 +1007,10 @@ static const char *err_string(cudaError_t e) {
 } // namespace cudasim
 
 /* not inlined: the return address names the barrier (divergence check) */
-__attribute__((noinline)) void __syncthreads() { cudasim::barrier(1, 0, __builtin_return_address(0)); }
-__attribute__((noinline)) int __syncthreads_or(int p) { return cudasim::barrier(p, 0, __builtin_return_address(0)); }
-__attribute__((noinline)) int __syncthreads_and(int p) { return cudasim::barrier(p, 1, __builtin_return_address(0)); }
-__attribute__((noinline)) int __syncthreads_count(int p) { return cudasim::barrier(p, 2, __builtin_return_address(0)); }
+__attribute__((noinline)) CUDASIM_NO_TSAN void __syncthreads() { cudasim::barrier(1, 0, __builtin_return_address(0)); }
+__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_or(int p) { return cudasim::barrier(p, 0, __builtin_return_address(0)); }
+__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_and(int p) { return cudasim::barrier(p, 1, __builtin_return_address(0)); }
+__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_count(int p) { return cudasim::barrier(p, 2, __builtin_return_address(0)); }
 
 namespace cudasim {
 void *dynamic_shared() {

@@ -7,12 +7,17 @@ status=0
 for v in sim sim-asan sim-tsan; do
     start=$(date +%s)
     bins=""
-    for t in "$@"; do bins="$bins $b/$v/$t"; done
+    for t in "$@"; do
+        # the poison test's kernel faults; recovering from that SIGSEGV siglongjmps out of a fiber,
+        # which TSan cannot follow (it runs plain and under ASan)
+        if [ $v = sim-tsan ] && [ $t = test_cuda_poison ]; then echo "$t: not under TSan"; continue; fi
+        bins="$bins $b/$v/$t"
+    done
     extra=tests/cudasim/example.sh
     [ $v = sim ] && extra="tests/cudasim/neg.sh $extra" # neg.sh runs all three builds itself
     echo "== $v"
     export SIM_VARIANT=$v
-    [ $v = sim-tsan ] && export MB_TEST_SMALL=1
+    [ $v = sim-tsan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=10000
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
         sh tests/run.sh $bins $extra || status=1
     echo "$v: $(($(date +%s) - start)) s"

@@ -19,10 +19,9 @@ __global__ void k_block_reverse(const float *x, float *y) {
 
 __global__ void k_sync_preds(int *out) {
     int t = (int)threadIdx.x;
-    out[0] = __syncthreads_or(t == 77);
-    out[1] = __syncthreads_and(t >= 0);
-    out[2] = __syncthreads_and(t != 5);
-    out[3] = __syncthreads_count(t % 3 == 0);
+    int r0 = __syncthreads_or(t == 77), r1 = __syncthreads_and(t >= 0), r2 = __syncthreads_and(t != 5);
+    int r3 = __syncthreads_count(t % 3 == 0);
+    if (t == 0) { out[0] = r0; out[1] = r1; out[2] = r2; out[3] = r3; }
 }
 
 __global__ void k_warp(const int *x, int *out) {
