@@ -7,12 +7,12 @@ pass=0 fail=0
 check() { # name binary case expected-pattern
     # CUDASIM_DELAY_US: jitter before each stream operation; TSan can miss a race whose two
     # accesses lie far apart in time, the jitter makes them overlap
-    out=$( (TSAN_OPTIONS=halt_on_error=0 ASAN_OPTIONS=detect_leaks=0 CUDASIM_DELAY_US=3000 timeout 120 "$2" "$3") 2>&1)
+    out=$( (TSAN_OPTIONS=halt_on_error=0 ASAN_OPTIONS=detect_leaks=0 CUDASIM_DELAY_US=3000 timeout 300 "$2" "$3") 2>&1)
     if printf '%s' "$out" | grep -q -- "$4"; then pass=$((pass + 1)); echo "ok   $1: $4"
     else fail=$((fail + 1)); echo "FAIL $1: no \"$4\" in:"; printf '%s\n' "$out" | tail -20; fi
 }
 clean() { # name binary: the fault-free run reports nothing
-    out=$(timeout 120 "$2" ok 2>&1); rc=$?
+    out=$(timeout 300 "$2" ok 2>&1); rc=$?
     if [ $rc -eq 0 ] && ! printf '%s' "$out" | grep -q -e "WARNING: ThreadSanitizer" -e "ERROR: AddressSanitizer" -e "cudasim: kernel" -e "runtime error" -e "cudaError[A-Z]"; then
         pass=$((pass + 1)); echo "ok   $1: clean"
     else fail=$((fail + 1)); echo "FAIL $1 (exit $rc):"; printf '%s\n' "$out" | tail -20; fi
