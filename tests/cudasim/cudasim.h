@@ -1253,8 +1253,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) {
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    delete (event *)e; /* TODO: CUDA defers the release until the event completes */
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+    event *e = (event *)ev;
+    { /* CUDA defers the release until the recorded work completes: wait for it here */
+        std::unique_lock<std::mutex> l(e->m);
+        e->cv.wait(l, [&] { return e->completed >= e->recorded; });
+    }
+    delete e;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
@@ -1266,11 +1271,9 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
         std::lock_guard<std::mutex> l(e->m);
         g = ++e->recorded;
     }
-    s->push([e, g] {
-        {
-            std::lock_guard<std::mutex> l(e->m);
-            e->completed = std::max(e->completed, g);
-        }
+    s->push([e, g] { /* notified under the lock: once a waiter sees it complete, e is no longer touched */
+        std::lock_guard<std::mutex> l(e->m);
+        e->completed = std::max(e->completed, g);
         e->cv.notify_all();
     });
     return cudaSuccess;
