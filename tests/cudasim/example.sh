@@ -12,7 +12,7 @@ bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 "$b/prepare" --synthetic --bars ${MB_EXAMPLE_BARS:-30000} --features 4 --stride 30 --quiet \
     --out-train "$d/train.h5" --out-val "$d/val.h5" || { echo "[  FAILED  ] 1 test(s)."; exit 1; }
 args="--train $d/train.h5 --val $d/val.h5 --batch 16 --hidden 8 --head 16 --threads 1 --quiet"
-val() { sed -n 's/^summary:.*val_loss=\([0-9.e+-]*\) .*/\1/p' "$1"; }
+val() { sed -n 's/^summary:.* val_loss=\([0-9.e+-]*\) .*/\1/p' "$1"; }
 for prec in f32 bf16 f16; do
     tol=$([ $prec = f32 ] && echo 1e-4 || echo 2e-2)
     "$b/train_multitf" $args --epochs 1 --precision $prec >"$d/cpu.log" 2>&1
