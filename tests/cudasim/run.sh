@@ -17,7 +17,7 @@ for v in sim sim-asan sim-tsan; do
     [ $v = sim ] && extra="tests/cudasim/neg.sh $extra" # neg.sh runs all three builds itself
     echo "== $v"
     export SIM_VARIANT=$v
-    [ $v = sim-tsan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=10000
+    [ $v = sim-tsan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=20000
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
         sh tests/run.sh $bins $extra || status=1
     echo "$v: $(($(date +%s) - start)) s"
