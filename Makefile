@@ -152,9 +152,10 @@ $(BUILD)/tsan/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -O1 -fsanitize=thread -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
 
+# -fmad=false: the tests assert bitwise CPU == CUDA results, true only without FMA contraction
 $(BUILD)/cuda/% : tests/cuda/%.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) -fmad=false -o $@ $< $(CMOCKA_LIBS) $(NVCC_LIBS)
 
 $(BUILD)/% : examples/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -311,3 +312,37 @@ run: deps
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- simulator: the CUDA sources built by g++ against tests/cudasim and run on the CPU ----
+#   make sim-test    every tests/cuda test, the CUDA example and benchmarks on the CPU, plain, ASan, TSan
+#   make sim-build   the plain binaries (build/sim/), same names and flags as the nvcc builds
+# Needs NVIDIA's host headers (cuda_runtime.h, cublas_v2.h; CUDA_INC); skips with a message without them.
+CUDA_INC   ?= $(firstword $(wildcard $(dir $(NVCC))../include) /usr/local/cuda/include)
+SIM_OK     := $(if $(wildcard $(CUDA_INC)/cuda_runtime.h),1,)
+SIM_CXX    ?= g++
+SIM_FLAGS  := -std=c++17 -x c++ -Wall -Wextra -Werror -g -DCUDASIM_IMPLEMENTATION -include tests/cudasim/cudasim.h \
+              -I. -Itests -isystem $(CUDA_INC) $(HDF5_CFLAGS) -pthread
+SIM_NAMES  := $(patsubst tests/cuda/%.cu,%,$(CUDA_SRCS)) $(patsubst tests/cudasim/%.cu,%,$(wildcard tests/cudasim/test_*.cu))
+SIM_PROGS  := $(patsubst examples/%.cu,%,$(wildcard examples/*.cu)) $(patsubst bench/%.cu,bench/%,$(wildcard bench/*.cu))
+SIM_DEPS   := $(HEADERS) $(wildcard tests/cudasim/*.h) $(wildcard examples/*.c) $(wildcard bench/*.c)
+SIM_SRC     = $(firstword $(wildcard tests/cuda/$(1).cu tests/cudasim/$(1).cu examples/$(1).cu $(1).cu))
+
+define SIM_RULE
+$(BUILD)/$(1)/%: $$(SIM_DEPS) $$(wildcard tests/cuda/*.cu tests/cudasim/*.cu examples/*.cu bench/*.cu)
+	@mkdir -p $$(dir $$@)
+	$$(SIM_CXX) $$(SIM_FLAGS) $(2) -o $$@ $$(call SIM_SRC,$$*) -x none $$(CMOCKA_LIBS) $(3) -lpthread -lm
+endef
+$(eval $(call SIM_RULE,sim,-O2 $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
+$(eval $(call SIM_RULE,sim-asan,-O1 $(SAN_FLAGS) $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
+$(eval $(call SIM_RULE,sim-tsan,-O1 -fsanitize=thread -DMEGABATCH_NO_CBLAS,$(HDF5_LIBS)))
+SIM_VARIANTS := sim sim-asan sim-tsan
+SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS),$(BUILD)/$(v)/$(t)))
+.PHONY: sim-build sim-test
+sim-build: $(if $(SIM_OK),$(SIM_BINS) $(BUILD)/prepare $(BUILD)/train_multitf)
+sim-test:
+ifeq ($(SIM_OK),)
+	@echo "✗ no CUDA host headers ($(CUDA_INC)/cuda_runtime.h): simulator tests skipped (install the CUDA toolkit)"
+else
+	@$(MAKE) --no-print-directory sim-build
+	@sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES)
+endif

@@ -74,6 +74,12 @@ static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const c
 /* After a kernel launch: the launch error, if any. */
 #define MB_CUDA_LAUNCHED() MB_CUDA_TRY(cudaGetLastError())
 
+/* Every kernel launch: MB_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...). A CPU
+ * executor of this source (tests/cudasim) defines its own before including this header. */
+#ifndef MB_LAUNCH
+#define MB_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>
+#endif
+
 static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return (cudaStream_t)dev->stream[stream]; }
 
 MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream) {
@@ -210,7 +216,7 @@ __global__ void mb__k_convert(void *dst, mb_dtype dt, const void *src, mb_dtype 
 
 static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
                                   size_t n) {
-    mb__k_convert<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(dst, dt, src, st, n);
+    MB_LAUNCH(mb__k_convert, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(dst, dt, src, st, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -254,7 +260,8 @@ __global__ void mb__k_fill_uniform(float *dst, size_t n, uint64_t seed, uint64_t
 static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream,
                                        float bound) {
     if (n == 0) return MB_OK;
-    mb__k_fill_uniform<<<mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(dst, n, seed, stream, bound);
+    MB_LAUNCH(mb__k_fill_uniform, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(dst, n, seed, stream,
+        bound);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -316,8 +323,8 @@ __global__ void mb__k_lstm_fill(float *y, float v, size_t n) {
 static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                          const float *b_ih, const float *b_hh, const float *c_prev, float *c,
                                          float *h) {
-    mb__k_lstm_fwd_gates<<<mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream)>>>(B, H, g, b_ih, b_hh, c_prev,
-                                                                                          c, h);
+    MB_LAUNCH(mb__k_lstm_fwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, g, b_ih, b_hh,
+        c_prev, c, h);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -325,28 +332,28 @@ static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, 
 static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
                                          const float *c_prev, const float *c, const float *dh_rec,
                                          const float *dout, float *dc, float *dg) {
-    mb__k_lstm_bwd_gates<<<mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream)>>>(B, H, a, c_prev, c, dh_rec,
-                                                                                          dout, dc, dg);
+    MB_LAUNCH(mb__k_lstm_bwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, a, c_prev, c,
+        dh_rec, dout, dc, dg);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
 
 static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
                                      const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    mb__k_lstm_copy3<<<mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream)>>>(dst, ds0, ds1, src, ss0,
-                                                                                           ss1, n0, n1, d);
+    MB_LAUNCH(mb__k_lstm_copy3, mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream))(dst, ds0, ds1, src,
+        ss0, ss1, n0, n1, d);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
 
 static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
-    mb__k_lstm_add<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, x, n);
+    MB_LAUNCH(mb__k_lstm_add, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, x, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
 
 static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
-    mb__k_lstm_fill<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, v, n);
+    MB_LAUNCH(mb__k_lstm_fill, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, v, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -368,7 +375,7 @@ __global__ void mb__k_fill_rows(float *y, const float *b, int64_t rows, int64_t 
 
 static mb_result mb__cuda_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
     size_t n = (size_t)rows * (size_t)cols;
-    mb__k_fill_rows<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(y, b, rows, cols);
+    MB_LAUNCH(mb__k_fill_rows, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, b, rows, cols);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -384,7 +391,7 @@ __global__ void mb__k_colsum_add(float *db, const float *dy, int64_t rows, int64
 
 static mb_result mb__cuda_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
                                      int64_t cols) {
-    mb__k_colsum_add<<<mb__grid((size_t)cols, 128), 128, 0, mb__st(dev, stream)>>>(db, dy, rows, cols);
+    MB_LAUNCH(mb__k_colsum_add, mb__grid((size_t)cols, 128), 128, 0, mb__st(dev, stream))(db, dy, rows, cols);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -397,7 +404,7 @@ __global__ void mb__k_act(mb_act a, const float *x, const float *dy, float *out,
 
 static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
                               size_t n) {
-    mb__k_act<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(a, x, dy, out, n);
+    MB_LAUNCH(mb__k_act, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(a, x, dy, out, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -416,7 +423,7 @@ __global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, c
 
 static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
                                   float *y, size_t n) {
-    mb__k_dropout<<<mb__grid(n, 256), 256, 0, mb__st(dev, stream)>>>(p, 1.0f / (1.0f - p), seed, step, x, y, n);
+    MB_LAUNCH(mb__k_dropout, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(p, 1.0f / (1.0f - p), seed, step, x, y, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -454,8 +461,8 @@ __global__ void mb__k_loss(int huber, float delta, const float *pred, const floa
 static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
                                const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
                                float *dpred) {
-    mb__k_loss<<<1, MB__RED_THREADS, 0, mb__st(dev, stream)>>>(huber, delta, pred, target, n, scale, scale_dev,
-                                                               loss_out, dpred);
+    MB_LAUNCH(mb__k_loss, 1, MB__RED_THREADS, 0, mb__st(dev, stream))(huber, delta, pred, target, n, scale, scale_dev,
+        loss_out, dpred);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -474,7 +481,7 @@ __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
 }
 
 static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
-    mb__k_unscale<<<mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(st, grad, n);
+    MB_LAUNCH(mb__k_unscale, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(st, grad, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -482,7 +489,7 @@ static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *gr
 __global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb__scaler_update_state(st, &hp); }
 
 static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp) {
-    mb__k_scaler_update<<<1, 1, 0, mb__st(dev, MB_STREAM_COMPUTE)>>>(st, *hp);
+    MB_LAUNCH(mb__k_scaler_update, 1, 1, 0, mb__st(dev, MB_STREAM_COMPUTE))(st, *hp);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -523,11 +530,12 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
                                 float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
                                 double *partials) {
     cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
-    mb__k_sumsq_partial<<<MB__NORM_BLOCKS, MB__RED_THREADS, 0, st>>>(grad, n, partials);
+    MB_LAUNCH(mb__k_sumsq_partial, MB__NORM_BLOCKS, MB__RED_THREADS, 0, st)(grad, n, partials);
     MB_CUDA_LAUNCHED();
-    mb__k_adamw_finalize<<<1, MB__RED_THREADS, 0, st>>>(partials, dv, found_inf, found_inf == &dv->own_found_inf, *hp);
+    MB_LAUNCH(mb__k_adamw_finalize, 1, MB__RED_THREADS, 0, st)(partials, dv, found_inf, found_inf == &dv->own_found_inf,
+        *hp);
     MB_CUDA_LAUNCHED();
-    mb__k_adamw<<<mb__grid(n, 256), 256, 0, st>>>(*hp, dv, param, grad, m, v, decay, n);
+    MB_LAUNCH(mb__k_adamw, mb__grid(n, 256), 256, 0, st)(*hp, dv, param, grad, m, v, decay, n);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }

@@ -211,7 +211,7 @@ static int compute(mb_device *dev, double ms) {
         int khz = 0;
         cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
         cudaStream_t s = (cudaStream_t)mb_device_stream(dev, MB_STREAM_COMPUTE);
-        bench_spin<<<1, 1, 0, s>>>((long long)(ms * khz));
+        MB_LAUNCH(bench_spin, 1, 1, 0, s)((long long)(ms * khz));
         if (cudaGetLastError() != cudaSuccess) { fprintf(stderr, "error: spin kernel launch\n"); return 1; }
         return mb_sync(dev, MB_STREAM_COMPUTE) ? die("mb_sync compute") : 0;
     }

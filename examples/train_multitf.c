@@ -386,6 +386,7 @@ static mb_result save_carry(mb_ckpt_writer *w, model *m) {
         MB_TRY(mb_ckpt_add(w, name.batch, &B, sizeof B));
         if (!B) continue;
         MB_TRY(mb_lstm_final_state(m->enc[s], m->state_h, m->state_c));
+        MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, 2 + s)); /* copied on the encoder's stream, read on compute */
         MB_TRY(mb_ckpt_add(w, name.h, m->state_h, bytes));
         MB_TRY(mb_ckpt_add(w, name.c, m->state_c, bytes));
     }
@@ -404,6 +405,7 @@ static mb_result load_carry(mb_ckpt_reader *rd, model *m) {
         MB_TRY(mb_ckpt_get(rd, name.h, m->state_h, bytes));
         MB_TRY(mb_ckpt_get(rd, name.c, m->state_c, bytes));
         MB_TRY(mb_lstm_set_state(m->enc[s], B, m->state_h, m->state_c));
+        MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, 2 + s)); /* read on its stream before compute refills them */
     }
     return MB_OK;
 }

@@ -48,7 +48,8 @@ static inline void *tu_to_device(mb_device *dev, const void *host, size_t bytes)
 static inline void tu_gemm_run(mb_device *dev, const tu_gemm_case *g, double atol, double rtol) {
     int64_t ar = g->ta ? g->k : g->m, ac = g->ta ? g->m : g->k;
     int64_t br = g->tb ? g->n : g->k, bc = g->tb ? g->k : g->n;
-    int64_t lda = ac + g->pad, ldb = bc + g->pad, ldc = g->n + g->pad;
+    /* BLAS: a leading dimension is at least 1 even with no columns (k = 0) */
+    int64_t lda = (ac > 0 ? ac : 1) + g->pad, ldb = (bc > 0 ? bc : 1) + g->pad, ldc = g->n + g->pad;
     size_t sa = (size_t)(ar * lda), sb = (size_t)(br * ldb), sc = (size_t)(g->m * ldc);
     size_t na = sa * g->batch, nb = sb * g->batch, nc = sc * g->batch;
     float *a = tu_alloc_f32(na), *b = tu_alloc_f32(nb), *c = tu_alloc_f32(nc);

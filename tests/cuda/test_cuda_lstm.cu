@@ -89,12 +89,19 @@ static void free_inputs(run_in *in) {
 
 static const char *onames[O_N] = {"out_seq", "h_last", "h_n", "c_n", "grad", "dx", "dh0", "dc0"};
 
+/* MB_TEST_SMALL (set under TSan): sequences of at most 48 steps, the same code paths. */
+static void small_shapes(shape *s, int n) {
+    for (int i = 0; getenv("MB_TEST_SMALL") && i < n; i++)
+        if (s[i].T > 48) s[i].T = 48;
+}
+
 static void test_cuda_lstm_matches_cpu(void **state) {
     (void)state;
     mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
     shape shapes[] = {{tu_int(1, 8), tu_int(1, 30), tu_int(1, 20), tu_int(1, 40), tu_int(1, 3)},
                       {16, 480, 32, 64, 2}, {tu_int(1, 32), tu_int(100, 480), tu_int(1, 64), tu_int(1, 128), 1}};
+    small_shapes(shapes, 3);
     for (int i = 0; i < 3; i++) {
         const shape *s = &shapes[i];
         run_in in = make_inputs(cpu, s);
@@ -119,6 +126,7 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
     shape s = {tu_int(1, 16), tu_int(20, 120), tu_int(1, 32), tu_int(1, 64), tu_int(1, 2)};
+    small_shapes(&s, 1);
     run_in in = make_inputs(cpu, &s);
     float *a[O_N], *b[O_N];
     size_t n[O_N];
@@ -145,6 +153,7 @@ static void test_cuda_lstm_low_precision(void **state) {
     tu_ok(mb_device_open(&cpu, NULL));
     shape shapes[] = {{tu_int(1, 8), tu_int(1, 40), tu_int(1, 20), tu_int(1, 40), tu_int(1, 2)},
                       {32, 480, 16, 64, 1}};
+    small_shapes(shapes, 2);
     for (int i = 0; i < 2; i++)
         for (int pi = 1; pi <= 2; pi++) {
             const shape *s = &shapes[i];

@@ -236,7 +236,7 @@ static void test_cuda_adamw(void **state) {
             tu_ok(mb_adamw_step(oc, lr, sc));
             if (use_scaler) { tu_ok(mb_scaler_update(sg)); tu_ok(mb_scaler_update(sc)); }
             int tg, tc;
-            float ng, nc;
+            float ng = 0, nc = 0;
             tu_ok(mb_adamw_last_step_taken(og, &tg));
             tu_ok(mb_adamw_last_step_taken(oc, &tc));
             assert_int_equal(tg, tc);

@@ -41,7 +41,7 @@ static void test_poisoned_context(void **state) {
     size_t nb = read_all(path, before, sizeof before);
     assert_true(nb > 4096 * sizeof(float));
 
-    bad_write<<<1, 32, 0, mb__st(gpu, MB_STREAM_COMPUTE)>>>((float *)(uintptr_t)0x10);
+    MB_LAUNCH(bad_write, 1, 32, 0, mb__st(gpu, MB_STREAM_COMPUTE))((float *)(uintptr_t)0x10);
     mb_result r = mb_sync(gpu, -1);
     printf("after the bad kernel: %s: %s\n", mb_result_string(r), mb_last_error());
     assert_int_equal(r, MB_ERR_CUDA);
@@ -61,7 +61,9 @@ static void test_poisoned_context(void **state) {
     assert_int_equal(read_all(path, after, sizeof after), nb);
     assert_memory_equal(before, after, nb);
     remove(path);
-    /* no cleanup of p or gpu: the context is gone, and the process ends here */
+    /* cleanup on the dead context: the CUDA calls fail, the host side is still released (LSan) */
+    mb_params_destroy(p);
+    mb_device_close(gpu);
 }
 
 int main(void) {

@@ -1,0 +1,40 @@
+#!/bin/sh
+# The CUDA example under the simulator against the CPU build (make sim-test): the same validation
+# loss within a tolerance (f32 1e-4 relative, bf16/f16 2e-2: cuBLAS-order sums vs OpenBLAS, and the
+# 16-bit operands), and --resume --carry bitwise (the checkpoint of an uninterrupted run).
+# Prints cmocka-style lines for tests/run.sh.
+#   example.sh [BUILD] [VARIANT]   (VARIANT: sim, sim-asan or sim-tsan; default $SIM_VARIANT or sim)
+b=${1:-build} v=${2:-${SIM_VARIANT:-sim}}
+d=$(mktemp -d) pass=0 fail=0
+trap 'rm -rf "$d"' EXIT
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+"$b/prepare" --synthetic --bars ${MB_EXAMPLE_BARS:-30000} --features 4 --stride 30 --quiet \
+    --out-train "$d/train.h5" --out-val "$d/val.h5" || { echo "[  FAILED  ] 1 test(s)."; exit 1; }
+args="--train $d/train.h5 --val $d/val.h5 --batch 16 --hidden 8 --head 16 --threads 1 --quiet"
+val() { sed -n 's/^summary:.* val_loss=\([0-9.e+-]*\) .*/\1/p' "$1"; }
+for prec in f32 bf16 f16; do
+    tol=$([ $prec = f32 ] && echo 1e-4 || echo 2e-2)
+    "$b/train_multitf" $args --epochs 1 --precision $prec >"$d/cpu.log" 2>&1
+    "$b/$v/train_multitf_cuda" $args --epochs 1 --precision $prec >"$d/sim.log" 2>&1
+    c=$(val "$d/cpu.log") s=$(val "$d/sim.log")
+    if [ -n "$c" ] && [ -n "$s" ] && awk -v c="$c" -v s="$s" -v t="$tol" 'BEGIN { d = c - s; if (d < 0) d = -d; exit !(d <= t * c) }'
+    then ok "$prec val_loss cpu $c sim $s (tolerance $tol relative)"
+    else bad "$prec val_loss cpu '$c' sim '$s' (tolerance $tol)"; cat "$d/sim.log" | tail -20; fi
+done
+grep '^cudasim:' "$d/sim.log"
+# --resume --carry (f16: the scaler in the checkpoint; a constant schedule, whose length does not
+# matter): a 1-epoch run resumed for a second epoch writes the checkpoint of a 2-epoch run, bitwise
+run() { "$b/$v/train_multitf_cuda" $args --carry --precision f16 --schedule constant --warmup 0 --ckpt "$@" \
+        >"$d/r.log" 2>&1 || { tail "$d/r.log"; return 1; }; }
+if run "$d/full.ckpt" --epochs 2 && run "$d/part.ckpt" --epochs 1 && run "$d/part.ckpt" --epochs 2 --resume &&
+    cmp -s "$d/full.ckpt" "$d/part.ckpt"; then ok "--resume --carry f16: checkpoints bitwise equal"
+else bad "--resume --carry f16: the resumed run's checkpoint differs"; fi
+# the CUDA benchmarks on tiny shapes: they run, and print the simulator's counters
+if "$b/$v/bench/bench_lstm_cuda" 4 16 8 16 1 f32 >"$d/b.log" 2>&1 && grep -q '^cudasim: [0-9]* kernel launches' "$d/b.log" &&
+    "$b/$v/bench/bench_loader_cuda" --bytes 4 --batch 8 --slab-mb 1 --compute-ms 1 --epochs 1 --t 32 --f 8 \
+        --file "$d/bl.h5" --gpu >"$d/b.log" 2>&1 && grep -q '^cudasim: ' "$d/b.log"; then ok "benchmarks run"
+else bad "benchmarks"; tail "$d/b.log"; fi
+echo "[  PASSED  ] $pass test(s)."
+[ $fail -eq 0 ] || echo "[  FAILED  ] $fail test(s)."
+[ $fail -eq 0 ]

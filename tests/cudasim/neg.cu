@@ -1,0 +1,97 @@
+/* Planted faults the simulator must report (tests/cudasim/neg.sh checks each):  neg CASE
+ *   ok          the same work with every sync in place                     (clean everywhere)
+ *   streams     stream 1 reads what stream 0 writes, no event               (TSan: data race)
+ *   early_read  a kernel reads device memory before its copy completed      (TSan: data race)
+ *   nobarrier   a block sum missing the __syncthreads after the store       (TSan: data race)
+ *   oob         a kernel writes one float past a cudaMalloc'd buffer        (ASan: heap-buffer-overflow)
+ *   divergent   __syncthreads on one side of a branch only                  (reported error)
+ *   smem        a block asks for more shared memory than the device has     (cudaErrorInvalidValue)
+ */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch_cuda.cuh"
+
+__global__ void fill(float *y, float v, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = v;
+}
+__global__ void scale2(float *y, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = 2 * x[i];
+}
+__global__ void block_sum(const float *x, float *out, int planted) {
+    __shared__ float sh[256];
+    sh[threadIdx.x] = x[threadIdx.x];
+    if (!planted) __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = sh[0];
+}
+__global__ void divergent(float *y) {
+    if (threadIdx.x < 16) {
+        y[threadIdx.x] = 1;
+        __syncthreads(); /* the other half never comes here */
+        y[threadIdx.x] += y[threadIdx.x + 16];
+    }
+    __syncthreads();
+}
+__global__ void dyn(float *y) {
+    MB_DYNAMIC_SHARED(float, sh);
+    sh[threadIdx.x] = 1;
+    y[threadIdx.x] = sh[threadIdx.x];
+}
+
+int main(int argc, char **argv) {
+    const char *c = argc > 1 ? argv[1] : "ok";
+    int ok = !strcmp(c, "ok");
+    const size_t n = 1 << 16;
+    cudaStream_t s0, s1;
+    cudaEvent_t e;
+    cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    float *d, *d2, *pin;
+    cudaMalloc((void **)&d, n * 4);
+    cudaMalloc((void **)&d2, n * 4);
+    cudaMallocHost((void **)&pin, n * 4);
+    if (ok || !strcmp(c, "streams")) {
+        MB_LAUNCH(fill, 64, 256, 0, s0)(d, 5.0f, n);
+        if (ok) { cudaEventRecord(e, s0); cudaStreamWaitEvent(s1, e, 0); }
+        MB_LAUNCH(scale2, 64, 256, 0, s1)(d2, d, n);
+        cudaMemcpyAsync(pin, d2, n * 4, cudaMemcpyDeviceToHost, s1);
+        cudaStreamSynchronize(s1);
+        printf("streams: %g (want 10)\n", pin[0]);
+    }
+    if (ok || !strcmp(c, "early_read")) {
+        for (size_t i = 0; i < n; i++) pin[i] = 3.0f;
+        cudaMemcpyAsync(d, pin, n * 4, cudaMemcpyHostToDevice, s0);
+        if (ok) { cudaEventRecord(e, s0); cudaStreamWaitEvent(s1, e, 0); }
+        MB_LAUNCH(scale2, 64, 256, 0, s1)(d2, d, n);
+        cudaDeviceSynchronize();
+    }
+    if (ok || !strcmp(c, "nobarrier")) {
+        for (int i = 0; i < 256; i++) pin[i] = 1.0f;
+        cudaMemcpyAsync(d, pin, 256 * 4, cudaMemcpyHostToDevice, s0);
+        MB_LAUNCH(block_sum, 1, 256, 0, s0)(d, d2, !ok);
+        cudaMemcpyAsync(pin, d2, 4, cudaMemcpyDeviceToHost, s0);
+        cudaStreamSynchronize(s0);
+        printf("block sum of 256 ones: %g\n", pin[0]);
+    }
+    if (ok || !strcmp(c, "oob")) {
+        MB_LAUNCH(fill, 1, 256, 0, s0)(d, 1.0f, ok ? n : n + 1);
+        cudaStreamSynchronize(s0);
+    }
+    if (!strcmp(c, "divergent")) {
+        MB_LAUNCH(divergent, 1, 32, 0, s0)(d);
+        cudaStreamSynchronize(s0);
+    }
+    if (ok || !strcmp(c, "smem")) {
+        MB_LAUNCH(dyn, 1, 32, ok ? 32 * 4 : 64 << 10, s0)(d);
+        printf("launch with %d bytes of shared memory: %s\n", ok ? 128 : 64 << 10, cudaGetErrorName(cudaGetLastError()));
+    }
+    cudaError_t r = cudaDeviceSynchronize();
+    printf("%s: %s\n", c, cudaGetErrorName(r));
+    cudaFree(d); cudaFree(d2); cudaFreeHost(pin);
+    cudaEventDestroy(e); cudaStreamDestroy(s0); cudaStreamDestroy(s1);
+    return 0;
+}

@@ -1,0 +1,25 @@
+#!/bin/sh
+# make sim-test: the CUDA tests under the simulator, plain, ASan+UBSan and TSan (smaller shapes:
+# MB_TEST_SMALL), the example against the CPU build in each, and the negative tests. One closing
+# line per build.   run.sh BUILD TEST...
+b=$1; shift
+status=0
+for v in sim sim-asan sim-tsan; do
+    start=$(date +%s)
+    bins=""
+    for t in "$@"; do
+        # the poison test's kernel faults; recovering from that SIGSEGV siglongjmps out of a fiber,
+        # which TSan cannot follow (it runs plain and under ASan)
+        if [ $v = sim-tsan ] && [ $t = test_cuda_poison ]; then echo "$t: not under TSan"; continue; fi
+        bins="$bins $b/$v/$t"
+    done
+    extra=tests/cudasim/example.sh
+    [ $v = sim ] && extra="tests/cudasim/neg.sh $extra" # neg.sh runs all three builds itself
+    echo "== $v"
+    export SIM_VARIANT=$v
+    [ $v = sim-tsan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=20000
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
+        sh tests/run.sh $bins $extra || status=1
+    echo "$v: $(($(date +%s) - start)) s"
+done
+exit $status
