@@ -343,6 +343,6 @@ sim-test:
 ifeq ($(SIM_OK),)
 	@echo "✗ no CUDA host headers ($(CUDA_INC)/cuda_runtime.h): simulator tests skipped (install the CUDA toolkit)"
 else
-	@$(MAKE) --no-print-directory sim-build
+	@$(MAKE) --no-print-directory -j$(JOBS) sim-build
 	@sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES)
 endif
