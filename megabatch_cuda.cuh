@@ -588,7 +588,7 @@ static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, flo
     MB_TRY(mb__nccl_comm(d, dev));
     size_t n = mb_params_total(p);
     cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
-    mb__k_dist_scale<<<mb__grid(n, 256), 256, 0, st>>>(mb_params_grad(p), (float)((double)count / v[0]), n);
+    MB_LAUNCH(mb__k_dist_scale, mb__grid(n, 256), 256, 0, st)(mb_params_grad(p), (float)((double)count / v[0]), n);
     MB_CUDA_LAUNCHED();
     MB_TRY(mb__nccl_check(d, ncclAllReduce(mb_params_grad(p), mb_params_grad(p), n, ncclFloat, ncclSum,
                                            (ncclComm_t)d->nccl, st), "ncclAllReduce"));
