@@ -346,3 +346,17 @@ else
 	@$(MAKE) --no-print-directory sim-build
 	@sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES)
 endif
+
+# ---- simulator + MPI: the CUDA dist path (NCCL over MPI: tests/cudasim/cudasim_nccl.h) ----
+# build/sim-mpi/test_cuda_dist and build/sim-mpi/train_multitf_cuda: the simulator builds of
+# build/mpi/test_cuda_dist and build/train_multitf_cuda_mpi; tests/cudasim/mpi.sh runs them
+# under mpirun (part of sim-test; it skips, saying so, without MPI).
+ifneq ($(MPICC),)
+ifneq ($(SIM_OK),)
+SIM_MPI_CFLAGS := $(shell $(MPICC) -showme:compile 2>/dev/null)
+SIM_MPI_LIBS   := $(shell $(MPICC) -showme:link 2>/dev/null)
+$(eval $(call SIM_RULE,sim-mpi,-O2 $(BLAS_CFLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(SIM_MPI_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS) $(SIM_MPI_LIBS)))
+SIM_MPI_BINS   := $(BUILD)/sim-mpi/test_cuda_dist $(BUILD)/sim-mpi/train_multitf_cuda
+endif
+endif
+sim-build: $(SIM_MPI_BINS)
