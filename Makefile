@@ -358,7 +358,7 @@ ifneq ($(SIM_OK),)
 SIM_MPI_CFLAGS := $(shell $(MPICC) -showme:compile 2>/dev/null)
 SIM_MPI_LIBS   := $(shell $(MPICC) -showme:link 2>/dev/null)
 $(eval $(call SIM_RULE,sim-mpi,-O2 $(BLAS_CFLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(SIM_MPI_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS) $(SIM_MPI_LIBS)))
-SIM_MPI_BINS   := $(BUILD)/sim-mpi/test_cuda_dist $(BUILD)/sim-mpi/train_multitf_cuda
+SIM_MPI_BINS   := $(BUILD)/sim-mpi/nccl $(BUILD)/sim-mpi/test_cuda_dist $(BUILD)/sim-mpi/train_multitf_cuda
 endif
 endif
 sim-build: $(SIM_MPI_BINS)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The CUDA dist path (megabatch_cuda.cuh, "cuda dist": NCCL) under the simulator, over MPI
 # (tests/cudasim/cudasim_nccl.h; docs/DIST.md, docs/GPU.md). Part of make sim-test:
+#   - build/sim-mpi/nccl (tests/cudasim/nccl.cu) under -np 2 and -np 3: the simulator's NCCL;
 #   - build/sim-mpi/test_cuda_dist under mpirun -np 2 and -np 3: the NCCL all-reduce against
 #     the host-computed reference, broadcast, the ranks bitwise in sync after an AdamW step
 #     (every rank passes; none skips);
@@ -13,11 +14,15 @@
 B=${BUILD:-build}
 pass=0 fail=0
 . tests/dist/lib.sh # need, mpi, same_curve, ok, bad
-need sim-mpi "$B/sim-mpi/test_cuda_dist" "$B/sim-mpi/train_multitf_cuda"
+need sim-mpi "$B/sim-mpi/nccl" "$B/sim-mpi/test_cuda_dist" "$B/sim-mpi/train_multitf_cuda"
 dir=$(mktemp -d /tmp/mb_simmpi_XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 
-for np in 2 3; do
+for np in 2 3; do # the simulator's NCCL itself; jittered streams, so that a missing stream wait would show
+    if CUDASIM_DEVICES=$np CUDASIM_DELAY_US=1000 mpi $np -x CUDASIM_DEVICES -x CUDASIM_DELAY_US "$B/sim-mpi/nccl" \
+           >"$dir/n$np.log" 2>&1 && [ "$(grep -c 'nccl: rank [0-9]*: 0 checks failed' "$dir/n$np.log")" = $np ]; then
+        ok "simulator NCCL -np $np: errors, id check, sum, max, stream order"
+    else cat "$dir/n$np.log"; bad "simulator NCCL -np $np"; fi
     if CUDASIM_DEVICES=$np CUDASIM_STATS=1 mpi $np -x CUDASIM_DEVICES -x CUDASIM_STATS ${MB_TEST_SEED:+-x MB_TEST_SEED} \
            "$B/sim-mpi/test_cuda_dist" >"$dir/t$np.log" 2>&1 &&
        [ "$(grep -c '\[  PASSED  \] 1 test(s)' "$dir/t$np.log")" = $np ] && ! grep -q 'FAILED\|SKIPPED' "$dir/t$np.log" &&
