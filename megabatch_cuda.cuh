@@ -550,7 +550,8 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
 // flat buffer. The NCCL communicator is made on first use: rank 0's ncclUniqueId is
 // broadcast through MPI. NCCL's ring/tree gives every rank the same result; its order is
 // NCCL's (fixed for a given topology, world size and NCCL_ALGO), not the CPU path's rank
-// order. Compiled by `make cuda`; not run (no GPU here).
+// order. Compiled by `make cuda`; not run on a GPU yet; runs under the simulator, whose NCCL
+// is MPI (tests/cudasim/mpi.sh).
 #if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL)
 #include <nccl.h>
 
