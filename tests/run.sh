@@ -9,10 +9,12 @@ for bin in "$@"; do
     rc=$?
     p=$(grep -o '\[  PASSED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
     f=$(grep -o '\[  FAILED  \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
-    # a script test closes with "NAME: N passed, N failed"
+    # a script test closes with "NAME: N passed, N failed" (else its cmocka-style lines count)
     case "$bin" in *.sh)
-        p=$(sed -n 's/^[a-z-]*: \([0-9]*\) passed, [0-9]* failed.*/\1/p' "$log" | tail -n 1); p=${p:-0}
-        f=$(sed -n 's/^[a-z-]*: [0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -n 1); f=${f:-0} ;;
+        sp=$(sed -n 's/^[a-z-]*: \([0-9]*\) passed, [0-9]* failed.*/\1/p' "$log" | tail -n 1)
+        if [ -n "$sp" ]; then
+            p=$sp; f=$(sed -n 's/^[a-z-]*: [0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -n 1)
+        fi ;;
     esac
     s=$(grep -o '\[  SKIPPED \] [0-9]* test(s)' "$log" | awk '{s+=$(NF-1)} END {print s+0}')
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
