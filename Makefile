@@ -314,7 +314,8 @@ clean:
 	rm -rf $(BUILD)
 
 # ---- simulator: the CUDA sources built by g++ against tests/cudasim and run on the CPU ----
-#   make sim-test    every tests/cuda test, the CUDA example and benchmarks on the CPU, plain, ASan, TSan
+#   make sim-test    every tests/cuda test, the CUDA example and benchmarks on the CPU, plain, ASan, TSan;
+#                    with MPI, the CUDA dist path (NCCL over MPI) under mpirun (tests/cudasim/mpi.sh)
 #   make sim-build   the plain binaries (build/sim/), same names and flags as the nvcc builds
 # Needs NVIDIA's host headers (cuda_runtime.h, cublas_v2.h; CUDA_INC); skips with a message without them.
 CUDA_INC   ?= $(firstword $(wildcard $(dir $(NVCC))../include) /usr/local/cuda/include)
@@ -344,5 +345,20 @@ ifeq ($(SIM_OK),)
 	@echo "✗ no CUDA host headers ($(CUDA_INC)/cuda_runtime.h): simulator tests skipped (install the CUDA toolkit)"
 else
 	@$(MAKE) --no-print-directory -j$(JOBS) sim-build
-	@sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES)
+	@s=0; sh tests/cudasim/run.sh $(BUILD) $(SIM_NAMES) || s=1; \
+	 echo "== sim-mpi"; BUILD=$(BUILD) sh tests/run.sh tests/cudasim/mpi.sh || s=1; exit $$s
 endif
+
+# ---- simulator + MPI: the CUDA dist path (NCCL over MPI: tests/cudasim/cudasim_nccl.h) ----
+# build/sim-mpi/test_cuda_dist and build/sim-mpi/train_multitf_cuda: the simulator builds of
+# build/mpi/test_cuda_dist and build/train_multitf_cuda_mpi; tests/cudasim/mpi.sh runs them
+# under mpirun (part of sim-test; it skips, saying so, without MPI).
+ifneq ($(MPICC),)
+ifneq ($(SIM_OK),)
+SIM_MPI_CFLAGS := $(shell $(MPICC) -showme:compile 2>/dev/null)
+SIM_MPI_LIBS   := $(shell $(MPICC) -showme:link 2>/dev/null)
+$(eval $(call SIM_RULE,sim-mpi,-O2 $(BLAS_CFLAGS) -DMEGABATCH_MPI -DMEGABATCH_NCCL $(SIM_MPI_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS) $(SIM_MPI_LIBS)))
+SIM_MPI_BINS   := $(BUILD)/sim-mpi/nccl $(BUILD)/sim-mpi/test_cuda_dist $(BUILD)/sim-mpi/train_multitf_cuda
+endif
+endif
+sim-build: $(SIM_MPI_BINS)

@@ -550,7 +550,8 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
 // flat buffer. The NCCL communicator is made on first use: rank 0's ncclUniqueId is
 // broadcast through MPI. NCCL's ring/tree gives every rank the same result; its order is
 // NCCL's (fixed for a given topology, world size and NCCL_ALGO), not the CPU path's rank
-// order. Compiled by `make cuda`; not run (no GPU here).
+// order. Compiled by `make cuda`; not run on a GPU yet; runs under the simulator, whose NCCL
+// is MPI (tests/cudasim/mpi.sh).
 #if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL)
 #include <nccl.h>
 
@@ -588,7 +589,7 @@ static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, flo
     MB_TRY(mb__nccl_comm(d, dev));
     size_t n = mb_params_total(p);
     cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
-    mb__k_dist_scale<<<mb__grid(n, 256), 256, 0, st>>>(mb_params_grad(p), (float)((double)count / v[0]), n);
+    MB_LAUNCH(mb__k_dist_scale, mb__grid(n, 256), 256, 0, st)(mb_params_grad(p), (float)((double)count / v[0]), n);
     MB_CUDA_LAUNCHED();
     MB_TRY(mb__nccl_check(d, ncclAllReduce(mb_params_grad(p), mb_params_grad(p), n, ncclFloat, ncclSum,
                                            (ncclComm_t)d->nccl, st), "ncclAllReduce"));

@@ -4,7 +4,8 @@
  * NCCL all-reduce of the flat gradients against the count-weighted mean computed on the
  * host (1e-6 relative: NCCL's order is its own), broadcast, ranks bitwise in sync after
  * AdamW steps. Without a GPU every test checks MB_ERR_NO_DEVICE and skips.
- * Not run yet: no GPU here (compiled with nvcc -Werror only). */
+ * Not run on a GPU yet; runs under the simulator as build/sim-mpi/test_cuda_dist, NCCL over MPI
+ * (tests/cudasim/mpi.sh, with CUDASIM_DEVICES=N so that every local rank has its GPU). */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "testutil.h"

@@ -192,6 +192,7 @@ launcher<P...> launch(void (*k)(P...), const char *name, dim3 g, dim3 b, size_t 
 struct stats {
     unsigned long long launches, blocks, threads, fiber_switches, direct_threads;
     unsigned long long cublas_calls, host_syncs, device_allocs, bytes_h2d, bytes_d2h, bytes_d2d;
+    unsigned long long nccl_allreduces; /* tests/cudasim/cudasim_nccl.h (MEGABATCH_NCCL builds) */
 };
 stats get_stats();
 void reset_stats();
@@ -294,7 +295,7 @@ struct context {
     std::atomic<int> sticky{cudaSuccess};
     std::unordered_map<const void *, int> kernel_mode; /* 1: has barriers (fibers), 2: none seen (direct) */
     std::atomic<unsigned long long> launches{0}, blocks{0}, threads{0}, switches{0}, direct{0};
-    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0};
+    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0}, nccl{0};
     std::atomic<long> fail_alloc_in{env_long("CUDASIM_FAIL_ALLOC", 0)}, fault_launch_in{env_long("CUDASIM_FAULT_LAUNCH", 0)};
     std::unordered_map<const void *, size_t> max_dyn_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
 };
@@ -912,12 +913,12 @@ void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t sm
 
 stats get_stats() {
     auto &c = ctx();
-    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct, c.cublas, c.syncs, c.dallocs, c.h2d, c.d2h, c.d2d};
+    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct, c.cublas, c.syncs, c.dallocs, c.h2d, c.d2h, c.d2d, c.nccl};
 }
 void reset_stats() {
     auto &c = ctx();
     for (auto *x : {&c.launches, &c.blocks, &c.threads, &c.switches, &c.direct, &c.cublas, &c.syncs, &c.dallocs, &c.h2d,
-                    &c.d2h, &c.d2d})
+                    &c.d2h, &c.d2d, &c.nccl})
         x->store(0);
 }
 void print_stats(FILE *f) {
@@ -926,6 +927,7 @@ void print_stats(FILE *f) {
                "copied %.1f MB H2D, %.1f MB D2H, %.1f MB D2D (%llu blocks, %llu threads)\n",
             s.launches, s.cublas_calls, s.host_syncs, s.device_allocs, (double)s.bytes_h2d / 1e6, (double)s.bytes_d2h / 1e6,
             (double)s.bytes_d2d / 1e6, s.blocks, s.threads);
+    if (s.nccl_allreduces) fprintf(f, "cudasim: %llu NCCL all-reduces (MPI_Allreduce)\n", s.nccl_allreduces);
 }
 int print_stats_at_exit() {
     static int once = atexit([] { print_stats(stderr); });
@@ -1071,15 +1073,23 @@ cudaError_t cudaGetLastError(void) {
 cudaError_t cudaPeekAtLastError(void) { return sticky() != cudaSuccess ? sticky() : last_error; }
 const char *cudaGetErrorString(cudaError_t e) { return err_string(e); }
 const char *cudaGetErrorName(cudaError_t e) { return err_name(e); }
+/* CUDASIM_DEVICES=N (default 1): N device indices, all the one simulated device of this process
+ * (so that the ranks of an MPI run on one machine can each take the GPU of their local rank). */
+static int device_count() { return (int)std::max(1L, env_long("CUDASIM_DEVICES", 1)); }
+static thread_local int current_device;
 cudaError_t cudaGetDeviceCount(int *n) {
     if (env_long("CUDASIM_NO_DEVICE", 0)) { *n = 0; return set_err(cudaErrorNoDevice); }
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : set_err(cudaErrorInvalidDevice); }
-cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return set_err(cudaErrorInvalidDevice);
+    current_device = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) { *d = current_device; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
-    if (d != 0) return set_err(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return set_err(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3 (cudasim on the CPU)");
     p->totalGlobalMem = ctx().total;
@@ -1102,7 +1112,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
-    if (d != 0) return set_err(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return set_err(cudaErrorInvalidDevice);
     switch (a) {
     case cudaDevAttrClockRate: *v = 1000000; break; /* kHz; clock64() counts TSC ticks */
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
@@ -1462,6 +1472,9 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, c
     return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1,
                                       comp, algo);
 }
+#ifdef MEGABATCH_NCCL
+#include "cudasim_nccl.h" /* ncclAllReduce & co over MPI (builds with -DMEGABATCH_NCCL and MPI) */
+#endif
 #endif /* CUDASIM_IMPLEMENTATION */
 
 /* From here on the source is "CUDA C++": what nvcc defines for it (after NVIDIA's headers and

@@ -12,17 +12,9 @@
 # Skips (cmocka-style SKIPPED line for tests/run.sh) when mpirun or the MPI builds are absent.
 # Closes with "dist: N passed, N failed".
 B=${BUILD:-build}
-MPIRUN=${MPIRUN:-mpirun}
-if ! command -v "$MPIRUN" >/dev/null 2>&1 || [ ! -x "$B/mpi/test_dist" ] || [ ! -x "$B/train_multitf_mpi" ]; then
-    echo "dist: skipped: mpirun or $B/mpi/test_dist / $B/train_multitf_mpi not found (apt-get install libopenmpi-dev openmpi-bin; make)"
-    echo "[  SKIPPED ] 1 test(s)"
-    echo "dist: 0 passed, 0 failed"
-    exit 0
-fi
 pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-mpi() { np=$1; shift; timeout 600 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+. tests/dist/lib.sh # need, mpi, same_curve, ok, bad
+need dist "$B/mpi/test_dist" "$B/train_multitf_mpi"
 dir=$(mktemp -d /tmp/mb_dist_XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 
@@ -37,17 +29,6 @@ done
 "$B/prepare" --synthetic --bars 40000 --features 4 --stride 30 --quiet --out-train "$dir/train.h5" --out-val "$dir/val.h5" || { bad prepare; echo "dist: $pass passed, $fail failed"; exit 1; }
 TRAIN="--train $dir/train.h5 --val $dir/val.h5 --hidden 8 --head 16 --threads 1 --quiet --warmup 5"
 
-# the loss column of the step rows and the epoch rows of two metrics files: equal within 1e-4 (relative)
-same_curve() {
-    for kind in step epoch; do
-        grep "^$kind," "$1" | cut -d, -f2-7 > "$dir/a"; grep "^$kind," "$2" | cut -d, -f2-7 > "$dir/b"
-        [ -s "$dir/a" ] && [ "$(wc -l < "$dir/a")" = "$(wc -l < "$dir/b")" ] || return 1
-        paste -d, "$dir/a" "$dir/b" | awk -F, -v n=6 '{
-            for (i = 1; i <= n; i++) { a = $i; b = $(i + n); if (a == "" && b == "") continue;
-                d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; if (d > 1e-4 * m + 1e-7) { print "row " NR ": " $0; bad = 1 } } }
-            END { exit bad }' || return 1
-    done
-}
 for c in "2 16" "3 11"; do
     set -- $c; np=$1; b=$2; g=$((np * b))
     "$B/train_multitf" $TRAIN --epochs 2 --batch $g --metrics "$dir/one.csv" > "$dir/one.log" 2>&1
