@@ -23,13 +23,7 @@ static int remove_dir(void **state) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
-static const char *path_of(const char *name) {
-    static char buf[4][160];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
+static const char *path_of(const char *name) { return tu_path(dir, name); }
 
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

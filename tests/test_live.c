@@ -26,13 +26,7 @@ static mbf_bar *bars;   /* the CSV's rows as parsed (duplicate and out-of-order 
 static int nbars;
 static int dup_row, old_row; /* the rows that are refused */
 
-static const char *path_of(const char *name) {
-    static char buf[16][160];
-    static int i;
-    i = (i + 1) % 16;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
+static const char *path_of(const char *name) { return tu_path(dir, name); }
 
 /* Random-walk M1 bars from Monday 2024-01-01 00:00 UTC: no bars from Friday 22:00 to Sunday
  * 22:00, about 1% of minutes missing, prices with 5 decimals; row dup_row repeats the row

@@ -13,13 +13,7 @@
 
 static char dir[64];
 
-static const char *path_of(const char *name) {
-    static char buf[4][160];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
+static const char *path_of(const char *name) { return tu_path(dir, name); }
 
 /* Run a command; its exit code, and its last output line containing key (if line). */
 static int run_cmd(const char *cmd, const char *key, char *line, size_t cap) {

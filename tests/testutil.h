@@ -35,6 +35,16 @@ static inline uint64_t tu_seed(void) {
     return tu_rng_state;
 }
 
+/* "dir/name" in one of 16 rotating static buffers: file paths in a test's temporary directory
+ * (up to 16 of them alive at once, e.g. in one command line). */
+static inline const char *tu_path(const char *dir, const char *name) {
+    static char buf[16][256];
+    static int i;
+    i = (i + 1) % 16;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
 /* splitmix64: the tests' own generator (independent of the library's RNG). */
 static inline uint64_t tu_next(void) {
     tu_seed();
