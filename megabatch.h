@@ -544,9 +544,10 @@ typedef struct mb_lstm_config {
     int64_t hidden_size; /* H: hidden units of every layer, >= 1 */
     int layers;          /* stacked layers; 0 = 1 */
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
-    int checkpoint;      /* steps between kept cell states: 0 = auto (ceil(sqrt(T)) rounded up
-                            to a multiple of grad_block), -1 = off (full storage of gates and
-                            cells), k >= 1 = every k steps */
+    int checkpoint;      /* steps between kept cell states: 0 = auto (CPU: ceil(sqrt(T)) rounded up
+                            to a multiple of grad_block; CUDA: full storage when it takes at most a
+                            quarter of the free device memory, else as the CPU), -1 = off (full
+                            storage of gates and cells), k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
     int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
@@ -680,6 +681,8 @@ typedef enum mb_loss_kind { MB_LOSS_MSE = 0, MB_LOSS_HUBER = 1 } mb_loss_kind;
 typedef struct mb_loss_config {
     float huber_delta;   /* Huber threshold; 0 = 1.0 (torch.nn.HuberLoss default) */
     mb_loss_kind kind;   /* MB_LOSS_MSE (default) */
+    double *acc;         /* NULL, or a meter slot (mb_meter_slot, device memory): the loss kernel adds
+                            mean loss * B to acc[0] and B to acc[1], with no host sync */
 } mb_loss_config;
 
 /* Loss of pred (B, K) against target (B, K), computed in fp32 (summed in double),
@@ -809,6 +812,49 @@ MBDEF int mb_accum_window_start(const mb_accum *a);      /* 1 before the first m
 MBDEF int mb_accum_tick(mb_accum *a);
 
 // ---- end numerics ----
+
+// ---- step ----
+// A training step with nothing in it that changes from step to step, and no host sync (issue
+// 15): the learning rate from the schedule on the device (mb_adamw_step_scheduled), and
+// losses and metrics summed on the device and read later without stalling the queue.
+
+/* A step whose learning rate the device computes: mb_lr_at(s, n) at the optimizer's schedule
+ * counter n, which the device then increments (on every call, taken or skipped, as torch's
+ * scheduler steps past a skipped f16 step). Nothing of the call changes from step to step,
+ * so a captured graph replays it unchanged. Past total_steps the last step's rate holds.
+ * The counter starts at 0; a resumed run sets it (it is not part of mb_ckpt_add_adamw). */
+MBDEF mb_result mb_adamw_step_scheduled(mb_adamw *o, const mb_lr_schedule *s, mb_scaler *scaler);
+MBDEF mb_result mb_adamw_set_schedule_step(mb_adamw *o, int64_t step);
+/* Synchronising getters (outside the step): the schedule counter, and the learning rate the
+ * last step used (either kind of step). */
+MBDEF mb_result mb_adamw_schedule_step(mb_adamw *o, int64_t *step);
+MBDEF mb_result mb_adamw_last_lr(mb_adamw *o, float *lr);
+
+/* A meter holds `slots` running sums on the device, each two doubles {sum, weight}: mb_loss adds
+ * mean loss * B and B into the slot in mb_loss_config.acc; a caller's kernel may add its own.
+ *   every N steps:  mb_meter_poll(m, &ready); if (ready) { mb_meter_value(...); mb_meter_read(...); }
+ *   epoch end:      mb_meter_read(m, stream, 1); mb_meter_wait(m); mb_meter_value(...)
+ * mb_meter_read queues, after the work queued so far on the stream, a copy of every slot into
+ * pinned memory and an event (and with reset = 1 zeroes the slots behind the copy): the host
+ * goes on at once. mb_meter_poll never waits; mb_meter_wait waits (one host sync). One read is in
+ * flight at a time. On the CPU backend a read completes at once. */
+typedef struct mb_meter mb_meter;
+MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots); /* slots >= 1, zeroed */
+MBDEF void mb_meter_destroy(mb_meter *m);                                   /* NULL is fine */
+/* Device memory of a slot: {sum, weight} (for mb_loss_config.acc); NULL for a bad slot. */
+MBDEF double *mb_meter_slot(mb_meter *m, int slot);
+/* Start a read (MB_ERR_STATE while the previous one is in flight). */
+MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset);
+/* *ready = 1 when no read is in flight: the last one has landed (or none was started). */
+MBDEF mb_result mb_meter_poll(mb_meter *m, int *ready);
+/* Wait for the read in flight, if any (a host sync). */
+MBDEF mb_result mb_meter_wait(mb_meter *m);
+/* The last landed read of a slot: sum and weight (0, 0 before the first); mean = sum / weight. */
+MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double *weight);
+/* Reads landed so far (a progress bar shows a value only once it has one). */
+MBDEF int64_t mb_meter_reads(const mb_meter *m);
+
+// ---- end step ----
 
 // ---- checkpoint ----
 // Crash-safe checkpoints: one file of named byte sections with a CRC32 over everything,
@@ -1199,7 +1245,9 @@ struct mb_device {
     struct mb__pool *pool;          /* CPU: threads-1 persistent workers (NULL: none) */
     void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
     void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
-    void *cublas;                   /* cublasHandle_t */
+    void *cublas;                   /* cublasHandle_t: cublas_on[MB_STREAM_COMPUTE] */
+    void *cublas_on[MB_MAX_STREAMS]; /* cublasHandle_t per stream, bound to it once: concurrent gemms
+                                        never share a workspace, and capture sees no stream switch */
     int cuda_index;
     mb_mem_stats stats;
     uint64_t fail_at[MB_MEM_KINDS]; /* fail when allocs[kind] reaches this (0: never) */
@@ -3769,6 +3817,21 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
     MB_FREE(l);
 }
 
+/* ---- the GPU's checkpoint default ----
+ * checkpoint = 0 on a CUDA device: full storage (no recompute, the fastest backward) when the
+ * LSTM's full activations at max_batch x max_steps take at most a quarter of the device's free
+ * memory at creation (room for the other encoders, the head and the optimizer); checkpointing
+ * only when memory is short. The CPU keeps ceil(sqrt(T)) (its caches favour the small working
+ * set). Gradients are bitwise the same either way. */
+static int mb__lstm_full_fits_in(size_t full_bytes, size_t free_bytes) { return full_bytes <= free_bytes / 4; }
+
+static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
+    size_t full = 0, total = 0, free_bytes = 0;
+    if (mb_lstm_memory(cfg, cfg->max_batch, cfg->max_steps, &full, NULL) != MB_OK) { mb_clear_error(); return 0; }
+    if (mb_device_memory(dev, &total, &free_bytes) != MB_OK) { mb_clear_error(); return 0; }
+    return mb__lstm_full_fits_in(full, free_bytes);
+}
+
 MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_config *cfg) {
     if (out) *out = NULL;
     if (!out || !params || !cfg) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_create: NULL argument");
@@ -3778,12 +3841,14 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     mb_lstm *l = (mb_lstm *)mb__host_calloc(1, sizeof *l);
     if (!l) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     l->dev = dev; l->params = params; l->cfg = *cfg;
+    if (cfg->checkpoint == 0 && dev->cfg.backend == MB_CUDA && mb__lstm_full_fits(dev, cfg))
+        l->cfg.checkpoint = -1; /* the GPU's auto: full storage when memory allows (above) */
     l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
     l->G = (int)mb__lstm_G(cfg);
     l->op = cfg->precision;
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
-    l->kmax = cfg->checkpoint < 0 ? 0 : cfg->checkpoint > 0 ? (cfg->checkpoint < l->maxT ? cfg->checkpoint : l->maxT)
-                                                             : mb__lstm_auto_k(l->maxT, l->G);
+    int ck = l->cfg.checkpoint;
+    l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
@@ -4208,7 +4273,7 @@ static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t 
                                   float *y, size_t n);
 static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
                                const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
-                               float *dpred);
+                               float *dpred, double *acc, double w);
 static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
 static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
 static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
@@ -4486,6 +4551,12 @@ static inline MB__HD float mb__loss_elem(int huber, float delta, float p, float 
     *grad = d < 0.0f ? -delta : delta;
     return delta * (a - 0.5f * delta);
 }
+/* mb_loss_config.acc: a meter slot {sum, weight} gains mean * w and w (w = B: samples). */
+static inline MB__HD void mb__loss_acc(double *acc, double mean, double w) {
+    if (!acc) return;
+    acc[0] += mean * w;
+    acc[1] += w;
+}
 /* The factor on dLoss/dpred: scale * scale_dev / (B K), computed the same way everywhere. */
 static inline MB__HD float mb__loss_coef(float scale, const float *scale_dev, size_t n) {
     return (float)((double)scale * (scale_dev ? (double)*scale_dev : 1.0) / (double)n);
@@ -4507,15 +4578,17 @@ MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, c
     if (B < 1 || K < 1)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: shape (%lld, %lld) must be >= 1 each", (long long)B,
                        (long long)K);
-    if (!pred || !target || (!loss_out && !dpred))
-        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: NULL pred/target, or neither loss_out nor dpred given");
+    if (!pred || !target || (!loss_out && !dpred && !c.acc))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG,
+                       "mb_loss: NULL pred/target, or neither loss_out nor dpred (nor cfg->acc) given");
     if (!mb__finite_f(scale)) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_loss: scale %g is not finite", (double)scale);
     size_t n;
     if (!mb_size_mul((size_t)B, (size_t)K, &n)) return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_loss: B*K overflows");
     int huber = c.kind == MB_LOSS_HUBER;
 #ifdef MEGABATCH_CUDA
     if (dev->cfg.backend == MB_CUDA)
-        return mb__cuda_loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred);
+        return mb__cuda_loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred,
+                             c.acc, (double)B);
 #endif
     float coef = mb__loss_coef(scale, scale_dev, n), g;
     double sum = 0.0;
@@ -4524,6 +4597,7 @@ MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, c
         if (dpred) dpred[i] = g * coef;
     }
     if (loss_out) *loss_out = (float)(sum / (double)n);
+    mb__loss_acc(c.acc, sum / (double)n, (double)B);
     return MB_OK;
 }
 
@@ -4666,16 +4740,44 @@ MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken) {
 
 // -- optim --
 
+static inline MB__HD double mb__cos_anneal(double start, double end, double pct) {
+    return end + (start - end) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0);
+}
+
+/* The schedule's rate at a step (checked by mb__lr_check; past total_steps, the last step's
+ * rate): on the host (mb_lr_at) and in the optimizer's kernel alike. */
+static inline MB__HD float mb__lr_value(const mb_lr_schedule *s, int64_t step) {
+    double base = s->lr, v = base;
+    if (s->kind != MB_LR_CONSTANT && step >= s->total_steps) step = s->total_steps - 1;
+    if (s->kind == MB_LR_WARMUP_COSINE) {
+        if (step < s->warmup_steps) v = base * (double)(step + 1) / (double)s->warmup_steps;
+        else v = mb__cos_anneal(base, s->min_lr, (double)(step - s->warmup_steps) /
+                                                     (double)(s->total_steps - s->warmup_steps));
+    } else if (s->kind == MB_LR_ONE_CYCLE) {   /* torch.optim.lr_scheduler.OneCycleLR, cos, two phases */
+        double pct = s->pct_start > 0.0f ? s->pct_start : 0.3, div = s->div_factor > 0.0f ? s->div_factor : 25.0;
+        double fdiv = s->final_div_factor > 0.0f ? s->final_div_factor : 1e4;
+        double initial = base / div, final_lr = initial / fdiv;
+        double end1 = pct * (double)s->total_steps - 1.0, end2 = (double)s->total_steps - 1.0;
+        if ((double)step <= end1) v = mb__cos_anneal(initial, base, end1 > 0 ? (double)step / end1 : 1.0);
+        else v = mb__cos_anneal(base, final_lr, (double)step - end1 > 0 ? ((double)step - end1) / (end2 - end1) : 1.0);
+    }
+    return (float)v;
+}
+
 /* Host-computed constants of one step, passed by value to the kernels. */
 struct mb__adamw_hp {
     double beta1_d, beta2_d;                        /* for the bias corrections */
-    float lr, beta1, beta2, eps, max_norm;
-    float one_minus_b1, one_minus_b2, decay_mul;   /* 1 - b1, 1 - b2, 1 - lr*wd (double, rounded) */
+    float lr, beta1, beta2, eps, max_norm, weight_decay;
+    float one_minus_b1, one_minus_b2;               /* 1 - b1, 1 - b2 */
+    int scheduled;                                  /* 1: lr from sched at the device's counter */
+    mb_lr_schedule sched;
 };
 /* Device-side optimizer state, written by the norm pass and read by the update pass. */
 struct mb__adamw_dev {
     int64_t step;        /* steps taken */
+    int64_t sched_step;  /* scheduled calls so far (the schedule's position) */
     double sumsq;        /* sum of squared gradients seen by the last call */
+    float lr, decay_mul; /* this call's learning rate and 1 - lr*wd (double, rounded) */
     float norm, clip_coef, step_size, bc2_sqrt;
     int32_t own_found_inf; /* found_inf flag when no scaler is given */
     int32_t skipped;     /* the last call skipped its step */
@@ -4702,6 +4804,8 @@ MBDEF mb_adamw_config mb_adamw_config_default(void) {
 /* After the sum of squares: norm, clip coefficient, the inf check, bias corrections. */
 static inline MB__HD void mb__adamw_finalize(mb__adamw_dev *dv, double sumsq, int32_t *found_inf,
                                              const mb__adamw_hp *hp) {
+    dv->lr = hp->scheduled ? mb__lr_value(&hp->sched, dv->sched_step++) : hp->lr;
+    dv->decay_mul = (float)(1.0 - (double)dv->lr * (double)hp->weight_decay);
     dv->sumsq = sumsq;
     float norm = (float)sqrt(sumsq);
     dv->norm = norm;
@@ -4713,7 +4817,7 @@ static inline MB__HD void mb__adamw_finalize(mb__adamw_dev *dv, double sumsq, in
     if (dv->skipped) return;
     dv->step++;
     double bc1 = 1.0 - pow(hp->beta1_d, (double)dv->step), bc2 = 1.0 - pow(hp->beta2_d, (double)dv->step);
-    dv->step_size = (float)((double)hp->lr / bc1);
+    dv->step_size = (float)((double)dv->lr / bc1);
     dv->bc2_sqrt = (float)sqrt(bc2);
 }
 
@@ -4721,7 +4825,7 @@ static inline MB__HD void mb__adamw_finalize(mb__adamw_dev *dv, double sumsq, in
 static inline MB__HD void mb__adamw_elem(const mb__adamw_hp *hp, const mb__adamw_dev *dv, int decay, float *param,
                                          float grad, float *m, float *v) {
     float g = grad * dv->clip_coef, p = *param, mi = *m, w = hp->one_minus_b1;
-    if (decay) p *= hp->decay_mul;
+    if (decay) p *= dv->decay_mul;
     mi = w < 0.5f ? mi + w * (g - mi) : g - (g - mi) * (1.0f - w);   /* lerp(m, g, 1 - b1) */
     float vi = *v * hp->beta2 + hp->one_minus_b2 * g * g;
     float denom = sqrtf(vi) / dv->bc2_sqrt + hp->eps;
@@ -4797,21 +4901,19 @@ MBDEF void mb_adamw_destroy(mb_adamw *o) {
     MB_FREE(o);
 }
 
-MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
-    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_step: NULL optimizer");
+/* Both kinds of step: hp.lr (> 0) or, with sched, the schedule's rate on the device. */
+static mb_result mb__adamw_step(mb_adamw *o, float lr, const mb_lr_schedule *sched, mb_scaler *scaler) {
     mb_device *dev = o->params->dev;
-    if (!(lr > 0.0f) || !mb__finite_f(lr))
-        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_step: learning rate %g must be finite and > 0",
-                       (double)lr);
     if (scaler && scaler->dev != dev)
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_step: scaler and params live on different devices");
     mb__adamw_hp hp;
+    memset(&hp, 0, sizeof hp);
     hp.beta1_d = o->cfg.beta1; hp.beta2_d = o->cfg.beta2;
     hp.lr = lr; hp.beta1 = (float)o->cfg.beta1; hp.beta2 = (float)o->cfg.beta2; hp.eps = o->cfg.eps;
-    hp.max_norm = o->cfg.max_grad_norm;
+    hp.max_norm = o->cfg.max_grad_norm; hp.weight_decay = o->cfg.weight_decay;
     hp.one_minus_b1 = (float)(1.0 - o->cfg.beta1);
     hp.one_minus_b2 = (float)(1.0 - o->cfg.beta2);
-    hp.decay_mul = (float)(1.0 - (double)lr * (double)o->cfg.weight_decay);
+    if (sched) { hp.scheduled = 1; hp.sched = *sched; }
     int32_t *found_inf = scaler ? &scaler->st->found_inf : &o->dv->own_found_inf;
     float *param = o->params->data;
     const float *grad = o->params->grad;
@@ -4829,6 +4931,14 @@ MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
         for (size_t i = 0; i < n; i++) mb__adamw_elem(&hp, o->dv, o->decay[i / 64], &param[i], grad[i], &o->m[i], &o->v[i]);
     mb__fp_leave(fe);
     return MB_OK;
+}
+
+MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
+    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_step: NULL optimizer");
+    if (!(lr > 0.0f) || !mb__finite_f(lr))
+        return MB_FAIL(&o->params->dev->cfg.log, MB_ERR_INVALID_ARG,
+                       "mb_adamw_step: learning rate %g must be finite and > 0", (double)lr);
+    return mb__adamw_step(o, lr, NULL, scaler);
 }
 
 static mb_result mb__adamw_fetch(mb_adamw *o, mb__adamw_dev *dv, const char *what) {
@@ -4892,27 +5002,10 @@ static mb_result mb__lr_check(const mb_lr_schedule *s, int64_t step) {
     return MB_OK;
 }
 
-static double mb__cos_anneal(double start, double end, double pct) {
-    return end + (start - end) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0);
-}
-
 MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr) {
     if (!s || !lr) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lr_at: NULL argument");
     MB_TRY(mb__lr_check(s, step));
-    double base = s->lr, v = base;
-    if (s->kind == MB_LR_WARMUP_COSINE) {
-        if (step < s->warmup_steps) v = base * (double)(step + 1) / (double)s->warmup_steps;
-        else v = mb__cos_anneal(base, s->min_lr, (double)(step - s->warmup_steps) /
-                                                     (double)(s->total_steps - s->warmup_steps));
-    } else if (s->kind == MB_LR_ONE_CYCLE) {   /* torch.optim.lr_scheduler.OneCycleLR, cos, two phases */
-        double pct = s->pct_start > 0.0f ? s->pct_start : 0.3, div = s->div_factor > 0.0f ? s->div_factor : 25.0;
-        double fdiv = s->final_div_factor > 0.0f ? s->final_div_factor : 1e4;
-        double initial = base / div, final_lr = initial / fdiv;
-        double end1 = pct * (double)s->total_steps - 1.0, end2 = (double)s->total_steps - 1.0;
-        if ((double)step <= end1) v = mb__cos_anneal(initial, base, end1 > 0 ? (double)step / end1 : 1.0);
-        else v = mb__cos_anneal(base, final_lr, (double)step - end1 > 0 ? ((double)step - end1) / (end2 - end1) : 1.0);
-    }
-    *lr = (float)v;
+    *lr = mb__lr_value(s, step);
     return MB_OK;
 }
 
@@ -4942,6 +5035,188 @@ MBDEF int mb_accum_tick(mb_accum *a) {
 }
 
 // ---- end numerics ----
+
+// ---- step ----
+// What a training step needs so that nothing of it changes from step to step (issue 15): the
+// learning rate from the schedule on the device, and (mb_meter below) losses summed on the device
+// and read without a host sync.
+
+MBDEF mb_result mb_adamw_step_scheduled(mb_adamw *o, const mb_lr_schedule *s, mb_scaler *scaler) {
+    if (!o || !s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_step_scheduled: NULL argument");
+    MB_TRY(mb__lr_check(s, 0));
+    return mb__adamw_step(o, 0.0f, s, scaler);
+}
+
+/* The device state for a getter whose output pointer is out (checked). */
+static mb_result mb__adamw_read(mb_adamw *o, const void *out, mb__adamw_dev *dv, const char *what) {
+    memset(dv, 0, sizeof *dv);
+    if (!out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL argument", what);
+    return mb__adamw_fetch(o, dv, what);
+}
+
+MBDEF mb_result mb_adamw_schedule_step(mb_adamw *o, int64_t *step) {
+    mb__adamw_dev dv;
+    MB_TRY(mb__adamw_read(o, step, &dv, "mb_adamw_schedule_step"));
+    *step = dv.sched_step;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_adamw_last_lr(mb_adamw *o, float *lr) {
+    mb__adamw_dev dv;
+    MB_TRY(mb__adamw_read(o, lr, &dv, "mb_adamw_last_lr"));
+    *lr = dv.lr;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_adamw_set_schedule_step(mb_adamw *o, int64_t step) {
+    mb__adamw_dev dv;
+    memset(&dv, 0, sizeof dv);
+    if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_set_schedule_step: NULL optimizer");
+    if (step < 0)
+        return MB_FAIL(&o->params->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_adamw_set_schedule_step: %lld < 0",
+                       (long long)step);
+    MB_TRY(mb__adamw_fetch(o, &dv, "mb_adamw_set_schedule_step"));
+    dv.sched_step = step;
+    MB_TRY(mb_copy(o->params->dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv));
+    return mb_sync(o->params->dev, MB_STREAM_COMPUTE);
+}
+
+/* Events for the meter's reads: a backend operation each (CPU: work is done on return). */
+#ifdef MEGABATCH_CUDA
+static mb_result mb__cuda_event_create(mb_device *dev, void **ev);
+static void mb__cuda_event_destroy(void *ev);
+static mb_result mb__cuda_event_record(mb_device *dev, int stream, void *ev);
+static mb_result mb__cuda_event_done(mb_device *dev, void *ev, int wait, int *done);
+#endif
+
+static mb_result mb__event_create(mb_device *dev, void **ev) {
+    *ev = NULL;
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_event_create(dev, ev); /* TABLE: event_create */
+#endif
+    (void)dev;
+    return MB_OK;
+}
+static void mb__event_destroy(mb_device *dev, void *ev) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA && ev) mb__cuda_event_destroy(ev); /* TABLE: event_destroy */
+#endif
+    (void)dev; (void)ev;
+}
+static mb_result mb__event_record(mb_device *dev, int stream, void *ev) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_event_record(dev, stream, ev); /* TABLE: event_record */
+#endif
+    (void)dev; (void)stream; (void)ev;
+    return MB_OK;
+}
+/* *done = 1 when the work before the event's record is complete; wait = 1 waits for it. */
+static mb_result mb__event_done(mb_device *dev, void *ev, int wait, int *done) {
+#ifdef MEGABATCH_CUDA
+    if (dev->cfg.backend == MB_CUDA) return mb__cuda_event_done(dev, ev, wait, done); /* TABLE: event_done */
+#endif
+    (void)dev; (void)ev; (void)wait;
+    *done = 1;
+    return MB_OK;
+}
+
+struct mb_meter {
+    mb_device *dev;
+    int slots;
+    double *sums;     /* device: slots x {sum, weight} */
+    double *pinned;   /* pinned: the read in flight */
+    double *last;     /* host: the last landed read */
+    void *ev;         /* recorded after the read's copy */
+    int pending;      /* a read is in flight */
+    int64_t reads;    /* reads landed */
+};
+
+MBDEF void mb_meter_destroy(mb_meter *m) {
+    if (!m) return;
+    if (m->pending) mb_meter_wait(m); /* the copy must land before its buffer goes */
+    mb__event_destroy(m->dev, m->ev);
+    mb_free(m->dev, m->sums);
+    mb_free(m->dev, m->pinned);
+    MB_FREE(m->last);
+    MB_FREE(m);
+}
+
+MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots) {
+    if (!out || !dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_create: NULL argument");
+    *out = NULL;
+    if (slots < 1 || slots > 1 << 20)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_create: slots = %d, want 1..2^20", slots);
+    mb_meter *m = (mb_meter *)mb__host_calloc(1, sizeof *m);
+    size_t bytes = (size_t)slots * 2 * sizeof(double);
+    if (m) m->last = (double *)mb__host_calloc((size_t)slots * 2, sizeof(double));
+    if (!m || !m->last) {
+        MB_FREE(m);
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_meter_create: no host memory");
+    }
+    m->dev = dev;
+    m->slots = slots;
+    mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&m->sums);
+    if (r == MB_OK) r = mb_alloc(dev, MB_MEM_PINNED, bytes, (void **)&m->pinned);
+    if (r == MB_OK) r = mb__event_create(dev, &m->ev);
+    if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, m->sums, bytes);
+    if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
+    if (r != MB_OK) { mb_meter_destroy(m); return r; }
+    *out = m;
+    return MB_OK;
+}
+
+MBDEF double *mb_meter_slot(mb_meter *m, int slot) {
+    return m && slot >= 0 && slot < m->slots ? m->sums + 2 * slot : NULL;
+}
+
+MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset) {
+    if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_read: NULL meter");
+    MB_TRY(mb__check_stream(m->dev, stream, "mb_meter_read"));
+    if (m->pending)
+        return MB_FAIL(&m->dev->cfg.log, MB_ERR_STATE, "mb_meter_read: the previous read is still in flight "
+                       "(mb_meter_poll or mb_meter_wait first)");
+    size_t bytes = (size_t)m->slots * 2 * sizeof(double);
+    MB_TRY(mb_copy(m->dev, stream, m->pinned, m->sums, bytes));
+    MB_TRY(mb__event_record(m->dev, stream, m->ev));
+    if (reset) MB_TRY(mb_zero(m->dev, stream, m->sums, bytes));
+    m->pending = 1;
+    return MB_OK;
+}
+
+static mb_result mb__meter_land(mb_meter *m, int wait, int *ready) {
+    int done = 1;
+    if (m->pending) MB_TRY(mb__event_done(m->dev, m->ev, wait, &done));
+    if (m->pending && done) {
+        memcpy(m->last, m->pinned, (size_t)m->slots * 2 * sizeof(double));
+        m->pending = 0;
+        m->reads++;
+    }
+    if (ready) *ready = !m->pending;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_meter_poll(mb_meter *m, int *ready) {
+    if (!m || !ready) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_poll: NULL argument");
+    return mb__meter_land(m, 0, ready);
+}
+
+MBDEF mb_result mb_meter_wait(mb_meter *m) {
+    if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_wait: NULL meter");
+    return mb__meter_land(m, 1, NULL);
+}
+
+MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double *weight) {
+    if (!m || !sum || !weight) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_value: NULL argument");
+    if (slot < 0 || slot >= m->slots)
+        return MB_FAIL(&m->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_value: slot %d of %d", slot, m->slots);
+    *sum = m->last[2 * slot];
+    *weight = m->last[2 * slot + 1];
+    return MB_OK;
+}
+
+MBDEF int64_t mb_meter_reads(const mb_meter *m) { return m ? m->reads : 0; }
+
+// ---- end step ----
 
 // ---- checkpoint ----
 

@@ -121,9 +121,13 @@ static mb_result mb__cuda_open(mb_device *dev) {
         r = mb__cuda_check(dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate", __FILE__, __LINE__);
         if (r == MB_OK) dev->event[i] = (void *)ev;
     }
-    cublasHandle_t h = NULL;
-    if (r == MB_OK) r = mb__cuda_check(dev, cublasCreate(&h), "cublasCreate", __FILE__, __LINE__);
-    dev->cublas = (void *)h;
+    for (int i = 0; i < dev->streams && r == MB_OK; i++) { /* one handle per stream */
+        cublasHandle_t h = NULL;
+        r = mb__cuda_check(dev, cublasCreate(&h), "cublasCreate", __FILE__, __LINE__);
+        dev->cublas_on[i] = (void *)h;
+        if (r == MB_OK) r = mb__cuda_check(dev, cublasSetStream(h, mb__st(dev, i)), "cublasSetStream", __FILE__, __LINE__);
+    }
+    dev->cublas = dev->cublas_on[MB_STREAM_COMPUTE];
     if (r == MB_OK) r = mb__cuda_set_tf32(dev, dev->tf32);
     if (r != MB_OK) mb__cuda_close(dev);
     return r;
@@ -132,8 +136,9 @@ static mb_result mb__cuda_open(mb_device *dev) {
 static void mb__cuda_close(mb_device *dev) {
     cudaSetDevice(dev->cuda_index);
     cudaDeviceSynchronize();
-    if (dev->cublas) cublasDestroy((cublasHandle_t)dev->cublas);
     for (int i = 0; i < dev->streams; i++) {
+        if (dev->cublas_on[i]) cublasDestroy((cublasHandle_t)dev->cublas_on[i]);
+        dev->cublas_on[i] = NULL;
         if (dev->event[i]) cudaEventDestroy((cudaEvent_t)dev->event[i]);
         if (dev->stream[i]) cudaStreamDestroy(mb__st(dev, i));
     }
@@ -142,7 +147,9 @@ static void mb__cuda_close(mb_device *dev) {
 }
 
 static mb_result mb__cuda_set_tf32(mb_device *dev, int on) {
-    MB_CUDA_TRY(cublasSetMathMode((cublasHandle_t)dev->cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    for (int i = 0; i < dev->streams; i++)
+        MB_CUDA_TRY(cublasSetMathMode((cublasHandle_t)dev->cublas_on[i],
+                                      on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     return MB_OK;
 }
 
@@ -230,8 +237,7 @@ static cudaDataType_t mb__cuda_type(mb_dtype t) {
 }
 
 static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
-    cublasHandle_t h = (cublasHandle_t)dev->cublas;
-    MB_CUDA_TRY(cublasSetStream(h, mb__st(dev, g->stream)));
+    cublasHandle_t h = (cublasHandle_t)dev->cublas_on[g->stream]; /* bound to g->stream at open */
     if (g->m == 0 || g->n == 0) return MB_OK;
     cublasComputeType_t ct = (g->ab_type == MB_F32 && dev->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     float alpha = g->k == 0 ? 0.0f : g->alpha;
@@ -447,7 +453,7 @@ __device__ double mb__block_sum(double v) {
 
 /* One block: the loss is small (B x K), and one block keeps the sum deterministic. */
 __global__ void mb__k_loss(int huber, float delta, const float *pred, const float *target, size_t n, float scale,
-                           const float *scale_dev, float *loss_out, float *dpred) {
+                           const float *scale_dev, float *loss_out, float *dpred, double *meter, double w) {
     float coef = mb__loss_coef(scale, scale_dev, n), g;
     double acc = 0.0;
     for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -455,14 +461,16 @@ __global__ void mb__k_loss(int huber, float delta, const float *pred, const floa
         if (dpred) dpred[i] = g * coef;
     }
     double sum = mb__block_sum(acc);
-    if (threadIdx.x == 0 && loss_out) *loss_out = (float)(sum / (double)n);
+    if (threadIdx.x != 0) return;
+    if (loss_out) *loss_out = (float)(sum / (double)n);
+    mb__loss_acc(meter, sum / (double)n, w);
 }
 
 static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
                                const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
-                               float *dpred) {
+                               float *dpred, double *acc, double w) {
     MB_LAUNCH(mb__k_loss, 1, MB__RED_THREADS, 0, mb__st(dev, stream))(huber, delta, pred, target, n, scale, scale_dev,
-        loss_out, dpred);
+        loss_out, dpred, acc, w);
     MB_CUDA_LAUNCHED();
     return MB_OK;
 }
@@ -541,6 +549,34 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
 }
 
 // ---- cuda end numerics ----
+
+// ---- cuda step ----
+// Events for mb_meter's reads: recorded after the copy into pinned memory, polled without waiting.
+
+static mb_result mb__cuda_event_create(mb_device *dev, void **ev) {
+    cudaEvent_t e;
+    MB_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *ev = (void *)e;
+    return MB_OK;
+}
+
+static void mb__cuda_event_destroy(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
+
+static mb_result mb__cuda_event_record(mb_device *dev, int stream, void *ev) {
+    MB_CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, mb__st(dev, stream)));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_event_done(mb_device *dev, void *ev, int wait, int *done) {
+    if (wait) MB_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    *done = e == cudaSuccess;
+    if (e == cudaErrorNotReady) cudaGetLastError(); /* not an error: still running */
+    else MB_CUDA_TRY(e);
+    return MB_OK;
+}
+
+// ---- cuda end step ----
 
 // ---- cuda dist ----
 // MEGABATCH_NCCL (with MEGABATCH_MPI; link -lnccl and MPI): the gradient all-reduce of

@@ -1,0 +1,171 @@
+/* The step API's cases (issue 15: no host sync in a step), run on any device: the CPU test
+ * (test_step.c) and the CUDA one (cuda/test_cuda_step.cu, under the simulator or a GPU) share
+ * them. Data come from the library's Philox RNG under a seed drawn by the test (printed, replayed
+ * from MB_TEST_SEED), so both backends see the same numbers. */
+#ifndef MB_STEP_CASES_H
+#define MB_STEP_CASES_H
+
+#include "testutil.h"
+
+/* A device copy of n floats drawn from U(-b, b) under (seed, stream). */
+static float *sc_upload_rand(mb_device *dev, size_t n, uint64_t seed, uint64_t stream, float b) {
+    float *h = tu_alloc_f32(n), *d = NULL;
+    for (size_t i = 0; i < n; i++) h[i] = mb_rng_symmetric(seed, stream, i, b);
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, n * sizeof(float), (void **)&d));
+    tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, d, h, n * sizeof(float)));
+    tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+    free(h);
+    return d;
+}
+
+/* The mean loss of pred against target as the host computes it (double). */
+static double sc_mean_loss(uint64_t seed, int huber, size_t n) {
+    double s = 0;
+    float g;
+    for (size_t i = 0; i < n; i++)
+        s += (double)mb__loss_elem(huber, 1.0f, mb_rng_symmetric(seed, 1, i, 2.0f), mb_rng_symmetric(seed, 2, i, 2.0f), &g);
+    return s / (double)n;
+}
+
+/* Poll a meter until its read lands (bounded: 20 s), counting the polls. */
+static int sc_poll_until_ready(mb_meter *m) {
+    int ready = 0, polls = 0;
+    for (; polls < 20000 && !ready; polls++) {
+        tu_ok(mb_meter_poll(m, &ready));
+        if (!ready) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!ready) fail_msg("mb_meter_poll: the read did not land in 20 s");
+    return polls;
+}
+
+/* mb_loss adds mean * B and B into its meter slot, rounds times; a read with reset returns the
+ * sums and zeroes them; a second read while one is in flight is refused; poll lands it. */
+static void sc_meter_loss(mb_device *dev, uint64_t seed) {
+    int64_t B = tu_int(1, 300), K = tu_int(1, 5), rounds = tu_int(1, 6);
+    int huber = tu_int(0, 1);
+    size_t n = (size_t)(B * K);
+    float *pred = sc_upload_rand(dev, n, seed, 1, 2.0f), *tgt = sc_upload_rand(dev, n, seed, 2, 2.0f);
+    mb_meter *m;
+    tu_ok(mb_meter_create(&m, dev, 3));
+    mb_loss_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = huber ? MB_LOSS_HUBER : MB_LOSS_MSE;
+    cfg.acc = mb_meter_slot(m, 1);
+    for (int r = 0; r < rounds; r++)
+        tu_ok(mb_loss(dev, MB_STREAM_COMPUTE, &cfg, pred, tgt, B, K, 1.0f, NULL, NULL, NULL)); /* acc alone */
+    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 1));
+    tu_assert_error(mb_meter_read(m, MB_STREAM_COMPUTE, 0), MB_ERR_STATE, "in flight");
+    tu_ok(mb_meter_wait(m));
+    double want = sc_mean_loss(seed, huber, n) * (double)B, sum = 0, w = 0;
+    tu_ok(mb_meter_value(m, 1, &sum, &w));
+    if (fabs(sum - want * (double)rounds) > 1e-12 * fabs(want * (double)rounds) + 1e-300 || w != (double)(B * rounds))
+        fail_msg("meter slot 1: sum %.17g weight %g, want %.17g and %lld", sum, w, want * (double)rounds,
+                 (long long)(B * rounds));
+    tu_ok(mb_meter_value(m, 0, &sum, &w));
+    assert_true(sum == 0.0 && w == 0.0);
+    assert_int_equal(mb_meter_reads(m), 1);
+    /* after the reset, one more batch; a read without reset; the host polls */
+    tu_ok(mb_loss(dev, MB_STREAM_COMPUTE, &cfg, pred, tgt, B, K, 1.0f, NULL, NULL, NULL));
+    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0));
+    sc_poll_until_ready(m);
+    tu_ok(mb_meter_value(m, 1, &sum, &w));
+    if (fabs(sum - want) > 1e-12 * fabs(want) || w != (double)B)
+        fail_msg("meter after reset: sum %.17g weight %g, want %.17g and %lld", sum, w, want, (long long)B);
+    assert_int_equal(mb_meter_reads(m), 2);
+    mb_meter_destroy(m);
+    mb_free(dev, pred);
+    mb_free(dev, tgt);
+}
+
+static void sc_meter_bad_input(mb_device *dev) {
+    mb_meter *m = NULL;
+    double s, w;
+    int ready = 0;
+    tu_assert_error(mb_meter_create(&m, dev, 0), MB_ERR_INVALID_ARG, "slots");
+    tu_assert_error(mb_meter_create(NULL, dev, 1), MB_ERR_INVALID_ARG, "NULL");
+    tu_ok(mb_meter_create(&m, dev, 2));
+    assert_null(mb_meter_slot(m, 2));
+    assert_null(mb_meter_slot(m, -1));
+    assert_null(mb_meter_slot(NULL, 0));
+    tu_assert_error(mb_meter_value(m, 2, &s, &w), MB_ERR_INVALID_ARG, "slot 2");
+    tu_assert_error(mb_meter_read(m, 99, 0), MB_ERR_INVALID_ARG, "stream");
+    tu_assert_error(mb_meter_poll(m, NULL), MB_ERR_INVALID_ARG, "NULL");
+    tu_ok(mb_meter_poll(m, &ready)); /* nothing in flight: ready */
+    assert_int_equal(ready, 1);
+    tu_ok(mb_meter_wait(m));
+    assert_int_equal(mb_meter_reads(m), 0);
+    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0)); /* destroyed with a read in flight: it lands first */
+    mb_meter_destroy(m);
+    mb_meter_destroy(NULL);
+}
+
+/* mb_adamw_step_scheduled against mb_adamw_step(mb_lr_at(s, i)) on twin parameters: the same bits
+ * for every schedule, through a skipped step (an inf gradient) and past total_steps. Leaves the
+ * scheduled twin's final parameters in out (mb_params_total floats, host). */
+static void sc_scheduled_adamw(mb_device *dev, uint64_t seed, mb_lr_kind kind, float *out, size_t *np) {
+    mb_params *p[2];
+    int64_t ws[2] = {tu_int(1, 40), tu_int(1, 50)}, bs[1] = {ws[0]};
+    for (int t = 0; t < 2; t++) {
+        tu_ok(mb_params_create(&p[t], dev));
+        tu_ok(mb_params_add(p[t], "w", 2, ws, 0.5f, NULL));
+        tu_ok(mb_params_add(p[t], "b", 1, bs, 0.5f, NULL));
+        tu_ok(mb_params_finalize(p[t]));
+        tu_ok(mb_params_init(p[t], seed));
+    }
+    size_t n = mb_params_total(p[0]);
+    mb_lr_schedule s;
+    memset(&s, 0, sizeof s);
+    s.kind = kind;
+    s.lr = 1e-2f;
+    s.total_steps = 9;
+    s.warmup_steps = kind == MB_LR_WARMUP_COSINE ? 3 : 0;
+    s.min_lr = kind == MB_LR_WARMUP_COSINE ? 1e-4f : 0.0f;
+    mb_adamw_config c = mb_adamw_config_default();
+    c.max_grad_norm = 1.0f;
+    mb_adamw *o[2];
+    for (int t = 0; t < 2; t++) tu_ok(mb_adamw_create(&o[t], p[t], &c));
+    float *g = tu_alloc_f32(n), *a = tu_alloc_f32(n), *b = tu_alloc_f32(n);
+    int64_t steps = 12, skip_at = tu_int(0, 11);   /* 3 steps past total_steps */
+    for (int64_t i = 0; i < steps; i++) {
+        for (size_t e = 0; e < n; e++) g[e] = mb_rng_symmetric(seed, 10 + (uint64_t)i, e, 3.0f);
+        if (i == skip_at) g[n - 1] = INFINITY;
+        for (int t = 0; t < 2; t++) tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, mb_params_grad(p[t]), g, n * sizeof(float)));
+        float lr = 0;
+        tu_ok(mb_lr_at(&s, i < s.total_steps ? i : s.total_steps - 1, &lr));
+        tu_ok(mb_adamw_step(o[0], lr, NULL));
+        tu_ok(mb_adamw_step_scheduled(o[1], &s, NULL));
+        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+    }
+    tu_ok(mb_params_get(p[0], a));
+    tu_ok(mb_params_get(p[1], b));
+    if (memcmp(a, b, n * sizeof(float)) != 0) fail_msg("scheduled AdamW (kind %d) differs from mb_lr_at's", (int)kind);
+    int64_t k, taken;
+    float last = 0, want = 1;
+    tu_ok(mb_adamw_schedule_step(o[1], &k));
+    tu_ok(mb_adamw_steps(o[1], &taken));
+    assert_int_equal(k, steps);          /* the skipped call counts for the schedule ... */
+    assert_int_equal(taken, steps - 1);  /* ... not for the bias correction */
+    tu_ok(mb_adamw_last_lr(o[1], &last));
+    tu_ok(mb_lr_at(&s, s.total_steps - 1, &want));
+    assert_true(last == want);
+    tu_ok(mb_adamw_set_schedule_step(o[1], 1)); /* a resumed run: the rate of step 1 next */
+    tu_ok(mb_adamw_step_scheduled(o[1], &s, NULL));
+    tu_ok(mb_adamw_last_lr(o[1], &last));
+    tu_ok(mb_lr_at(&s, 1, &want));
+    assert_true(last == want);
+    tu_ok(mb_adamw_schedule_step(o[1], &k));
+    assert_int_equal(k, 2);
+    tu_ok(mb_params_get(p[1], out));
+    *np = n;
+    tu_assert_error(mb_adamw_set_schedule_step(o[1], -1), MB_ERR_INVALID_ARG, "< 0");
+    tu_assert_error(mb_adamw_step_scheduled(o[1], NULL, NULL), MB_ERR_INVALID_ARG, "NULL");
+    s.lr = -1.0f;
+    tu_assert_error(mb_adamw_step_scheduled(o[1], &s, NULL), MB_ERR_INVALID_ARG, "lr");
+    for (int t = 0; t < 2; t++) { mb_adamw_destroy(o[t]); mb_params_destroy(p[t]); }
+    free(g); free(a); free(b);
+}
+
+#endif
