@@ -8,12 +8,15 @@
 #   4. one LSTM layer (B=128 T=480 F=128 H=256): megabatch f32/bf16/f16 vs PyTorch cuDNN
 #      (f32 and fp16 autocast), and the whole multi-TF step vs both PyTorch pipelines
 #      (bench/compare_multitf.sh --gpu), when python3 has torch;
+#   5. the latency model measured (docs/BENCHMARKS.md "Latency model"): ms per training step of
+#      the example at its default shape (B 128, H 32, head 64) with F 12 and the seeds' F 128,
+#      f32 and bf16, next to the tuned PyTorch cuDNN pipeline at the same shapes;
 # and a pass/fail table last. Its whole output goes to bench/results/ (see docs/GPU.md).
 # run.sh BUNDLE PARTS: only some parts (a device call has 10 minutes), a comma list of
-# tests,sanitize,example,loader,lstm,compare (default: all).
+# tests,sanitize,example,loader,lstm,compare,latency (default: all).
 set -u
 dir=${1:-build/gpu}
-parts=${2:-tests,sanitize,example,loader,lstm,compare}
+parts=${2:-tests,sanitize,example,loader,lstm,compare,latency}
 want() { case ",$parts," in *",$1,"*) return 0 ;; esac; return 1; }
 logrun() { # FILE CMD...: run CMD with its output in FILE and on stdout; CMD's exit status
     log=$1; shift
@@ -77,6 +80,27 @@ if python3 -c 'import torch, h5py; assert torch.cuda.is_available()' 2>/dev/null
             row "compare_multitf --gpu (megabatch/peers)" "$(awk '/^torch_/ {printf "%s %s  ", $1, $5}' /tmp/cmp.log)"
         else row "compare_multitf --gpu" FAIL; fi
     fi
+fi
+if [ -x "$dir/prepare" ] && [ -x "$dir/train_multitf_cuda" ] && want latency; then
+    echo "== latency model, measured (ms per training step = 1000 * batch / samples_per_s)"
+    ms() { sed -n 's/^summary:.* samples_per_s=\([0-9.]*\).*/\1/p' "$1" | awk '$1 > 0 { printf "%.2f", 128000 / $1 }'; }
+    for F in 12 128; do
+        mkdir -p /tmp/mblat
+        "$dir/prepare" --synthetic --bars 120000 --features $F --stride 15 --quiet \
+            --out-train /tmp/mblat/train.h5 --out-val /tmp/mblat/val.h5 || { row "latency F=$F data" FAIL; continue; }
+        for prec in f32 bf16; do
+            if logrun /tmp/lat.log "$dir/train_multitf_cuda" --train /tmp/mblat/train.h5 --val /tmp/mblat/val.h5 \
+                --epochs 2 --batch 128 --hidden 32 --head 64 --precision $prec --quiet; then
+                row "latency F=$F $prec (ms/step)" "$(ms /tmp/lat.log) $(grep -o 'launches_per_step=[0-9.]*' /tmp/lat.log)"
+            else row "latency F=$F $prec" FAIL; fi
+        done
+        if python3 -c 'import torch, h5py; assert torch.cuda.is_available()' 2>/dev/null; then
+            if logrun /tmp/latt.log python3 bench/pytorch/multitf.py --train /tmp/mblat/train.h5 --val /tmp/mblat/val.h5 \
+                --pipeline tuned --epochs 2 --batch 128 --hidden 32 --head 64 --device cuda --quiet; then
+                row "latency F=$F torch cuDNN tuned (ms/step)" "$(ms /tmp/latt.log)"
+            else row "latency F=$F torch cuDNN tuned" FAIL; fi
+        fi
+    done
 fi
 printf '\n%-44s %s\n' "binary / check" result
 printf "$table"
