@@ -1053,6 +1053,52 @@ MBDEF void mb_dist_abort(mb_dist *d, int code);
 
 // ---- end dist ----
 
+// ---- graph ----
+// Capture the device work of a sequence of calls once and replay it as one CUDA graph launch:
+// the host cost of hundreds of kernel launches and cuBLAS calls is paid once, at capture.
+// CUDA only. The CPU backend has no queue to record (every call completes before it returns):
+// there mb_graph_supported is 0, mb_graph_begin fails with MB_ERR_UNSUPPORTED, and mb_graph_run
+// runs the calls directly.
+//
+// A graph replays exactly the device work that was captured: the same kernels with the same
+// arguments (pointers, sizes and scalars as they were at capture), the same cuBLAS calls, copies
+// and memsets. The host code of the captured calls runs once, at capture, and none of their device
+// work runs then. So a captured sequence keeps every value that changes between replays in device
+// memory (inputs copied into fixed buffers before the launch, step counts and learning rates on
+// the device), and never makes the host wait for the device or allocate: a host sync, an allocation
+// or a wait on work issued outside the capture fails the capture (mb_graph_end: MB_ERR_UNSUPPORTED).
+// Warm up once before capturing, so that buffers a call allocates on first use exist.
+
+typedef struct mb_graph mb_graph;
+
+/* 1 when this device can capture and replay graphs (the CUDA backend), 0 otherwise. */
+MBDEF int mb_graph_supported(const mb_device *dev);
+/* Start capturing the work this thread issues on `stream`, and on the streams it forks to and joins
+ * back through mb_stream_wait (as mb_lstm_forward_many does with the encoders' streams). Nothing
+ * issued runs until the graph is launched. One capture at a time per device (MB_ERR_STATE);
+ * MB_ERR_UNSUPPORTED on the CPU backend. */
+MBDEF mb_result mb_graph_begin(mb_device *dev, int stream);
+/* End the capture and instantiate its graph in *out (NULL on failure). The capture is over either
+ * way. MB_ERR_UNSUPPORTED: something issued during it cannot be captured (the message names the
+ * CUDA error); MB_ERR_STATE: no capture under way. */
+MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out);
+/* Replay the captured work on the stream the capture began on, asynchronously, as one launch.
+ * Launches of one graph run in order, one after the other. */
+MBDEF mb_result mb_graph_launch(mb_graph *g);
+MBDEF size_t mb_graph_nodes(const mb_graph *g); /* captured operations (kernels, cuBLAS calls, copies) */
+MBDEF void mb_graph_destroy(mb_graph *g);       /* NULL is fine; launches in flight finish */
+
+/* Run fn(user) through a graph: the first call captures fn into *g and launches it; later calls
+ * (with *g set) launch *g. Where graphs cannot be used (the CPU backend, or a capture of fn failed
+ * once on this device) fn runs directly, every time; the first such fallback is logged (warning,
+ * with the reason; information on the CPU), later ones are silent. fn must be safe to run twice
+ * for one call: after a failed capture it runs again, directly. An error of fn itself is returned
+ * as it is (no graph is kept). */
+typedef mb_result (*mb_graph_fn)(void *user);
+MBDEF mb_result mb_graph_run(mb_graph **g, mb_device *dev, int stream, mb_graph_fn fn, void *user);
+
+// ---- end graph ----
+
 #ifdef __cplusplus
 }
 #endif
@@ -1254,6 +1300,8 @@ struct mb_device {
     int deny[MB_MEM_KINDS];         /* fail every allocation of this kind */
     mb__alloc_rec *recs;            /* live allocations */
     size_t nrecs, caprecs;
+    int graph_stream;               /* the stream of the capture under way, -1: none (graph) */
+    int graph_off;                  /* mb_graph_run runs calls directly (graph) */
 };
 
 /* ---- CPU: denormals ----
@@ -1452,6 +1500,7 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     dev->cfg = c;
     dev->streams = c.streams;
     dev->tf32 = c.tf32 ? 1 : 0;
+    dev->graph_stream = -1;
     mb_result r = MB_OK;
 #ifdef MEGABATCH_CUDA
     if (c.backend == MB_CUDA) r = mb__cuda_open(dev);
@@ -6567,6 +6616,118 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
 }
 
 // ---- end dist ----
+
+// ---- graph ----
+
+#ifdef MEGABATCH_CUDA /* TABLE: graph_begin, graph_end, graph_launch, graph_destroy (megabatch_cuda.cuh) */
+static mb_result mb__cuda_graph_begin(mb_device *dev, int stream);
+static mb_result mb__cuda_graph_end(mb_device *dev, int stream, void **exec, size_t *nodes);
+static mb_result mb__cuda_graph_launch(mb_device *dev, int stream, void *exec);
+static void mb__cuda_graph_destroy(void *exec);
+#endif
+
+struct mb_graph {
+    mb_device *dev;
+    int stream;   /* where it was captured, and is launched */
+    void *exec;   /* cudaGraphExec_t */
+    size_t nodes;
+};
+
+MBDEF int mb_graph_supported(const mb_device *dev) { return dev && dev->cfg.backend == MB_CUDA; }
+
+MBDEF mb_result mb_graph_begin(mb_device *dev, int stream) {
+    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_begin: dev is NULL");
+    MB_TRY(mb__check_stream(dev, stream, "mb_graph_begin"));
+    if (!mb_graph_supported(dev))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_graph_begin: the %s backend has no graphs "
+                       "(every call runs when made; check mb_graph_supported, or use mb_graph_run)", dev->name);
+    if (dev->graph_stream >= 0)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_STATE, "mb_graph_begin: a capture on stream %d is under way",
+                       dev->graph_stream);
+#ifdef MEGABATCH_CUDA /* TABLE: graph_begin */
+    MB_TRY(mb__cuda_graph_begin(dev, stream));
+#endif
+    dev->graph_stream = stream;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out) {
+    if (!dev || !out) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_graph_end: NULL argument");
+    *out = NULL;
+    if (dev->graph_stream < 0) return MB_FAIL(&dev->cfg.log, MB_ERR_STATE, "mb_graph_end: no capture under way");
+    int stream = dev->graph_stream;
+    dev->graph_stream = -1;
+    mb_graph *g = (mb_graph *)mb__host_calloc(1, sizeof *g);
+    mb_result r = g ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_graph_end: no host memory");
+    void *exec = NULL;
+    size_t nodes = 0;
+#ifdef MEGABATCH_CUDA /* TABLE: graph_end */
+    mb_result e = mb__cuda_graph_end(dev, stream, &exec, &nodes); /* ends the capture, even without g */
+    if (r == MB_OK) r = e;
+    else if (exec) mb__cuda_graph_destroy(exec);
+#endif
+    if (r != MB_OK) { MB_FREE(g); return r; }
+    g->dev = dev;
+    g->stream = stream;
+    g->exec = exec;
+    g->nodes = nodes;
+    *out = g;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_graph_launch(mb_graph *g) {
+    if (!g) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_launch: g is NULL");
+#ifdef MEGABATCH_CUDA /* TABLE: graph_launch */
+    return mb__cuda_graph_launch(g->dev, g->stream, g->exec);
+#else
+    return MB_FAIL(&g->dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_graph_launch: no graphs in this build");
+#endif
+}
+
+MBDEF size_t mb_graph_nodes(const mb_graph *g) { return g ? g->nodes : 0; }
+
+MBDEF void mb_graph_destroy(mb_graph *g) {
+    if (!g) return;
+#ifdef MEGABATCH_CUDA /* TABLE: graph_destroy */
+    mb__cuda_graph_destroy(g->exec);
+#endif
+    MB_FREE(g);
+}
+
+/* fn runs directly from now on: say why, once per device. */
+static mb_result mb__graph_fallback(mb_device *dev, mb_log_level level, const char *why, mb_graph_fn fn, void *user) {
+    if (!dev->graph_off)
+        MB_LOG(&dev->cfg.log, level, "mb_graph_run: running the calls directly from now on: %s", why);
+    dev->graph_off = 1;
+    return fn(user);
+}
+
+MBDEF mb_result mb_graph_run(mb_graph **g, mb_device *dev, int stream, mb_graph_fn fn, void *user) {
+    if (!g || !dev || !fn) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_graph_run: NULL argument");
+    if (*g) return mb_graph_launch(*g);
+    if (!mb_graph_supported(dev))
+        return mb__graph_fallback(dev, MB_LOG_INFO, "the CPU backend has no graphs", fn, user);
+    if (dev->graph_off) return fn(user);
+    MB_TRY(mb_graph_begin(dev, stream));
+    mb_result r = fn(user);
+    char first[MB_MAX_ERROR]; /* the first failure inside the capture: the likely cause */
+    memcpy(first, r == MB_OK ? "" : mb_last_error(), r == MB_OK ? 1 : sizeof first);
+    mb_graph *ng = NULL;
+    mb_result e = mb_graph_end(dev, &ng);
+    if (e == MB_OK && r == MB_OK) {
+        *g = ng;
+        return mb_graph_launch(ng);
+    }
+    mb_graph_destroy(ng);
+    if (e == MB_OK) return r; /* fn's own error: the capture itself was fine */
+    char why[2 * MB_MAX_ERROR + 64];
+    snprintf(why, sizeof why, "the capture failed (%s)%s%s", mb_last_error(), *first ? "; the first error in it: " : "",
+             first);
+    mb_clear_error();
+    return mb__graph_fallback(dev, MB_LOG_WARN, why, fn, user);
+}
+
+// ---- end graph ----
 
 #ifdef __cplusplus
 }

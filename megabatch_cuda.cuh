@@ -79,6 +79,12 @@ static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const c
 #ifndef MB_LAUNCH
 #define MB_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>
 #endif
+/* A kernel's dynamic shared memory (the launch's smem bytes): MB_DYNAMIC_SHARED(float, sh);
+ * the simulator defines its own (`extern __shared__` cannot be spelled in plain C++). Above 48 KB
+ * the kernel needs cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes). */
+#ifndef MB_DYNAMIC_SHARED
+#define MB_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return (cudaStream_t)dev->stream[stream]; }
 
@@ -637,6 +643,45 @@ static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, flo
 }
 #endif
 // ---- cuda end dist ----
+
+// ---- cuda graph ----
+// Stream capture in thread-local mode: this thread may not sync or allocate while it captures
+// (that fails the capture), other threads (the loader's copies on their own stream) carry on.
+
+static mb_result mb__cuda_graph_begin(mb_device *dev, int stream) {
+    MB_CUDA_TRY(cudaStreamBeginCapture(mb__st(dev, stream), cudaStreamCaptureModeThreadLocal));
+    return MB_OK;
+}
+
+static mb_result mb__cuda_graph_end(mb_device *dev, int stream, void **exec, size_t *nodes) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(mb__st(dev, stream), &graph);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        int capture = e >= cudaErrorStreamCaptureUnsupported && e <= cudaErrorStreamCaptureWrongThread;
+        return MB_FAIL(&dev->cfg.log, capture ? MB_ERR_UNSUPPORTED : MB_ERR_CUDA,
+                       "mb_graph_end: the capture on stream %d failed: %s (%s)%s", stream, cudaGetErrorString(e),
+                       cudaGetErrorName(e), capture ? "; something in it cannot be captured (a host sync, an "
+                       "allocation, or a wait on work issued outside the capture)" : "");
+    }
+    cudaGraphExec_t x = NULL;
+    mb_result r = mb__cuda_check(dev, cudaGraphGetNodes(graph, NULL, nodes), "cudaGraphGetNodes", __FILE__, __LINE__);
+    if (r == MB_OK) r = mb__cuda_check(dev, cudaGraphInstantiate(&x, graph, 0), "cudaGraphInstantiate", __FILE__, __LINE__);
+    cudaGraphDestroy(graph); /* the instantiated graph is a copy */
+    *exec = (void *)x;
+    return r;
+}
+
+static mb_result mb__cuda_graph_launch(mb_device *dev, int stream, void *exec) {
+    MB_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)exec, mb__st(dev, stream)));
+    return MB_OK;
+}
+
+static void mb__cuda_graph_destroy(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+// ---- cuda end graph ----
 
 #endif /* MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED */
 #endif /* MEGABATCH_IMPLEMENTATION */

@@ -187,12 +187,16 @@ template <class... P>
 launcher<P...> launch(void (*k)(P...), const char *name, dim3 g, dim3 b, size_t smem = 0, cudaStream_t st = 0) {
     return launcher<P...>{k, name, g, b, smem, st};
 }
-/* Counters for tests and benchmarks. */
-/* Counters since the start (or the last reset): what the GPU work is steered by. */
+/* Counters since the start (or the last reset): what the GPU work is steered by. Work is counted
+ * when it runs, whether issued one by one or as the nodes of a graph: `launches` and
+ * `cublas_calls` include the kernels and cuBLAS calls graphs ran, bytes_* their copies; graph
+ * launches and their nodes are counted apart as well. host_syncs: the calls that made the host
+ * wait for the device (stream, event and device syncs, synchronous copies). */
 struct stats {
     unsigned long long launches, blocks, threads, fiber_switches, direct_threads;
     unsigned long long cublas_calls, host_syncs, device_allocs, bytes_h2d, bytes_d2h, bytes_d2d;
     unsigned long long nccl_allreduces; /* tests/cudasim/cudasim_nccl.h (MEGABATCH_NCCL builds) */
+    unsigned long long graph_launches, graph_nodes; /* graphs run, and the nodes they ran */
 };
 stats get_stats();
 void reset_stats();
@@ -295,7 +299,7 @@ struct context {
     std::atomic<int> sticky{cudaSuccess};
     std::unordered_map<const void *, int> kernel_mode; /* 1: has barriers (fibers), 2: none seen (direct) */
     std::atomic<unsigned long long> launches{0}, blocks{0}, threads{0}, switches{0}, direct{0};
-    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0}, nccl{0};
+    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0}, nccl{0}, glaunch{0}, gnodes{0};
     std::atomic<long> fail_alloc_in{env_long("CUDASIM_FAIL_ALLOC", 0)}, fault_launch_in{env_long("CUDASIM_FAULT_LAUNCH", 0)};
     std::unordered_map<const void *, size_t> max_dyn_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
 };
@@ -347,6 +351,9 @@ struct stream {
     bool stop = false;
     std::thread th;
     long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before each op: shakes out missing syncs */
+    bool legacy = false;             /* the legacy default stream (stream 0) */
+    std::atomic<uint64_t> cap_id{0}; /* the capture it takes part in (0: none); see "stream capture" */
+    std::vector<size_t> cap_deps;    /* the nodes its next captured operation depends on (capture lock) */
     stream() { th = std::thread([this] { run(); }); }
     void run() {
         unsigned seed = (unsigned)(uintptr_t)this;
@@ -408,7 +415,10 @@ static stream *get_stream(cudaStream_t s) {
     auto &c = ctx();
     std::lock_guard<std::mutex> l(c.m);
     if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
-        if (!c.null_stream) c.null_stream = new stream; /* TODO: legacy-stream implicit syncs */
+        if (!c.null_stream) { /* TODO: legacy-stream implicit syncs */
+            c.null_stream = new stream;
+            c.null_stream->legacy = true;
+        }
         return c.null_stream;
     }
     for (stream *x : c.streams)
@@ -430,7 +440,145 @@ struct event {
     std::mutex m;
     std::condition_variable cv;
     uint64_t recorded = 0, completed = 0;
+    uint64_t cap_id = 0;          /* last recorded in this capture (0: in plain execution); capture lock */
+    std::vector<size_t> cap_deps; /* the nodes that record stands for */
 };
+
+// ---- stream capture: work issued on a capturing stream becomes the nodes of a graph ----
+/* What the real runtime does, as far as megabatch needs it: cudaStreamBeginCapture puts a stream
+ * in capture; kernels, copies, memsets, cuBLAS calls and graph launches issued on it are recorded
+ * (arguments by value, as at a launch), not run. cudaEventRecord on a capturing stream and
+ * cudaStreamWaitEvent on another stream make that stream join the capture (fork); the origin
+ * waiting on an event of the joined stream joins it back. cudaStreamEndCapture on the origin gives
+ * the graph: cudaErrorStreamCaptureUnjoined when a joined stream's work is not joined back,
+ * cudaErrorStreamCaptureInvalidated after an illegal call during the capture. Illegal: a sync of a
+ * capturing stream (cudaStreamSynchronize), a wait on an event recorded outside the
+ * capture (cudaErrorStreamCaptureIsolation), querying or syncing an event recorded in it
+ * (cudaErrorCapturedEvent), and the "potentially unsafe" calls (cudaMalloc, cudaMallocHost, cudaFree,
+ * cudaFreeHost, cudaMemcpy, cudaMemset, cudaDeviceSynchronize) from a thread the capture modes
+ * forbid them (cudaErrorStreamCaptureUnsupported); each invalidates the capture(s) concerned.
+ * A graph replays its nodes in the order they were captured (a topological order) on the stream
+ * it is launched on. Not modelled: captures on the legacy or per-thread default stream (refused),
+ * implicit legacy-stream synchronisation, cudaMallocAsync/cudaFreeAsync nodes (refused), NCCL. */
+enum node_kind { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_CUBLAS, NODE_GRAPH };
+struct node {
+    node_kind kind;
+    const void *key;          /* the kernel function (cudaGraphExecUpdate compares it) */
+    std::shared_ptr<task> run; /* executes and counts the operation */
+    std::vector<size_t> deps; /* the earlier nodes it depends on */
+};
+using node_list = std::vector<node>;
+struct graph_obj { std::shared_ptr<node_list> nodes = std::make_shared<node_list>(); };
+struct capture {
+    cudaStreamCaptureMode mode;
+    std::thread::id owner;
+    stream *origin;
+    bool invalid;
+    std::vector<stream *> members; /* the origin, then the streams that joined */
+    graph_obj *graph;
+};
+struct capture_registry {
+    std::mutex m;
+    std::map<uint64_t, capture> caps;
+    uint64_t next = 0;
+    std::atomic<int> active{0};
+};
+static capture_registry &reg() {
+    static capture_registry *r = new capture_registry; /* never destroyed, like the context */
+    return *r;
+}
+/* The thread's interaction mode (cudaThreadExchangeStreamCaptureMode). */
+static thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;
+
+/* Queue an operation on a stream, or, when the stream is capturing, record it as a node that
+ * depends on the stream's capture dependencies (and becomes them). */
+static cudaError_t issue(stream *s, node_kind k, const void *key, task t) {
+    if (s->cap_id.load() == 0) {
+        s->push(std::move(t));
+        return cudaSuccess;
+    }
+    auto &r = reg();
+    std::lock_guard<std::mutex> l(r.m);
+    auto it = r.caps.find(s->cap_id.load());
+    if (it == r.caps.end()) fatal("a stream names a capture that has ended");
+    if (it->second.invalid) return cudaErrorStreamCaptureInvalidated;
+    node_list &nl = *it->second.graph->nodes;
+    nl.push_back(node{k, key, std::make_shared<task>(std::move(t)), s->cap_deps});
+    s->cap_deps.assign(1, nl.size() - 1);
+    return cudaSuccess;
+}
+/* A "potentially unsafe" call: refused (and the captures that forbid it invalidated) when this
+ * thread has a capture not begun in relaxed mode, or, in global mode, another thread has a global
+ * capture; a thread in relaxed mode may make it. */
+static cudaError_t unsafe_call() {
+    auto &r = reg();
+    if (r.active.load() == 0 || tl_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+    std::lock_guard<std::mutex> l(r.m);
+    bool refused = false;
+    for (auto &kv : r.caps) {
+        capture &c = kv.second;
+        bool mine = c.owner == std::this_thread::get_id();
+        if ((mine && c.mode != cudaStreamCaptureModeRelaxed) ||
+            (!mine && c.mode == cudaStreamCaptureModeGlobal && tl_capture_mode == cudaStreamCaptureModeGlobal)) {
+            c.invalid = true;
+            refused = true;
+        }
+    }
+    return refused ? set_err(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+/* An operation that is illegal on a capturing stream: refused, and the capture invalidated. */
+static cudaError_t capture_forbids(stream *s) {
+    if (s->cap_id.load() == 0) return cudaSuccess;
+    auto &r = reg();
+    std::lock_guard<std::mutex> l(r.m);
+    auto it = r.caps.find(s->cap_id.load());
+    if (it != r.caps.end()) it->second.invalid = true;
+    return set_err(cudaErrorStreamCaptureUnsupported);
+}
+/* cudaEventRecord on a capturing stream: the event stands for the stream's capture dependencies
+ * (nothing is queued). Otherwise the event leaves any capture; false: record it as usual. */
+static bool record_in_capture(stream *s, event *e) {
+    auto &r = reg();
+    std::lock_guard<std::mutex> l(r.m);
+    e->cap_id = s->cap_id.load();
+    if (e->cap_id) e->cap_deps = s->cap_deps;
+    else e->cap_deps.clear();
+    return e->cap_id != 0;
+}
+/* cudaStreamWaitEvent where a capture is concerned: on an event recorded in a capture, the stream
+ * joins it (or, already in it, adds the event's nodes to its dependencies; *joined = true); a
+ * capturing stream cannot wait on an event of plain execution (or of another capture). */
+static cudaError_t wait_in_capture(stream *s, event *e, bool *joined) {
+    auto &r = reg();
+    if (r.active.load() == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> l(r.m);
+    uint64_t ec = r.caps.count(e->cap_id) ? e->cap_id : 0, sc = s->cap_id.load();
+    auto invalidate = [&](uint64_t id, cudaError_t err) {
+        if (r.caps.count(id)) r.caps[id].invalid = true;
+        return err;
+    };
+    if (!ec && !sc) return cudaSuccess;
+    if (!ec) return invalidate(sc, cudaErrorStreamCaptureIsolation);
+    if (sc && sc != ec) return invalidate(sc, invalidate(ec, cudaErrorStreamCaptureMerge));
+    capture &c = r.caps[ec];
+    if (!sc) {
+        if (s->legacy) return invalidate(ec, cudaErrorStreamCaptureImplicit);
+        s->cap_id = ec;
+        s->cap_deps.clear();
+        c.members.push_back(s);
+    }
+    for (size_t d : e->cap_deps)
+        if (std::find(s->cap_deps.begin(), s->cap_deps.end(), d) == s->cap_deps.end()) s->cap_deps.push_back(d);
+    *joined = true;
+    return cudaSuccess;
+}
+/* The event was last recorded in a capture still going on. */
+static bool captured_event(event *e) {
+    auto &r = reg();
+    if (r.active.load() == 0) return false;
+    std::lock_guard<std::mutex> l(r.m);
+    return e->cap_id && r.caps.count(e->cap_id);
+}
 
 /* TSan keeps a shadow call stack per (TSan) fiber: the switch itself must not push a frame,
  * or a fiber's first switch leaves one behind on its shadow stack. */
@@ -908,17 +1056,18 @@ void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t sm
         return;
     }
     auto bp = std::make_shared<task>(std::move(body));
-    s->push([name, key, g, b, smem, bp] { run_grid(name, key, g, b, smem, *bp); });
+    set_err(issue(s, NODE_KERNEL, key, [name, key, g, b, smem, bp] { run_grid(name, key, g, b, smem, *bp); }));
 }
 
 stats get_stats() {
     auto &c = ctx();
-    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct, c.cublas, c.syncs, c.dallocs, c.h2d, c.d2h, c.d2d, c.nccl};
+    return stats{c.launches, c.blocks, c.threads, c.switches, c.direct, c.cublas, c.syncs, c.dallocs, c.h2d, c.d2h, c.d2d,
+                 c.nccl, c.glaunch, c.gnodes};
 }
 void reset_stats() {
     auto &c = ctx();
     for (auto *x : {&c.launches, &c.blocks, &c.threads, &c.switches, &c.direct, &c.cublas, &c.syncs, &c.dallocs, &c.h2d,
-                    &c.d2h, &c.d2d, &c.nccl})
+                    &c.d2h, &c.d2d, &c.nccl, &c.glaunch, &c.gnodes})
         x->store(0);
 }
 void print_stats(FILE *f) {
@@ -928,6 +1077,8 @@ void print_stats(FILE *f) {
             s.launches, s.cublas_calls, s.host_syncs, s.device_allocs, (double)s.bytes_h2d / 1e6, (double)s.bytes_d2h / 1e6,
             (double)s.bytes_d2d / 1e6, s.blocks, s.threads);
     if (s.nccl_allreduces) fprintf(f, "cudasim: %llu NCCL all-reduces (MPI_Allreduce)\n", s.nccl_allreduces);
+    if (s.graph_launches)
+        fprintf(f, "cudasim: %llu graph launches ran %llu nodes (counted above too)\n", s.graph_launches, s.graph_nodes);
 }
 int print_stats_at_exit() {
     static int once = atexit([] { print_stats(stderr); });
@@ -955,12 +1106,14 @@ static cudaError_t copy_async(stream *s, void *dst, size_t dpitch, const void *s
     if ((kind == cudaMemcpyHostToDevice && dk != MEM_DEVICE) || (kind == cudaMemcpyDeviceToHost && sk != MEM_DEVICE) ||
         (kind == cudaMemcpyDeviceToDevice && (dk != MEM_DEVICE || sk != MEM_DEVICE)))
         return set_err(cudaErrorInvalidValue);
-    auto copy = [=](const char *from) {
-        for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, from + r * spitch, width);
-    };
     bool dev = dk == MEM_DEVICE || sk == MEM_DEVICE;
-    auto &bytes = dk == MEM_DEVICE ? (sk == MEM_DEVICE ? ctx().d2d : ctx().h2d) : ctx().d2h;
-    if (dev) bytes += width * rows;
+    auto *bytes = !dev ? nullptr : dk == MEM_DEVICE ? (sk == MEM_DEVICE ? &ctx().d2d : &ctx().h2d) : &ctx().d2h;
+    auto copy = [=](const char *from) { /* counted when it runs (once per graph launch when captured) */
+        for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, from + r * spitch, width);
+        if (bytes) *bytes += width * rows;
+    };
+    if (s->cap_id.load()) /* a memcpy node: reads and writes the host memory when the graph runs */
+        return set_err(issue(s, NODE_MEMCPY, nullptr, [copy, src] { copy((const char *)src); }));
     if (dev && sk == MEM_PAGEABLE) { /* staged */
         auto stage = std::make_shared<std::vector<char>>(sext);
         memcpy(stage->data(), src, sext);
@@ -987,6 +1140,17 @@ static const char *err_name(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorGraphExecUpdateFailure: return "cudaErrorGraphExecUpdateFailure";
     default: return "cudaErrorUnknown";
     }
 }
@@ -1003,6 +1167,17 @@ static const char *err_string(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
     default: return "unknown error";
     }
 }
@@ -1144,6 +1319,7 @@ static cudaError_t do_alloc(void **out, size_t n, mem_kind k) {
     auto &c = ctx();
     *out = nullptr;
     if (sticky() != cudaSuccess) return set_err(sticky());
+    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     if (k == MEM_DEVICE && fires(c.fail_alloc_in)) return set_err(cudaErrorMemoryAllocation); /* injected */
     {
         std::lock_guard<std::mutex> l(c.m);
@@ -1161,6 +1337,7 @@ static cudaError_t do_alloc(void **out, size_t n, mem_kind k) {
 }
 static cudaError_t do_free(void *p, mem_kind k) {
     if (!p) return cudaSuccess;
+    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     sync_all(); /* cudaFree/cudaFreeHost synchronise the device */
     auto &c = ctx();
     std::lock_guard<std::mutex> l(c.m);
@@ -1176,10 +1353,16 @@ cudaError_t cudaFree(void *p) { return do_free(p, MEM_DEVICE); }
 cudaError_t cudaMallocHost(void **p, size_t n) { return do_alloc(p, n, MEM_PINNED); }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int) { return do_alloc(p, n, MEM_PINNED); }
 cudaError_t cudaFreeHost(void *p) { return do_free(p, MEM_PINNED); }
-cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return do_alloc(p, n, MEM_DEVICE); }
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t st) {
+    stream *s = get_stream(st);
+    if (!s) return set_err(cudaErrorInvalidResourceHandle);
+    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* no memory nodes here */
+    return do_alloc(p, n, MEM_DEVICE);
+}
 cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
+    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     s->push([p] {
         {
         auto &c = ctx();
@@ -1193,6 +1376,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     return copy_async(get_stream(st), dst, n, src, n, n, 1, kind);
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     stream *s = get_stream(nullptr);
     sync_all();
     cudaError_t e = copy_async(s, dst, n, src, n, n, 1, kind);
@@ -1210,10 +1394,10 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t st) {
     if (sticky() != cudaSuccess) return set_err(sticky());
     if (n == 0) return cudaSuccess;
     if (kind_of(dst, n) != MEM_DEVICE) return set_err(cudaErrorInvalidValue);
-    s->push([=] { memset(dst, v, n); });
-    return cudaSuccess;
+    return set_err(issue(s, NODE_MEMSET, nullptr, [=] { memset(dst, v, n); }));
 }
 cudaError_t cudaMemset(void *dst, int v, size_t n) {
+    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     sync_all();
     cudaError_t e = cudaMemsetAsync(dst, v, n, nullptr);
     if (e == cudaSuccess) get_stream(nullptr)->drain();
@@ -1249,11 +1433,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t st) {
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
+    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     s->drain();
     ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     sync_all();
     ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
@@ -1276,6 +1462,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s || !ev) return set_err(cudaErrorInvalidResourceHandle);
     event *e = (event *)ev;
+    if (record_in_capture(s, e)) return cudaSuccess;
     uint64_t g;
     {
         std::lock_guard<std::mutex> l(e->m);
@@ -1292,6 +1479,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
     stream *s = get_stream(st);
     if (!s || !ev) return set_err(cudaErrorInvalidResourceHandle);
     event *e = (event *)ev;
+    bool joined = false;
+    cudaError_t ce = wait_in_capture(s, e, &joined);
+    if (ce != cudaSuccess || joined) return set_err(ce);
     uint64_t g;
     {
         std::lock_guard<std::mutex> l(e->m);
@@ -1305,6 +1495,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     event *e = (event *)ev;
+    if (captured_event(e)) return set_err(cudaErrorCapturedEvent);
     ctx().syncs++;
     std::unique_lock<std::mutex> l(e->m);
     uint64_t g = e->recorded;
@@ -1313,8 +1504,183 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
     event *e = (event *)ev;
+    if (captured_event(e)) return set_err(cudaErrorCapturedEvent);
     std::lock_guard<std::mutex> l(e->m);
     return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+} // extern "C"
+
+// ---- stream capture and graphs: the runtime API (see "stream capture" above) ----
+namespace cudasim {
+struct exec_obj {
+    std::mutex m;
+    std::shared_ptr<const node_list> nodes; /* replaced whole by cudaGraphExecUpdate */
+};
+/* The capture of a stream, under the registry lock; null when it is not capturing. */
+static capture *capture_of(stream *s) {
+    auto it = reg().caps.find(s->cap_id.load());
+    return it == reg().caps.end() ? nullptr : &it->second;
+}
+/* Every stream's last captured work is an ancestor of (or is) the origin's. */
+static bool joined(const capture &c) {
+    const node_list &nl = *c.graph->nodes;
+    std::vector<char> seen(nl.size(), 0);
+    std::vector<size_t> todo = c.origin->cap_deps;
+    while (!todo.empty()) {
+        size_t i = todo.back();
+        todo.pop_back();
+        if (seen[i]) continue;
+        seen[i] = 1;
+        for (size_t d : nl[i].deps) todo.push_back(d);
+    }
+    for (stream *m : c.members)
+        for (size_t d : m->cap_deps)
+            if (!seen[d]) return false;
+    return true;
+}
+} // namespace cudasim
+
+extern "C" {
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode) {
+    stream *s = get_stream(st);
+    if (!s) return set_err(cudaErrorInvalidResourceHandle);
+    if (s->legacy) return set_err(cudaErrorStreamCaptureUnsupported); /* the legacy/per-thread default stream */
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return set_err(cudaErrorInvalidValue);
+    auto &r = reg();
+    std::lock_guard<std::mutex> l(r.m);
+    if (s->cap_id.load()) return set_err(cudaErrorIllegalState);
+    uint64_t id = ++r.next;
+    r.caps[id] = capture{mode, std::this_thread::get_id(), s, false, {s}, new graph_obj};
+    s->cap_deps.clear();
+    s->cap_id = id;
+    r.active++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out) {
+    stream *s = get_stream(st);
+    if (!s || !out) return set_err(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+    auto &r = reg();
+    std::lock_guard<std::mutex> l(r.m);
+    uint64_t id = s->cap_id.load();
+    capture *c = capture_of(s);
+    if (!c) return set_err(cudaErrorIllegalState);
+    if (c->origin != s) return set_err(cudaErrorStreamCaptureUnmatched);
+    if (c->mode == cudaStreamCaptureModeThreadLocal && c->owner != std::this_thread::get_id())
+        return set_err(cudaErrorStreamCaptureWrongThread); /* a thread-local capture ends on its thread */
+    cudaError_t e = c->invalid ? cudaErrorStreamCaptureInvalidated : !joined(*c) ? cudaErrorStreamCaptureUnjoined : cudaSuccess;
+    for (stream *m : c->members) { /* the capture ends, whatever the outcome */
+        m->cap_id = 0;
+        m->cap_deps.clear();
+    }
+    *out = e == cudaSuccess ? (cudaGraph_t)c->graph : nullptr;
+    if (e != cudaSuccess) delete c->graph;
+    r.caps.erase(id);
+    r.active--;
+    return set_err(e);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus *status) {
+    stream *s = get_stream(st);
+    if (!s || !status) return set_err(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(reg().m);
+    capture *c = capture_of(s);
+    *status = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+/* Status, id, the graph being built and the number of dependencies; the dependency handles and
+ * edge data are not modelled (null). */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t st, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+                                     cudaGraph_t *graph, const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
+                                     size_t *ndeps) {
+    stream *s = get_stream(st);
+    if (!s || !status) return set_err(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(reg().m);
+    capture *c = capture_of(s);
+    *status = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    if (id) *id = c ? s->cap_id.load() : 0;
+    if (graph) *graph = c ? (cudaGraph_t)c->graph : nullptr;
+    if (deps) *deps = nullptr;
+    if (edges) *edges = nullptr;
+    if (ndeps) *ndeps = c ? s->cap_deps.size() : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+    if (!mode) return set_err(cudaErrorInvalidValue);
+    std::swap(*mode, tl_capture_mode);
+    return cudaSuccess;
+}
+/* The number of nodes (the node handles themselves are not modelled). */
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+    if (!g || !n || nodes) return set_err(cudaErrorInvalidValue);
+    *n = ((graph_obj *)g)->nodes->size();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (!g) return set_err(cudaErrorInvalidValue);
+    delete (graph_obj *)g;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *out, cudaGraph_t g, unsigned long long flags) {
+    if (!out || !g || flags) return set_err(cudaErrorInvalidValue); /* no instantiation flags modelled */
+    auto *x = new exec_obj;
+    x->nodes = std::make_shared<const node_list>(*((graph_obj *)g)->nodes); /* a snapshot: the graph may change or go */
+    *out = (cudaGraphExec_t)x;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *out, cudaGraph_t g, unsigned long long flags) {
+    return cudaGraphInstantiate(out, g, flags);
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
+    if (!x) return set_err(cudaErrorInvalidValue);
+    delete (exec_obj *)x; /* launches in flight hold their own reference to the nodes */
+    return cudaSuccess;
+}
+/* The nodes of g replace those of x when the topology matches: the same number of nodes, each
+ * of the same kind with the same dependencies (a kernel node: the same function). The arguments
+ * (pointers, sizes, scalars) may differ. */
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+    if (!x || !g) return set_err(cudaErrorInvalidValue);
+    auto *ex = (exec_obj *)x;
+    const node_list &nw = *((graph_obj *)g)->nodes;
+    std::lock_guard<std::mutex> l(ex->m);
+    const node_list &old = *ex->nodes;
+    cudaGraphExecUpdateResult res = cudaGraphExecUpdateSuccess;
+    if (nw.size() != old.size()) res = cudaGraphExecUpdateErrorTopologyChanged;
+    for (size_t i = 0; i < nw.size() && res == cudaGraphExecUpdateSuccess; i++)
+        res = nw[i].deps != old[i].deps ? cudaGraphExecUpdateErrorTopologyChanged
+              : nw[i].kind != old[i].kind ? cudaGraphExecUpdateErrorNodeTypeChanged
+              : nw[i].key != old[i].key ? cudaGraphExecUpdateErrorUnsupportedFunctionChange
+                                        : cudaGraphExecUpdateSuccess;
+    if (info) {
+        memset(info, 0, sizeof *info);
+        info->result = res;
+    }
+    if (res != cudaGraphExecUpdateSuccess) return set_err(cudaErrorGraphExecUpdateFailure);
+    ex->nodes = std::make_shared<const node_list>(nw);
+    return cudaSuccess;
+}
+/* The nodes run in capture order, as one operation of the stream (recorded as one node when the
+ * stream is itself capturing: a child graph). */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
+    stream *s = get_stream(st);
+    if (!s) return set_err(cudaErrorInvalidResourceHandle);
+    if (!x) return set_err(cudaErrorInvalidValue);
+    if (sticky() != cudaSuccess) return set_err(sticky());
+    auto *ex = (exec_obj *)x;
+    std::shared_ptr<const node_list> nodes;
+    {
+        std::lock_guard<std::mutex> l(ex->m);
+        nodes = ex->nodes;
+    }
+    return set_err(issue(s, NODE_GRAPH, nullptr, [nodes] {
+        ctx().glaunch++;
+        for (const node &n : *nodes) {
+            if (sticky() != cudaSuccess) break; /* after a fault the rest is dropped, as queued work is */
+            ctx().gnodes++;
+            (*n.run)();
+        }
+    }));
 }
 } // extern "C"
 
@@ -1429,9 +1795,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     /* TF32: asked by the compute type, or by the handle's math mode for an f32 compute */
     bool t32 = comp == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                (comp == CUBLAS_COMPUTE_32F && at == CUDA_R_32F && (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH);
-    ctx().cublas++;
     stream *s = get_stream(h->stream);
-    s->push([=] {
+    cudaError_t ce = issue(s, NODE_CUBLAS, nullptr, [=] {
+        ctx().cublas++; /* counted when it runs (once per graph launch when captured) */
         /* op(A) and op(B) unpacked to f32 (TF32-rounded when asked), then C row by row; each
          * C element sums its k products in order, in f32 */
         std::vector<float> pa(read_ab ? (size_t)m * k : 0), pb(read_ab ? (size_t)k * n : 0), acc(n);
@@ -1462,6 +1828,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
             }
         }
     });
+    if (ce != cudaSuccess) { set_err(ce); return CUBLAS_STATUS_EXECUTION_FAILED; }
     return CUBLAS_STATUS_SUCCESS;
 }
 } // extern "C"
