@@ -1,7 +1,8 @@
 /* The step API on the CUDA backend (issue 15), the cases of tests/step_cases.h plus: the loss
  * meter's reads cost no host sync (counted by the simulator), the scheduled AdamW matches the
- * CPU backend, the GPU's checkpoint default is full storage when memory allows, and one cuBLAS
- * handle per stream gives the same bits on concurrent streams. Without a GPU (and outside the
+ * CPU backend, the GPU's checkpoint default is full storage when memory allows, one cuBLAS
+ * handle per stream gives the same bits on concurrent streams, and a whole step replayed as a
+ * graph gives the bits of plain launches. Without a GPU (and outside the
  * simulator) every test checks the clear MB_ERR_NO_DEVICE and skips itself. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
@@ -120,6 +121,93 @@ static void test_cuda_gemm_per_stream_handles(void **state) {
     mb_device_close(g);
 }
 
+/* A whole training step of a linear model (forward, loss into the meter, backward, unscale,
+ * scheduled AdamW, scaler update) replayed through one graph gives the bits of plain launches:
+ * nothing in it changes from step to step but the batch, copied into fixed buffers. */
+typedef struct sc_step {
+    mb_device *dev;
+    mb_params *p;
+    mb_linear fc;
+    mb_adamw *opt;
+    mb_scaler *sc;
+    mb_meter *meter;
+    mb_lr_schedule sched;
+    float *x, *y, *pred, *dpred; /* fixed device buffers */
+    int64_t B, in, out;
+} sc_step;
+
+static mb_result sc_step_fn(void *user) {
+    sc_step *t = (sc_step *)user;
+    mb_loss_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.acc = mb_meter_slot(t->meter, 0);
+    MB_TRY(mb_params_zero_grad(t->p));
+    MB_TRY(mb_linear_forward(&t->fc, MB_STREAM_COMPUTE, t->x, t->B, t->pred));
+    MB_TRY(mb_loss(t->dev, MB_STREAM_COMPUTE, &lc, t->pred, t->y, t->B, t->out, 1.0f, mb_scaler_scale_ptr(t->sc), NULL,
+                   t->dpred));
+    MB_TRY(mb_linear_backward(&t->fc, MB_STREAM_COMPUTE, t->x, t->dpred, t->B, NULL));
+    MB_TRY(mb_scaler_unscale(t->sc, mb_params_grad(t->p), mb_params_total(t->p)));
+    MB_TRY(mb_adamw_step_scheduled(t->opt, &t->sched, t->sc));
+    return mb_scaler_update(t->sc);
+}
+
+static void sc_step_run(mb_device *g, int graph, uint64_t seed, int steps, float *params, double *loss_sum) {
+    sc_step t;
+    memset(&t, 0, sizeof t);
+    t.dev = g; t.B = 33; t.in = 7; t.out = 3;
+    tu_ok(mb_params_create(&t.p, g));
+    tu_ok(mb_linear_init(&t.fc, t.p, "fc", t.in, t.out));
+    tu_ok(mb_params_finalize(t.p));
+    tu_ok(mb_params_init(t.p, seed));
+    tu_ok(mb_adamw_create(&t.opt, t.p, NULL));
+    tu_ok(mb_scaler_create(&t.sc, g, NULL));
+    tu_ok(mb_meter_create(&t.meter, g, 1));
+    t.sched.kind = MB_LR_WARMUP_COSINE; t.sched.lr = 1e-2f; t.sched.total_steps = steps; t.sched.warmup_steps = 2;
+    size_t nx = (size_t)(t.B * t.in), ny = (size_t)(t.B * t.out);
+    tu_ok(mb_alloc(g, MB_MEM_DEVICE, nx * 4, (void **)&t.x));
+    tu_ok(mb_alloc(g, MB_MEM_DEVICE, ny * 4, (void **)&t.y));
+    tu_ok(mb_alloc(g, MB_MEM_DEVICE, ny * 4, (void **)&t.pred));
+    tu_ok(mb_alloc(g, MB_MEM_DEVICE, ny * 4, (void **)&t.dpred));
+    float *hx = tu_alloc_f32(nx), *hy = tu_alloc_f32(ny);
+    mb_graph *gr = NULL;
+    for (int i = 0; i < steps; i++) {
+        for (size_t e = 0; e < nx; e++) hx[e] = mb_rng_symmetric(seed, 100 + (uint64_t)i, e, 1.0f);
+        for (size_t e = 0; e < ny; e++) hy[e] = mb_rng_symmetric(seed, 200 + (uint64_t)i, e, 1.0f);
+        tu_ok(mb_copy(g, MB_STREAM_COMPUTE, t.x, hx, nx * 4)); /* the batch into the fixed buffers */
+        tu_ok(mb_copy(g, MB_STREAM_COMPUTE, t.y, hy, ny * 4));
+        if (graph && i > 0) tu_ok(mb_graph_run(&gr, g, MB_STREAM_COMPUTE, sc_step_fn, &t)); /* step 0: warm-up */
+        else tu_ok(sc_step_fn(&t));
+    }
+    if (graph) { assert_non_null(gr); assert_true(mb_graph_nodes(gr) >= 7); }
+    tu_ok(mb_meter_read(t.meter, MB_STREAM_COMPUTE, 1));
+    tu_ok(mb_meter_wait(t.meter));
+    double w = 0;
+    tu_ok(mb_meter_value(t.meter, 0, loss_sum, &w));
+    assert_true(w == (double)(t.B * steps));
+    int64_t k = 0;
+    tu_ok(mb_adamw_schedule_step(t.opt, &k));
+    assert_int_equal(k, steps);
+    tu_ok(mb_params_get(t.p, params));
+    mb_graph_destroy(gr);
+    free(hx); free(hy);
+    mb_free(g, t.x); mb_free(g, t.y); mb_free(g, t.pred); mb_free(g, t.dpred);
+    mb_meter_destroy(t.meter); mb_scaler_destroy(t.sc); mb_adamw_destroy(t.opt); mb_params_destroy(t.p);
+}
+
+static void test_cuda_step_graph_replay(void **state) {
+    (void)state;
+    mb_device *g = tu_open_cuda_or_skip(0);
+    uint64_t seed = tu_next();
+    int steps = tu_int(3, 12);
+    float a[128], b[128];
+    double la = 0, lb = 0;
+    sc_step_run(g, 0, seed, steps, a, &la);
+    sc_step_run(g, 1, seed, steps, b, &lb);
+    assert_memory_equal(a, b, (7 * 3 + 3) * sizeof(float));
+    assert_true(la == lb);
+    mb_device_close(g);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -128,6 +216,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_scheduled_adamw),
         cmocka_unit_test(test_cuda_checkpoint_default),
         cmocka_unit_test(test_cuda_gemm_per_stream_handles),
+        cmocka_unit_test(test_cuda_step_graph_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
