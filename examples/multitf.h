@@ -18,6 +18,7 @@
 #ifndef MTF_MULTITF_H
 #define MTF_MULTITF_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 #endif
 #define MTF_MAX_SEG MB_MAX_SEGMENTS
 #define MTF_MAX_F 64 /* features per bar in a file's normalisation metadata */
+#define MTF_STREAM(s) (2 + (s) % (MB_MAX_STREAMS - 2)) /* encoder s's device stream */
 
 /* Our parameter names (enc{s}. and head.fc{1,2}, as train_multitf.c registers them) ->
  * the file's (PyTorch's). */
@@ -208,10 +210,22 @@ MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) {
 MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) { (void)s; (void)h5path; }
 #endif
 
-/* ---- inference ----
- * The forward of train_multitf.c's model (enc{s} LSTMs over the segments of x (B, T, F),
- * last hidden states concatenated, head.fc1, GELU, head.fc2) for batches of up to maxB
- * samples, without gradients. */
+/* ---- the model ----
+ * The one definition of train_multitf.c's model, for training and for inference: enc{s}
+ * LSTMs over the segments of x (B, T, F), each reading its segment of every sample in place
+ * (x_stride = T F: no copy) and keeping its last hidden state (B, H); the states
+ * concatenated (B, S H) -> head.fc1 -> GELU -> head.fc2 -> pred (B, K). The encoders run at
+ * once (mb_lstm_*_many): on a GPU each on its own stream 2 + s, on the CPU side by side on
+ * the device's threads, so the critical path is the longest encoder, not the sum.
+ * With train set, the buffers of the backward too (dpred: the loss gradient goes there). */
+
+typedef struct mtf_config {
+    int64_t maxB;      /* the largest batch */
+    int carry;         /* each encoder carries its (h, c) from one batch to the next */
+    int train;         /* gradient buffers for mtf_model_backward */
+    int checkpoint_k;  /* the LSTMs' activation checkpointing (0: automatic) */
+    mb_dtype precision; /* the encoders' gemm operands (MB_F32, MB_BF16, MB_F16) */
+} mtf_config;
 
 typedef struct mtf_model {
     mb_device *dev;
@@ -220,14 +234,20 @@ typedef struct mtf_model {
     int64_t maxB;
     int64_t seg_off[MTF_MAX_SEG];
     mb_lstm *enc[MTF_MAX_SEG];
+    mb_lstm_call call[MTF_MAX_SEG];                     /* the encoders' calls of the last forward */
     mb_linear fc1, fc2;
     float *hlast[MTF_MAX_SEG], *fused, *z1, *a1, *pred; /* device memory */
+    float *dh[MTF_MAX_SEG], *dfused, *da1, *dpred;      /* train: the backward's */
+    float *state_h, *state_c;                           /* train with carry: (layers, B, H), for checkpoints */
 } mtf_model;
 
 MTF_API void mtf_model_destroy(mtf_model *m) {
-    float *bufs[] = {m->fused, m->z1, m->a1, m->pred};
-    for (int i = 0; i < 4; i++) mb_free(m->dev, bufs[i]);
-    for (int s = 0; s < m->spec.nseg; s++) { mb_lstm_destroy(m->enc[s]); mb_free(m->dev, m->hlast[s]); }
+    float *bufs[] = {m->fused, m->z1, m->a1, m->pred, m->dfused, m->da1, m->dpred, m->state_h, m->state_c};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
+    for (int s = 0; s < m->spec.nseg; s++) {
+        mb_lstm_destroy(m->enc[s]);
+        mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
+    }
     mb_params_destroy(m->params);
     memset(m, 0, sizeof *m);
 }
@@ -236,12 +256,29 @@ MTF_API mb_result mtf_alloc(mtf_model *m, float **p, int64_t n) {
     return mb_alloc(m->dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)p);
 }
 
-/* Register the parameters (the names train_multitf.c uses) and the workspaces. The spec
- * must know its segment lengths. carry: each encoder carries its (h, c) from one forward to
- * the next (a stateful stream of batch 1). */
-MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec *spec, int64_t maxB, int carry) {
+MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
+    const mtf_spec *s = &m->spec;
+    int64_t B = c->maxB;
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->hlast[i], B * s->H));
+    MB_TRY(mtf_alloc(m, &m->fused, B * s->nseg * s->H));
+    MB_TRY(mtf_alloc(m, &m->z1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->a1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->pred, B * s->K));
+    if (!c->train) return MB_OK;
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->H));
+    MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->H));
+    MB_TRY(mtf_alloc(m, &m->da1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->dpred, B * s->K));
+    if (!c->carry) return MB_OK;
+    MB_TRY(mtf_alloc(m, &m->state_h, s->layers * B * s->H));
+    return mtf_alloc(m, &m->state_c, s->layers * B * s->H);
+}
+
+/* Register the parameters (enc{s}. and head.fc{1,2}., in that order) and the workspaces.
+ * The spec must know its segment lengths. */
+MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *spec, const mtf_config *c) {
     memset(m, 0, sizeof *m);
-    m->dev = dev; m->spec = *spec; m->maxB = maxB;
+    m->dev = dev; m->spec = *spec; m->maxB = c->maxB;
     if (spec->nseg < 1 || !spec->T) return MB_FAIL(NULL, MB_ERR_FORMAT, "the model's segment lengths are unknown");
     MB_TRY(mb_params_create(&m->params, dev));
     for (int s = 0; s < spec->nseg; s++) {
@@ -250,23 +287,127 @@ MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec 
         mb_lstm_config lc;
         memset(&lc, 0, sizeof lc);
         lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
-        lc.max_steps = spec->seg_len[s]; lc.max_batch = maxB; lc.carry_state = carry; lc.stream = 2 + s % (MB_MAX_STREAMS - 2);
+        lc.max_steps = spec->seg_len[s]; lc.max_batch = c->maxB; lc.carry_state = c->carry;
+        lc.checkpoint = c->checkpoint_k; lc.precision = c->precision; lc.stream = MTF_STREAM(s);
         MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
         m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
     }
     MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
     MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
     MB_TRY(mb_params_finalize(m->params));
-    for (int s = 0; s < spec->nseg; s++) MB_TRY(mtf_alloc(m, &m->hlast[s], maxB * spec->H));
-    MB_TRY(mtf_alloc(m, &m->fused, maxB * spec->nseg * spec->H));
-    MB_TRY(mtf_alloc(m, &m->z1, maxB * spec->head));
-    MB_TRY(mtf_alloc(m, &m->a1, maxB * spec->head));
-    return mtf_alloc(m, &m->pred, maxB * spec->K);
+    return mtf_model_buffers(m, c);
+}
+
+/* For inference: batches of up to maxB. carry: each encoder carries its (h, c) from one
+ * forward to the next (a stateful stream of batch 1). */
+MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec *spec, int64_t maxB, int carry) {
+    mtf_config c;
+    memset(&c, 0, sizeof c);
+    c.maxB = maxB; c.carry = carry;
+    return mtf_model_build(m, dev, spec, &c);
 }
 
 /* Weights from a file, strictly (every tensor, every shape). */
 MTF_API mb_result mtf_model_load(mtf_model *m, const mb_st_file *f) {
     return mb_st_load_params(f, m->params, mtf_rename);
+}
+
+/* The spec of a model for a data file: its segments (the whole window when it has none),
+ * F and K; H, head and layers chosen by the trainer. */
+MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t H, int64_t head, int layers, int carry) {
+    mtf_spec s;
+    memset(&s, 0, sizeof s);
+    s.nseg = d->segments ? d->segments : 1;
+    s.layers = layers; s.carry = carry; s.F = d->f; s.K = d->k; s.H = H; s.head = head; s.T = d->t;
+    for (int i = 0; i < s.nseg && i < MTF_MAX_SEG; i++) {
+        s.seg_len[i] = d->segments ? d->segment_len[i] : d->t;
+        size_t n = strlen(s.seg_names);
+        snprintf(s.seg_names + n, sizeof s.seg_names - n, "%s%s", i ? "," : "", d->segment_name[i]);
+    }
+    if (!d->segment_name[0][0]) s.seg_names[0] = 0;
+    return s;
+}
+
+/* Start from a weights file (of train_multitf or bench/pytorch/multitf.py): its segments
+ * must be the model's, and every tensor must fit. */
+MTF_API mb_result mtf_model_init_file(mtf_model *m, const char *path) {
+    mb_st_file *f = NULL;
+    mtf_spec s;
+    MB_TRY(mb_st_read(&f, path));
+    mb_result r = mtf_spec_of(f, path, &s);
+    for (int i = 0; r == MB_OK && s.T && i < m->spec.nseg; i++)
+        if (s.nseg != m->spec.nseg || s.seg_len[i] != m->spec.seg_len[i])
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: its segments differ from the data's", path);
+    if (r == MB_OK) r = mtf_model_load(m, f);
+    mb_st_close(f);
+    return r;
+}
+
+/* The weights file of the model, with the normalisation of the data file it trained on. */
+MTF_API mb_result mtf_model_export(const mtf_model *m, const char *path, const char *train_h5) {
+    mtf_spec s = m->spec;
+    mtf_meta_text t;
+    mtf_spec_read_norm(&s, train_h5);
+    mb_result r = mtf_meta_of(&s, &t);
+    if (r == MB_OK) r = mb_st_save_params(path, m->params, mtf_rename, t.kv, t.n);
+    mtf_meta_free(&t);
+    return r;
+}
+
+/* Can the weights file be written (checked before training, not after it)? */
+MTF_API mb_result mtf_export_writable(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path); /* what mb_st_write creates first */
+    FILE *f = fopen(tmp, "w");
+    if (!f) return MB_FAIL(NULL, MB_ERR_IO, "--export: cannot create '%s': %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    return MB_OK;
+}
+
+/* ---- carried state in a checkpoint ----
+ * With carry, each encoder's carried (h, c) and its batch size (0: none): enc{s}.carry_batch,
+ * enc{s}.h_n, enc{s}.c_n, so a resumed run continues the carried state exactly. */
+
+typedef struct mtf_carry_names { char batch[32], h[32], c[32]; } mtf_carry_names;
+MTF_API mtf_carry_names mtf_carry_names_of(int s) {
+    mtf_carry_names n;
+    snprintf(n.batch, sizeof n.batch, "enc%d.carry_batch", s);
+    snprintf(n.h, sizeof n.h, "enc%d.h_n", s);
+    snprintf(n.c, sizeof n.c, "enc%d.c_n", s);
+    return n;
+}
+
+MTF_API mb_result mtf_model_save_carry(mb_ckpt_writer *w, mtf_model *m) {
+    for (int s = 0; s < m->spec.nseg; s++) {
+        mtf_carry_names name = mtf_carry_names_of(s);
+        int64_t B = mb_lstm_state_batch(m->enc[s]);
+        size_t bytes = (size_t)(m->spec.layers * B * m->spec.H) * sizeof(float);
+        MB_TRY(mb_ckpt_add(w, name.batch, &B, sizeof B));
+        if (!B) continue;
+        MB_TRY(mb_lstm_final_state(m->enc[s], m->state_h, m->state_c));
+        MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, MTF_STREAM(s)));
+        MB_TRY(mb_ckpt_add(w, name.h, m->state_h, bytes)); /* copied on the encoder's stream, read on compute */
+        MB_TRY(mb_ckpt_add(w, name.c, m->state_c, bytes));
+    }
+    return MB_OK;
+}
+
+MTF_API mb_result mtf_model_load_carry(mb_ckpt_reader *rd, mtf_model *m) {
+    for (int s = 0; s < m->spec.nseg; s++) {
+        mtf_carry_names name = mtf_carry_names_of(s);
+        int64_t B = 0;
+        MB_TRY(mb_ckpt_get(rd, name.batch, &B, sizeof B));
+        mb_lstm_reset_state(m->enc[s]);
+        if (!B) continue;
+        if (B < 0 || B > m->maxB) return MB_FAIL(NULL, MB_ERR_FORMAT, "checkpoint: %s = %lld", name.batch, (long long)B);
+        size_t bytes = (size_t)(m->spec.layers * B * m->spec.H) * sizeof(float);
+        MB_TRY(mb_ckpt_get(rd, name.h, m->state_h, bytes));
+        MB_TRY(mb_ckpt_get(rd, name.c, m->state_c, bytes));
+        MB_TRY(mb_lstm_set_state(m->enc[s], B, m->state_h, m->state_c));
+        MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, MTF_STREAM(s))); /* read on its stream first */
+    }
+    return MB_OK;
 }
 
 /* The head over the encoders' last hidden states (m->hlast): fusion, fc1, GELU, fc2. */
@@ -283,20 +424,36 @@ MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
     return MB_OK;
 }
 
-/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory;
- * each encoder reads its segment of every sample in place. */
+/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory.
+ * With carry, an encoder whose carried state is of another batch size (an epoch's short
+ * last batch) starts fresh. */
 MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
     const mtf_spec *s = &m->spec;
-    mb_lstm_call call[MTF_MAX_SEG];
-    memset(call, 0, sizeof call);
+    memset(m->call, 0, sizeof m->call);
     for (int i = 0; i < s->nseg; i++) {
-        call[i].lstm = m->enc[i]; call[i].B = B; call[i].T = s->seg_len[i];
-        call[i].x = x + m->seg_off[i] * s->F;
-        call[i].x_stride = s->T * s->F;
-        call[i].h_last = m->hlast[i];
+        int64_t carried = mb_lstm_state_batch(m->enc[i]);
+        if (carried && carried != B) mb_lstm_reset_state(m->enc[i]);
+        mb_lstm_call *c = &m->call[i];
+        c->lstm = m->enc[i]; c->B = B; c->T = s->seg_len[i];
+        c->x = x + m->seg_off[i] * s->F; c->x_stride = s->T * s->F; /* segment i of each sample */
+        c->h_last = m->hlast[i];
+        c->dh_last = m->dh[i];                                      /* train: for the backward */
     }
-    MB_TRY(mb_lstm_forward_many(call, s->nseg));
+    MB_TRY(mb_lstm_forward_many(m->call, s->nseg));
     return mtf_model_head(m, B, pred);
+}
+
+/* Backward of the last forward from the loss gradient in m->dpred: the gradients
+ * accumulate into the flat gradient buffer (a model built with train). */
+MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
+    const mtf_spec *s = &m->spec;
+    int64_t dims[MTF_MAX_SEG];
+    for (int i = 0; i < s->nseg; i++) dims[i] = s->H;
+    MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
+    MB_TRY(mb_act_backward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * s->head)));
+    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
+    MB_TRY(mb_concat_backward(m->dev, MB_STREAM_COMPUTE, s->nseg, m->dfused, dims, B, m->dh));
+    return mb_lstm_backward_many(m->call, s->nseg); /* reads the batch again: it must still be valid */
 }
 
 /* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows

@@ -1,0 +1,313 @@
+/* mb_train.h - what a training program needs besides its model and its loop, shared by
+ * examples/train_multitf.c and examples/train_minimal.c (docs/EXAMPLE.md):
+ *   clock          mbt_now, mbt_rate
+ *   run state      mbt_run: the loop's counters (epoch, step, batches, losses, loader position,
+ *                  accumulation window), the part of a checkpoint that is not weights
+ *   data           mbt_dataset_open (untrusted files, probed in a child), mbt_log_warnings
+ *   progress bar   mbt_progress_draw: one line on stderr, redrawn in place
+ *   metrics        mbt_metrics_open/_step/_epoch: the CSV, kept exact across --resume
+ *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
+ *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
+ *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
+ * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
+ * copy); the command line is mb_args.h's. */
+#ifndef MB_TRAIN_H
+#define MB_TRAIN_H
+#include "mb_args.h"
+#include "mb_plot.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MBT_API static __attribute__((unused)) /* an includer need not use everything */
+#else
+#define MBT_API static
+#endif
+
+// ---- clock ----
+
+MBT_API double mbt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+MBT_API double mbt_rate(int64_t samples, double seconds) { return seconds > 0 ? (double)samples / seconds : 0; }
+
+// ---- run state ----
+// Everything of the loop that a checkpoint must carry besides params and optimizer (saved
+// as one blob: its layout is part of the checkpoint format).
+
+typedef struct mbt_run {
+    int64_t epoch;                   /* the epoch being trained, 1-based */
+    int64_t step, samples, batches;  /* optimizer steps, samples and batches so far */
+    int64_t epoch_batches, epoch_n;  /* this epoch so far */
+    double epoch_loss_sum;           /* sum of batch loss x count, this epoch */
+    mb_loader_pos pos;               /* the next training batch */
+    mb_accum acc;                    /* the accumulation window */
+    double train_loss, val_loss, baseline;
+    double seconds;                  /* training time of this process (not checkpointed) */
+    int64_t samples_run;             /* samples trained by this process (not checkpointed) */
+} mbt_run;
+
+/* A batch of n samples with mean loss `loss` trained. */
+MBT_API void mbt_run_batch(mbt_run *rs, double loss, int64_t n) {
+    rs->epoch_loss_sum += loss * (double)n;
+    rs->epoch_n += n;
+    rs->epoch_batches++;
+    rs->batches++;
+    rs->samples += n;
+}
+
+MBT_API double mbt_run_mean(const mbt_run *rs) { return rs->epoch_n ? rs->epoch_loss_sum / (double)rs->epoch_n : 0; }
+
+/* The epoch's counters back to zero (the run's go on). */
+MBT_API void mbt_run_new_epoch(mbt_run *rs) {
+    rs->epoch_batches = rs->epoch_n = 0;
+    rs->epoch_loss_sum = 0;
+}
+
+// ---- data ----
+
+/* Untrusted files: each is validated first in a child process (mb_dataset_probe), so a
+ * file that crashes or hangs HDF5 ends in an error line. Open them before the device and
+ * the loaders start threads: the probe must not fork while another thread is inside HDF5. */
+MBT_API mb_result mbt_dataset_open(const char *path, mb_dataset **ds) {
+    mb_dataset_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.isolate = 1;
+    return mb_dataset_open_file(ds, path, &dc);
+}
+
+/* Warnings and info from the library go to stderr; errors are printed once, by main. */
+MBT_API void mbt_log_warnings(mb_log_level level, const char *msg, const char *file, int line, void *user) {
+    if (level != MB_LOG_ERROR) mb_log_stderr(level, msg, file, line, user);
+}
+
+// ---- progress bar ----
+// One line on stderr, redrawn in place (\r) at most ten times a second, and only when
+// stderr is a terminal and --quiet is off: pipes and CI logs get nothing per batch.
+//   epoch 2 [=======>                ] 37/120  412 samples/s  loss 0.9312  scale -  mem 12.3 MB
+
+typedef struct mbt_progress {
+    int on;       /* stderr is a terminal and no --quiet */
+    double drawn; /* when the line was last drawn (mbt_now), 0 at an epoch's start */
+} mbt_progress;
+
+/* Device memory in use: the library's live device allocations and, on a GPU, what the
+ * driver reports used of the total (the CPU's "device memory" is host RAM: not shown). */
+MBT_API void mbt_memory_text(mb_device *dev, char *buf, size_t cap) {
+    size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE], total = 0, avail = 0;
+    int n = snprintf(buf, cap, "%.1f MB", (double)live / 1e6);
+    if (n > 0 && (size_t)n < cap && mb_device_backend(dev) == MB_CUDA && mb_device_memory(dev, &total, &avail) == MB_OK)
+        snprintf(buf + n, cap - (size_t)n, " (GPU %.2f of %.2f GB used)", (double)(total - avail) / 1e9,
+                 (double)total / 1e9);
+}
+
+/* Redraw (throttled; always when final, which also ends the line). The loss scale (f16)
+ * is read from the device only when drawing; "-" without a scaler. */
+MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, mb_scaler *scaler, const mbt_run *rs, int64_t total,
+                               double samples_per_s, int final) {
+    if (!p->on) return;
+    double now = mbt_now();
+    if (!final && now - p->drawn < 0.1) return;
+    p->drawn = now;
+    mb_scaler_state st;
+    double scale = scaler && mb_scaler_get(scaler, &st) == MB_OK ? st.scale : 0;
+    enum { WIDTH = 24 };
+    char bar[WIDTH + 1], sc[32] = "-", mem[96];
+    int64_t done = total > 0 ? rs->epoch_batches * WIDTH / total : (int64_t)WIDTH;
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
+    bar[WIDTH] = 0;
+    if (scale > 0) snprintf(sc, sizeof sc, "%g", scale);
+    mbt_memory_text(dev, mem, sizeof mem);
+    fprintf(stderr, "\repoch %lld [%s] %lld/%lld  %.0f samples/s  loss %.4f  scale %s  mem %s\033[K",
+            (long long)rs->epoch, bar, (long long)rs->epoch_batches, (long long)total, samples_per_s,
+            mbt_run_mean(rs), sc, mem);
+    if (final) fputc('\n', stderr);
+}
+
+// ---- metrics ----
+// --metrics FILE: one CSV, a row per training batch (kind `step`) and one per epoch (kind
+// `epoch`), in the order they happen:
+//   kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes
+// batch and step: batches and optimizer steps of the run so far (equal with --accum 1);
+// loss: the batch's loss (step rows) or the epoch's mean training loss (epoch rows); lr: the
+// step's learning rate (step rows); samples_per_s: this epoch so far; device_bytes: live
+// device allocations (epoch rows). The rows are flushed before every checkpoint; --resume
+// keeps the rows the checkpoint covers, drops any that the interrupted run wrote after it,
+// and appends, so the file ends as an uninterrupted run's would (timings aside).
+
+static const char mbt_metrics_header[] =
+    "kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes\n";
+
+/* A row that the checkpoint's run state rs covers (header and foreign lines: no). */
+MBT_API int mbt_metrics_row_kept(const char *line, const mbt_run *rs) {
+    char kind[8];
+    long long epoch, batch;
+    if (sscanf(line, "%7[a-z],%lld,%lld", kind, &epoch, &batch) != 3) return 0;
+    if (!strcmp(kind, "step")) return batch <= rs->batches;
+    return !strcmp(kind, "epoch") && epoch < rs->epoch;
+}
+
+/* The whole file as a string (NULL when it cannot be read). */
+MBT_API char *mbt_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *s = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? (char *)malloc((size_t)n + 1) : NULL;
+    if (s) s[fread(s, 1, (size_t)n, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Open the metrics file: new, or on --resume rewritten to the rows rs covers (a last line
+ * cut short by a kill has no newline and goes too). */
+MBT_API mb_result mbt_metrics_open(FILE **out, const char *path, int resume, const mbt_run *rs) {
+    char *old = resume ? mbt_read_text(path) : NULL;
+    FILE *f = fopen(path, "w");
+    if (f) fputs(mbt_metrics_header, f);
+    for (char *line = old, *end; f && line && (end = strchr(line, '\n')); line = end + 1) {
+        *end = 0;
+        if (mbt_metrics_row_kept(line, rs)) fprintf(f, "%s\n", line);
+    }
+    free(old);
+    *out = f;
+    return f ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+}
+
+MBT_API void mbt_metrics_step(FILE *f, const mbt_run *rs, float loss, float lr, double samples_per_s) {
+    if (f) fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,\n", (long long)rs->epoch, (long long)rs->batches,
+                   (long long)rs->step, (double)loss, (double)lr, samples_per_s);
+}
+
+MBT_API void mbt_metrics_epoch(FILE *f, const mbt_run *rs, double samples_per_s, size_t device_bytes) {
+    if (f) fprintf(f, "epoch,%lld,%lld,%lld,%.6g,%.6g,%.6g,,%.1f,%zu\n", (long long)rs->epoch, (long long)rs->batches,
+                   (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, device_bytes);
+}
+
+/* Close the metrics file (NULL: none), keeping the first error. */
+MBT_API mb_result mbt_metrics_close(FILE *f, const char *path, mb_result r) {
+    if (f && fclose(f) && r == MB_OK) return MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", path);
+    return r;
+}
+
+// ---- loss-curve picture ----
+// At the end of a run with --metrics: an SVG drawn from the metrics file (so a resumed run
+// shows the whole run) by examples/mb_plot.h: the last validation loss against the
+// baseline in percent, the epochs' losses on a y range of their own, the batch losses in
+// a small panel below (docs/EXAMPLE.md).
+
+/* plot (--plot FILE), or the metrics file's name with .svg for its extension, into buf;
+ * checked writable before training, the file left as it was. */
+MBT_API mb_result mbt_plot_path(const char *metrics, const char *plot, char *buf, size_t cap) {
+    const char *dot = strrchr(metrics, '.'), *slash = strrchr(metrics, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - metrics) : (int)strlen(metrics);
+    int n = plot ? snprintf(buf, cap, "%s", plot) : snprintf(buf, cap, "%.*s.svg", stem, metrics);
+    if (n < 0 || (size_t)n >= cap) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "picture path too long: %s", buf);
+    FILE *f = fopen(buf, "r");
+    int existed = f != NULL;
+    if (f) fclose(f);
+    if (!(f = fopen(buf, "a"))) return MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", buf, strerror(errno));
+    fclose(f);
+    if (!existed) remove(buf);
+    return MB_OK;
+}
+
+MBT_API mb_result mbt_plot_write(const char *path, const char *metrics, const char *title) {
+    if (mb_plot_svg(metrics, path, title) != 0) return MB_FAIL(NULL, MB_ERR_IO, "cannot draw %s from %s", path, metrics);
+    return MB_OK;
+}
+
+// ---- checkpoints ----
+// One file (crash-safe: mb_ckpt_write): params, AdamW (m, v, steps), the f16 scaler, any
+// state of the model's own (a hook), the run state and the options that shape the run (a
+// resume with other options is refused).
+
+typedef struct mbt_ckpt {
+    mb_device *dev;
+    const char *path;
+    mb_params *params;
+    mb_adamw *opt;
+    mb_scaler *scaler;                                     /* NULL: none */
+    const void *options;                                   /* compared bytewise on load */
+    size_t options_bytes;
+    mb_result (*save_state)(mb_ckpt_writer *w, void *ctx); /* the model's own state (NULL: none) */
+    mb_result (*load_state)(mb_ckpt_reader *rd, void *ctx);
+    void *ctx;
+} mbt_ckpt;
+
+MBT_API mb_result mbt_ckpt_fill(mb_ckpt_writer *w, const mbt_ckpt *c, const mbt_run *rs) {
+    mbt_run st = *rs;
+    st.seconds = 0; /* timings are not state: a resumed run's file must equal an uninterrupted one's */
+    st.samples_run = 0;
+    MB_TRY(mb_ckpt_add_params(w, c->params));
+    MB_TRY(mb_ckpt_add_adamw(w, c->opt));
+    if (c->scaler) MB_TRY(mb_ckpt_add_scaler(w, c->scaler));
+    if (c->save_state) MB_TRY(c->save_state(w, c->ctx));
+    MB_TRY(mb_ckpt_add(w, "run", &st, sizeof st));
+    MB_TRY(mb_ckpt_add(w, "options", c->options, c->options_bytes));
+    return mb_ckpt_write(w, c->path);
+}
+
+/* The metrics rows so far reach their file first: a resume keeps them. */
+MBT_API mb_result mbt_ckpt_save(const mbt_ckpt *c, const mbt_run *rs, FILE *metrics) {
+    mb_ckpt_writer *w = NULL;
+    if (metrics) fflush(metrics);
+    MB_TRY(mb_ckpt_writer_create(&w, c->dev));
+    mb_result r = mbt_ckpt_fill(w, c, rs);
+    mb_ckpt_writer_destroy(w);
+    return r;
+}
+
+MBT_API mb_result mbt_ckpt_get(mb_ckpt_reader *rd, const mbt_ckpt *c, mbt_run *rs) {
+    char saved[4096];
+    if (c->options_bytes > sizeof saved) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "options too large");
+    MB_TRY(mb_ckpt_get(rd, "options", saved, c->options_bytes));
+    if (memcmp(saved, c->options, c->options_bytes) != 0)
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", c->path);
+    MB_TRY(mb_ckpt_load_params(rd, c->params));
+    MB_TRY(mb_ckpt_load_adamw(rd, c->opt));
+    if (c->scaler) MB_TRY(mb_ckpt_load_scaler(rd, c->scaler));
+    if (c->load_state) MB_TRY(c->load_state(rd, c->ctx));
+    return mb_ckpt_get(rd, "run", rs, sizeof *rs);
+}
+
+MBT_API mb_result mbt_ckpt_load(const mbt_ckpt *c, mbt_run *rs) {
+    mb_ckpt_reader *rd = NULL;
+    MB_TRY(mb_ckpt_read(&rd, c->dev, c->path));
+    mb_result r = mbt_ckpt_get(rd, c, rs);
+    mb_ckpt_close(rd);
+    return r;
+}
+
+// ---- report ----
+
+/* The epoch's line, the f16 loss scale, and the seeds' leak check: a warning when the
+ * library's live device memory grew by more than 100 MB since *live0 (then updated). */
+MBT_API void mbt_epoch_report(mb_device *dev, mb_scaler *scaler, const mbt_run *rs, double samples_per_s,
+                              size_t *live0) {
+    size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
+    char mem[96];
+    mb_scaler_state sst;
+    mbt_memory_text(dev, mem, sizeof mem);
+    printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
+           (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, mem);
+    if (scaler && mb_scaler_get(scaler, &sst) == MB_OK) printf("  f16 loss scale %g\n", (double)sst.scale);
+    if (live > *live0 + (size_t)100e6)
+        printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - *live0) / 1e6);
+    *live0 = live;
+}
+
+/* The last line, for scripts (samples_per_s over this process's training time). */
+MBT_API void mbt_summary(const mbt_run *rs, int world) {
+    printf("summary: epochs=%lld steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f "
+           "world=%d\n", (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline,
+           mbt_rate(rs->samples_run, rs->seconds), world);
+}
+
+#endif /* MB_TRAIN_H */
