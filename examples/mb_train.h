@@ -96,6 +96,8 @@ MBT_API void mbt_log_warnings(mb_log_level level, const char *msg, const char *f
 typedef struct mbt_progress {
     int on;       /* stderr is a terminal and no --quiet */
     double drawn; /* when the line was last drawn (mbt_now), 0 at an epoch's start */
+    double loss;  /* the last training loss the loop read from the device */
+    double scale; /* f16: the last loss scale read (0: none yet, or no scaler) */
 } mbt_progress;
 
 /* Device memory in use: the library's live device allocations and, on a GPU, what the
@@ -108,16 +110,15 @@ MBT_API void mbt_memory_text(mb_device *dev, char *buf, size_t cap) {
                  (double)total / 1e9);
 }
 
-/* Redraw (throttled; always when final, which also ends the line). The loss scale (f16)
- * is read from the device only when drawing; "-" without a scaler. */
-MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, mb_scaler *scaler, const mbt_run *rs, int64_t total,
-                               double samples_per_s, int final) {
+/* Redraw (throttled; always when final, which also ends the line). The loss and the loss
+ * scale are the last values the loop read (p->loss, p->scale; "-" for no scale): drawing never
+ * waits for the device. */
+MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, const mbt_run *rs, int64_t total, double samples_per_s,
+                               int final) {
     if (!p->on) return;
-    double now = mbt_now();
+    double now = mbt_now(), scale = p->scale;
     if (!final && now - p->drawn < 0.1) return;
     p->drawn = now;
-    mb_scaler_state st;
-    double scale = scaler && mb_scaler_get(scaler, &st) == MB_OK ? st.scale : 0;
     enum { WIDTH = 24 };
     char bar[WIDTH + 1], sc[32] = "-", mem[96];
     int64_t done = total > 0 ? rs->epoch_batches * WIDTH / total : (int64_t)WIDTH;
@@ -127,7 +128,7 @@ MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, mb_scaler *scale
     mbt_memory_text(dev, mem, sizeof mem);
     fprintf(stderr, "\repoch %lld [%s] %lld/%lld  %.0f samples/s  loss %.4f  scale %s  mem %s\033[K",
             (long long)rs->epoch, bar, (long long)rs->epoch_batches, (long long)total, samples_per_s,
-            mbt_run_mean(rs), sc, mem);
+            p->loss, sc, mem);
     if (final) fputc('\n', stderr);
 }
 
@@ -303,11 +304,11 @@ MBT_API void mbt_epoch_report(mb_device *dev, mb_scaler *scaler, const mbt_run *
     *live0 = live;
 }
 
-/* The last line, for scripts (samples_per_s over this process's training time). */
-MBT_API void mbt_summary(const mbt_run *rs, int world) {
+/* The last line, for scripts (samples_per_s over this process's training time); extra: appended ("" for none). */
+MBT_API void mbt_summary(const mbt_run *rs, int world, const char *extra) {
     printf("summary: epochs=%lld steps=%lld train_loss=%.5f val_loss=%.5f baseline_val_loss=%.5f samples_per_s=%.1f "
-           "world=%d\n", (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline,
-           mbt_rate(rs->samples_run, rs->seconds), world);
+           "world=%d%s\n", (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline,
+           mbt_rate(rs->samples_run, rs->seconds), world, extra);
 }
 
 #endif /* MB_TRAIN_H */

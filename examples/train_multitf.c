@@ -15,6 +15,9 @@
  * the metrics CSV and its SVG, checkpoints (--ckpt, --resume: bitwise the weights of an
  * uninterrupted run), the epoch lines and the last line, for scripts:
  *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=.. world=..
+ * (under the CUDA simulator, tests/cudasim, also launches_per_step=.. graphs_per_step=.. syncs_per_step=..).
+ * A training step never waits for the device, and on the GPU it is one CUDA graph launch
+ * (section "the training step").
  * Exit 2 with `error: ...` on bad flags or data.
  */
 #define MEGABATCH_IMPLEMENTATION
@@ -53,7 +56,7 @@ static const char usage[] =
     "            --carry (carry the encoders' state from batch to batch)\n"
     "training:   --epochs E [3]  --batch B [128]  --lr X [2e-3]  --schedule constant|cosine|onecycle [cosine]\n"
     "            --warmup STEPS [20]  --accum N [1]  --clip X [1.0]  --weight-decay X [0.01]\n"
-    "            --precision f32|bf16|f16 [f32]  --seed S [1]  --max-batches N [0: all]\n"
+    "            --precision f32|bf16|f16 [f32; bf16 on the GPU]  --seed S [1]  --max-batches N [0: all]\n"
     "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
@@ -70,6 +73,7 @@ static int parse_options(int argc, char **argv, options *o) {
     o->epochs = 3; o->layers = 1; o->accum = 1; o->batch = 128; o->hidden = 32; o->head = 64;
     o->lr = 2e-3f; o->clip = 1.0f; o->weight_decay = 0.01f; o->chunk_fraction = 0.75f;
     o->warmup = 20; o->schedule = MB_LR_WARMUP_COSINE; o->loss = MB_LOSS_MSE; o->seed = 1;
+    o->precision = BACKEND == MB_CUDA ? MB_BF16 : MB_F32; /* the GPU: bf16 tensor cores, no scaler needed */
     const mba_flag flags[] = {
         {"--train", MBA_STR, &o->train, 0, 0, NULL}, {"--val", MBA_STR, &o->val, 0, 0, NULL},
         {"--metrics", MBA_STR, &o->metrics, 0, 0, NULL}, {"--plot", MBA_STR, &o->plot, 0, 0, NULL},
@@ -95,7 +99,8 @@ static int parse_options(int argc, char **argv, options *o) {
 
 // ---- model ----
 // The network is multitf.h's mtf_model (built with its backward's buffers); here, what
-// training adds: the loss, the f16 loss scaler, and zeros (the baseline's prediction).
+// training adds: the loss, the f16 loss scaler, zeros (the baseline's prediction), the meter
+// the losses sum into on the device, and what the graph step needs (section "the training step").
 
 enum { MAX_SEG = 5 };
 
@@ -105,6 +110,13 @@ typedef struct model {
     mb_scaler *scaler;   /* f16: the dynamic loss scaler, else NULL */
     float *zeros, *loss; /* (B, K) zeros; one device float */
     mb_dist *dist;       /* data parallel: a world of one without MPI */
+    mb_meter *meter;     /* device sums: 0 training loss, 1 validation loss, 2 baseline */
+    int64_t reads_seen;  /* meter reads taken so far */
+    double seen_sum, seen_w; /* slot 0 as last read: the training loss since the last fold */
+    double last_loss;    /* the last training loss read: mean over the batches since the read before */
+    int graphs, warm;    /* the step runs as CUDA graphs; a step of this process ran (the warm-up) */
+    mb_graph *graph[8];  /* by (window start, optimizer step, short batch) */
+    float *xb, *yb;      /* the batch copied into fixed device buffers, which the graphs read */
 } model;
 
 static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *meta, const options *o) {
@@ -121,48 +133,58 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, zeros, (void **)&m->zeros));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, sizeof(float), (void **)&m->loss));
     if (o->precision == MB_F16) MB_TRY(mb_scaler_create(&m->scaler, dev, NULL)); /* GradScaler defaults */
+    MB_TRY(mb_meter_create(&m->meter, dev, 3));
+    MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->t * meta->f) * sizeof(float), (void **)&m->xb));
+    MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->k) * sizeof(float), (void **)&m->yb));
     return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, zeros);
 }
 
 static void model_destroy(model *m) {
+    for (int i = 0; i < 8; i++) mb_graph_destroy(m->graph[i]);
+    mb_meter_destroy(m->meter);
+    mb_free(m->net.dev, m->xb);
+    mb_free(m->net.dev, m->yb);
     mb_scaler_destroy(m->scaler);
     mb_free(m->net.dev, m->zeros);
     mb_free(m->net.dev, m->loss);
     mtf_model_destroy(&m->net);
 }
 
-/* Forward of B samples x (B, T, F) against y (B, K): loss into m->loss and, when
- * grad_scale > 0, dLoss/dpred * grad_scale into the model's dpred (f16: times the scale). */
-static mb_result model_loss(model *m, const float *x, const float *y, int64_t B, float grad_scale) {
+/* Forward of B samples x (B, T, F) against y (B, K): loss into m->loss and added into meter
+ * slot `slot` (-1: none) and, when grad_scale > 0, dLoss/dpred * grad_scale into the model's
+ * dpred (f16: times the scale). */
+static mb_result model_loss(model *m, const float *x, const float *y, int64_t B, float grad_scale, int slot) {
     const float *pred;
     MB_TRY(mtf_model_forward(&m->net, x, B, &pred));
     const float *loss_scale = m->scaler ? mb_scaler_scale_ptr(m->scaler) : NULL;
-    return mb_loss(m->net.dev, MB_STREAM_COMPUTE, &m->loss_cfg, pred, y, B, m->net.spec.K, grad_scale, loss_scale,
-                   m->loss, grad_scale > 0 ? m->net.dpred : NULL);
+    mb_loss_config lc = m->loss_cfg;
+    lc.acc = mb_meter_slot(m->meter, slot);
+    return mb_loss(m->net.dev, MB_STREAM_COMPUTE, &lc, pred, y, B, m->net.spec.K, grad_scale, loss_scale, m->loss,
+                   grad_scale > 0 ? m->net.dpred : NULL);
 }
 
-/* Mean validation loss of the model and of the naive baseline (predict 0 return). */
+/* Mean validation loss of the model and of the naive baseline (predict 0 return), summed on
+ * the device (meter slots 1, 2) and read once, at the end. */
 static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline) {
-    double sum = 0, base = 0;
-    int64_t n = 0;
     mb_batch b;
+    mb_loss_config base = m->loss_cfg;
+    base.acc = mb_meter_slot(m->meter, 2);
     for (int s = 0; s < m->net.spec.nseg; s++) mb_lstm_reset_state(m->net.enc[s]);
     for (;;) {
         MB_TRY(mb_loader_next(val, &b));
         if (b.count == 0) break;
-        float l, z;
-        MB_TRY(model_loss(m, (const float *)b.features, (const float *)b.targets, b.count, 0.0f));
-        MB_TRY(mb_fetch_scalar(m->net.dev, MB_STREAM_COMPUTE, m->loss, &l));
-        MB_TRY(mb_loss(m->net.dev, MB_STREAM_COMPUTE, &m->loss_cfg, m->zeros, (const float *)b.targets, b.count,
-                       m->net.spec.K, 0.0f, NULL, m->loss, NULL));
-        MB_TRY(mb_fetch_scalar(m->net.dev, MB_STREAM_COMPUTE, m->loss, &z));
-        sum += (double)l * (double)b.count;
-        base += (double)z * (double)b.count;
-        n += b.count;
+        MB_TRY(model_loss(m, (const float *)b.features, (const float *)b.targets, b.count, 0.0f, 1));
+        MB_TRY(mb_loss(m->net.dev, MB_STREAM_COMPUTE, &base, m->zeros, (const float *)b.targets, b.count,
+                       m->net.spec.K, 0.0f, NULL, NULL, NULL));
     }
     for (int s = 0; s < m->net.spec.nseg; s++) mb_lstm_reset_state(m->net.enc[s]);
-    *loss = n ? sum / (double)n : 0;
-    *baseline = n ? base / (double)n : 0;
+    double v[2][2];
+    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1)); /* none in flight: the epoch's fold read the rest */
+    MB_TRY(mb_meter_wait(m->meter));
+    m->reads_seen = mb_meter_reads(m->meter);
+    for (int i = 0; i < 2; i++) MB_TRY(mb_meter_value(m->meter, 1 + i, &v[i][0], &v[i][1]));
+    *loss = v[0][1] > 0 ? v[0][0] / v[0][1] : 0;
+    *baseline = v[1][1] > 0 ? v[1][0] / v[1][1] : 0;
     return MB_OK;
 }
 
@@ -288,6 +310,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     checkpoint_init(t);
     if (o->resume) {
         MB_TRY(mbt_ckpt_load(&t->ckpt, &t->rs));
+        MB_TRY(mb_adamw_set_schedule_step(t->opt, t->rs.step)); /* the device's schedule counter */
         MB_TRY(mb_loader_set_position(t->tr, t->rs.pos));
         if (!o->quiet && t->lead)
             printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
@@ -301,12 +324,140 @@ static mb_result trainer_open(trainer *t, const options *opts) {
 // ---- the training loop ----
 
 /* One optimizer step. f16: unscale the gradients, AdamW (skipped on the device when any
- * gradient is inf/NaN), then the scaler backs off or grows. No host sync. */
-static mb_result optimizer_step(model *m, mb_adamw *opt, float lr) {
-    if (!m->scaler) return mb_adamw_step(opt, lr, NULL); /* f32 and bf16: no loss scaling */
+ * gradient is inf/NaN), then the scaler backs off or grows. No host sync, and nothing that
+ * changes from step to step: the schedule's learning rate is computed on the device. */
+static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *sched) {
+    if (!m->scaler) return mb_adamw_step_scheduled(opt, sched, NULL); /* f32 and bf16: no loss scaling */
     MB_TRY(mb_scaler_unscale(m->scaler, mb_params_grad(m->net.params), mb_params_total(m->net.params)));
-    MB_TRY(mb_adamw_step(opt, lr, m->scaler));
+    MB_TRY(mb_adamw_step_scheduled(opt, sched, m->scaler));
     return mb_scaler_update(m->scaler);
+}
+
+// ---- the training step ----
+// A step queues its work and never waits for the device (issue 15): the loss adds into the
+// meter on the device, the learning rate comes from the schedule on the device, and the loop
+// reads the meter whenever its last read has landed (pinned memory + an event: a poll, no
+// wait). So nothing of a step changes from batch to batch but the batch itself: on the GPU the
+// batch is copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
+// unscale, clip, AdamW, scaler) is captured once as a CUDA graph and replayed, one graph
+// launch per batch. Variants (window start, optimizer step, short last batch) each get their
+// graph. The first step of a run runs plain (the warm-up the capture needs). Plain launches
+// instead, said once: the CPU (mb_graph_run runs the calls directly), --carry (the encoders'
+// state path changes between batches), several ranks (the all-reduce waits on the host).
+
+typedef struct step_args {
+    model *m;
+    mb_adamw *opt;
+    const mb_lr_schedule *sched;
+    const float *x, *y;
+    int64_t B;
+    float grad_scale;
+    int start, stepped, slot; /* zero the gradients first, end with the optimizer, meter slot */
+} step_args;
+
+static mb_result train_step(void *user) {
+    step_args *a = (step_args *)user;
+    model *m = a->m;
+    if (a->start) MB_TRY(mb_params_zero_grad(m->net.params));
+    MB_TRY(model_loss(m, a->x, a->y, a->B, a->grad_scale, a->slot));
+    MB_TRY(mtf_model_backward(&m->net, a->B));
+    return a->stepped ? optimizer_step(m, a->opt, a->sched) : MB_OK;
+}
+
+static void graphs_choose(model *m, const options *o) {
+    const char *off = !mb_graph_supported(m->net.dev) ? NULL : o->carry ? "--carry (the encoders' state changes the step)"
+                      : mb_dist_size(m->dist) > 1 ? "several ranks (the all-reduce waits on the host)" : NULL;
+    m->graphs = mb_graph_supported(m->net.dev) && !off;
+    if (off && !o->quiet && mb_dist_rank(m->dist) == 0) fprintf(stderr, "note: CUDA graphs off: %s; plain launches\n", off);
+}
+
+/* One batch's step: through its graph when graphs are on and the warm-up step ran. */
+static mb_result run_step(model *m, step_args *a, const mb_batch *b, int warm) {
+    if (!m->graphs || !warm) return train_step(a);
+    const mtf_spec *sp = &m->net.spec;
+    size_t xbytes = (size_t)(b->count * sp->T * sp->F) * sizeof(float), ybytes = (size_t)(b->count * sp->K) * sizeof(float);
+    MB_TRY(mb_copy(m->net.dev, MB_STREAM_COMPUTE, m->xb, b->features, xbytes)); /* device to device */
+    MB_TRY(mb_copy(m->net.dev, MB_STREAM_COMPUTE, m->yb, b->targets, ybytes));
+    a->x = m->xb;
+    a->y = m->yb;
+    int v = a->start * 4 + a->stepped * 2 + (b->count != m->net.maxB);
+    return mb_graph_run(&m->graph[v], m->net.dev, MB_STREAM_COMPUTE, train_step, a);
+}
+
+/* Meter slot 0 sums the training loss on the device since the last fold (epoch start or
+ * checkpoint); reads in between do not reset it, so the sums are the same whenever reads land
+ * (a resumed run's epoch sum is the uninterrupted run's, bitwise). A landed read: its mean over
+ * the batches since the read before is the loss shown. */
+static void meter_landed(model *m) {
+    if (mb_meter_reads(m->meter) == m->reads_seen) return;
+    m->reads_seen = mb_meter_reads(m->meter);
+    double sum = 0, w = 0;
+    if (mb_meter_value(m->meter, 0, &sum, &w) != MB_OK || w <= m->seen_w) return;
+    m->last_loss = (sum - m->seen_sum) / (w - m->seen_w);
+    m->seen_sum = sum;
+    m->seen_w = w;
+}
+
+/* After each batch: start a read when none is in flight, take one that landed. No wait. */
+static mb_result meter_poll(model *m) {
+    int ready = 0;
+    MB_TRY(mb_meter_poll(m->meter, &ready));
+    meter_landed(m);
+    if (ready) MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 0));
+    MB_TRY(mb_meter_poll(m->meter, &ready)); /* the CPU: landed already */
+    meter_landed(m);
+    return MB_OK;
+}
+
+/* Fold everything queued so far into the epoch's sums and restart the device's (waits: epoch
+ * ends and checkpoints only). */
+static mb_result meter_fold(model *m, mbt_run *rs) {
+    MB_TRY(mb_meter_wait(m->meter));
+    meter_landed(m);
+    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1));
+    MB_TRY(mb_meter_wait(m->meter));
+    meter_landed(m);
+    rs->epoch_loss_sum += m->seen_sum; /* (the samples: counted per batch, mbt_run_batch) */
+    m->seen_sum = m->seen_w = 0;
+    return MB_OK;
+}
+
+// ---- launch counters (the simulator) ----
+// Under tests/cudasim the summary line gains launches_per_step (kernels + cuBLAS calls run,
+// directly or as graph nodes), graphs_per_step and syncs_per_step: averages over the training
+// steps after the warm-up step, validation and the epoch-end read left out.
+
+typedef struct counters { double launches, graphs, syncs, steps; } counters;
+static counters sim_total;
+
+static counters counters_now(void) {
+    counters c = {0, 0, 0, 0};
+#ifdef CUDASIM
+    cudasim::stats s = cudasim::get_stats();
+    c.launches = (double)(s.launches + s.cublas_calls);
+    c.graphs = (double)s.graph_launches;
+    c.syncs = (double)s.host_syncs;
+#endif
+    return c;
+}
+
+/* Add the span [from, to) (launches from `to`, syncs from `to_syncs`) of `steps` steps. */
+static void counters_add(counters from, counters to, double syncs_to, int64_t steps) {
+    sim_total.launches += to.launches - from.launches;
+    sim_total.graphs += to.graphs - from.graphs;
+    sim_total.syncs += syncs_to - from.syncs;
+    sim_total.steps += (double)steps;
+}
+
+static void counters_text(char *buf, size_t cap) {
+    buf[0] = 0;
+#ifdef CUDASIM
+    double n = sim_total.steps > 0 ? sim_total.steps : 1;
+    snprintf(buf, cap, " launches_per_step=%.1f graphs_per_step=%.2f syncs_per_step=%.2f", sim_total.launches / n,
+             sim_total.graphs / n, sim_total.syncs / n);
+#else
+    (void)cap;
+#endif
 }
 
 /* The rest of epoch rs->epoch over the training loader: accumulation, clipping (inside
@@ -316,7 +467,9 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
     model *m = &t->m;
     mbt_run *rs = &t->rs;
     double t0 = mbt_now();
-    int64_t samples0 = rs->samples, total = batches_per_epoch(t);
+    int64_t samples0 = rs->samples, total = batches_per_epoch(t), counted = 0;
+    int dp = mb_dist_size(m->dist) > 1;
+    counters c0 = counters_now();
     mb_batch b;
     pb->drawn = 0;
     for (;;) {
@@ -327,32 +480,45 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
         }
         MB_TRY(mb_loader_next(t->tr, &b));
         if (b.count == 0) break;
-        if (mb_accum_window_start(&rs->acc)) MB_TRY(mb_params_zero_grad(m->net.params));
-        MB_TRY(model_loss(m, (const float *)b.features, (const float *)b.targets, b.count,
-                          mb_accum_loss_scale(&rs->acc)));
-        MB_TRY(mtf_model_backward(&m->net, b.count));
-        float lr; /* this accumulation window's learning rate */
+        float lr; /* this window's learning rate, for the metrics (the device computes its own) */
         MB_TRY(mb_lr_at(&t->sched, rs->step, &lr));
-        int stepped = mb_accum_tick(&rs->acc), dp = mb_dist_size(m->dist) > 1;
-        float l;             /* the batch loss; data parallel: over all ranks' samples */
+        int warm = m->warm, start = mb_accum_window_start(&rs->acc);
+        int stepped = mb_accum_tick(&rs->acc);
+        step_args a = {m, t->opt, &t->sched, (const float *)b.features, (const float *)b.targets, b.count,
+                       mb_accum_loss_scale(&rs->acc), start, stepped && !dp, dp ? -1 : 0};
+        MB_TRY(run_step(m, &a, &b, warm));
         int64_t n = b.count; /* samples of the batch, over all ranks */
-        if (dp) MB_TRY(data_parallel_reduce(m, b.count, &l, &n));
-        if (stepped) {
-            MB_TRY(optimizer_step(m, t->opt, lr));
-            rs->step++;
+        if (dp) { /* the gradients and the loss averaged over the ranks (waits on the host), then the step */
+            float l;
+            MB_TRY(data_parallel_reduce(m, b.count, &l, &n));
+            if (stepped) MB_TRY(optimizer_step(m, t->opt, &t->sched));
+            m->last_loss = l;
+            mbt_run_batch(rs, l, n);
+        } else {
+            MB_TRY(meter_poll(m));
+            mbt_run_batch(rs, 0.0, n); /* the loss sums: folded from the meter (meter_fold) */
         }
-        /* fetching the loss waits for the batch: one host sync per batch, after its step */
-        if (!dp) MB_TRY(mb_fetch_scalar(t->dev, MB_STREAM_COMPUTE, m->loss, &l));
-        mbt_run_batch(rs, l, n);
+        if (stepped) rs->step++;
+        if (!warm) { /* the warm-up step is not counted: wait for it once, count from here */
+            MB_TRY(mb_sync(t->dev, -1));
+            c0 = counters_now();
+            m->warm = 1;
+        } else counted++;
         double sps = mbt_rate(rs->samples - samples0, mbt_now() - t0);
-        mbt_metrics_step(t->csv, rs, l, lr, sps);
-        mbt_progress_draw(pb, t->dev, m->scaler, rs, total, sps, 0);
+        if (m->reads_seen || dp) mbt_metrics_step(t->csv, rs, (float)m->last_loss, lr, sps); /* once one landed */
+        pb->loss = m->last_loss;
+        mbt_progress_draw(pb, t->dev, rs, total, sps, 0);
         if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0 && t->lead) {
             rs->pos = mb_loader_position(t->tr);
+            MB_TRY(meter_fold(m, rs)); /* the epoch's loss so far, in the checkpoint */
             MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
         }
     }
-    mbt_progress_draw(pb, t->dev, m->scaler, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);
+    double syncs = counters_now().syncs;
+    if (!dp) MB_TRY(meter_fold(m, rs)); /* the device is idle after it: every counted launch has run */
+    counters_add(c0, counters_now(), syncs, counted);
+    pb->loss = m->last_loss;
+    mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);
     MB_TRY(mb_sync(t->dev, -1));
     rs->seconds += mbt_now() - t0;
     rs->train_loss = mbt_run_mean(rs); /* mean over the epoch */
@@ -364,13 +530,16 @@ static mb_result train(trainer *t) {
     const options *o = &t->o;
     mbt_run *rs = &t->rs;
     size_t live0 = mb_device_mem_stats(t->dev).live[MB_MEM_DEVICE];
-    mbt_progress pb = {!o->quiet && t->lead && isatty(STDERR_FILENO), 0};
+    mbt_progress pb = {!o->quiet && t->lead && isatty(STDERR_FILENO), 0, 0, 0};
     int64_t samples0 = rs->samples;
+    graphs_choose(&t->m, o);
     while (rs->epoch <= o->epochs) {
         MB_TRY(train_epoch(t, &pb));
         MB_TRY(evaluate(&t->m, t->va, &rs->val_loss, &rs->baseline));
         MB_TRY(data_parallel_in_sync(&t->m));
         double sps = mbt_rate(rs->samples - samples0, rs->seconds);
+        mb_scaler_state st; /* the scale the progress bar shows next epoch (read here: the epoch's end) */
+        if (t->m.scaler && mb_scaler_get(t->m.scaler, &st) == MB_OK) pb.scale = st.scale;
         if (t->lead) mbt_epoch_report(t->dev, t->m.scaler, rs, sps, &live0);
         mbt_metrics_epoch(t->csv, rs, sps, mb_device_mem_stats(t->dev).live[MB_MEM_DEVICE]);
         mbt_run_new_epoch(rs);
@@ -426,7 +595,9 @@ int main(int argc, char **argv) {
         mb_dist_close(t.dist);
         return 2;
     }
-    if (t.lead) mbt_summary(&t.rs, t.o.world); /* samples: over all ranks */
+    char counts[160];
+    counters_text(counts, sizeof counts);
+    if (t.lead) mbt_summary(&t.rs, t.o.world, counts); /* samples: over all ranks */
     mb_dist_close(t.dist);
     return 0;
 }

@@ -23,6 +23,12 @@ for prec in f32 bf16 f16; do
     else bad "$prec val_loss cpu '$c' sim '$s' (tolerance $tol)"; cat "$d/sim.log" | tail -20; fi
 done
 grep '^cudasim:' "$d/sim.log"
+# issue 15: a step is one graph launch and no host sync (the summary's counters, f16: the last run)
+steps=$(sed -n 's/^summary:.*\( launches_per_step=.*\)$/\1/p' "$d/sim.log")
+case "$steps" in
+*" graphs_per_step=1.00 syncs_per_step=0.00") ok "one graph, no host sync per step:$steps" ;;
+*) bad "per-step counters: '$steps'" ;;
+esac
 # --resume --carry (f16: the scaler in the checkpoint; a constant schedule, whose length does not
 # matter): a 1-epoch run resumed for a second epoch writes the checkpoint of a 2-epoch run, bitwise
 run() { "$b/$v/train_multitf_cuda" $args --carry --precision f16 --schedule constant --warmup 0 --ckpt "$@" \
