@@ -3550,6 +3550,53 @@ static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t 
     *dc = dcv * f;
 }
 
+// ---- fused LSTM: types ----
+// The persistent fused recurrence of megabatch_cuda.cuh (its section "fused LSTM"; the host
+// side is the section of that name at the end of this module). One descriptor per LSTM layer
+// in a launch, passed by value.
+
+enum { MB__FUSED_ROWS = 16, MB__FUSED_MAX = 16, MB__FUSED_THREADS = 256 }; /* rows per block, layers per launch */
+
+typedef struct mb__fused_desc {
+    float *g;              /* (T, B, 4H) gates: x W_ih^T in, activated out (forward) */
+    float *cs, *hs;        /* (T+1, B, H) cells and outputs, slot 0 = c0, h0 */
+    void *hs_op;           /* hs in the operand type, NULL in f32 */
+    const void *whh;       /* (4H, H) in the operand type */
+    const float *bih, *bhh;
+    const float *dout;     /* backward: (T, B, H) gradient w.r.t. the outputs */
+    float *dg;             /* backward: (T, B, 4H) gate gradients */
+    void *dg_op;           /* backward: dg in the operand type, NULL in f32 */
+    float *dh0, *dc0;      /* backward: (B, H) */
+    int B, T, H, tile0;    /* tile0: the first block of this layer in the launch */
+} mb__fused_desc;
+
+typedef struct mb__fused_args {
+    int n;
+    mb__fused_desc d[MB__FUSED_MAX];
+} mb__fused_args;
+
+/* Shared memory of a block at hidden size H (padded to Hp, a multiple of 16): W_hh (4Hp x Hp),
+ * the operand tile (16 x 4Hp), the f32 product (16 x 4Hp) and dc (16 x Hp). */
+static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
+    size_t Hp = (size_t)(H + 15) / 16 * 16, es = mb_dtype_size(op), R = MB__FUSED_ROWS;
+    return 4 * Hp * Hp * es + R * 4 * Hp * es + R * 4 * Hp * 4 + R * Hp * 4;
+}
+
+#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
+static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
+                                     unsigned blocks);
+static size_t mb__cuda_smem_optin(mb_device *dev);
+#endif
+struct mb_lstm;
+static int mb__lstm_fused_on(const struct mb_lstm *l);
+static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
+static void mb__lstm_fused_free(struct mb_lstm *l);
+static mb_result mb__lstm_fused_layer_forward(struct mb_lstm *l, int k);
+static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int k, const float *dout, float *d_in);
+static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
+static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
+
+// ---- end fused LSTM: types ----
 
 enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
 
@@ -3587,6 +3634,9 @@ struct mb_lstm {
     int seg_kept;    /* checkpointing: the layer whose last segment's gates and cells the forward
                         left in seg_g / seg_c (-1: none); its backward needs no recompute there */
     int have_fwd, have_state;
+    int fused;                     /* the fused recurrence runs this LSTM (section fused LSTM) */
+    float *xall, *dgs, *ones_all;  /* fused: (T*B, F) x, (T*B, 4H) gate gradients, T*B ones */
+    void *xall_lp, *dgs_lp;        /* fused, low precision: their operand copies */
 };
 
 static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
@@ -3907,6 +3957,7 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
     if (l->L > 1) MB_TRY(mb__lstm_alloc(l, &l->dB, s.dbuf));
     MB_TRY(mb__lstm_alloc(l, &l->hn, s.state));
     MB_TRY(mb__lstm_alloc(l, &l->cn, s.state));
+    if (l->fused) MB_TRY(mb__lstm_fused_alloc(l));
     return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
 }
 
@@ -3922,6 +3973,7 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
                      l->cn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
     mb_free(d, l->x_lp); mb_free(d, l->g_lp);
+    mb__lstm_fused_free(l);
     MB_FREE(l->layer);
     MB_FREE(l);
 }
@@ -3958,6 +4010,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
     int ck = l->cfg.checkpoint;
     l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
+    l->fused = mb__lstm_fused_on(l);
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
@@ -4050,6 +4103,7 @@ static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, flo
 static mb_result mb__lstm_layer_forward(mb_lstm *l, int k) {
     mb__lstm_layer *y = &l->layer[k];
     size_t bh = (size_t)(l->B * l->H);
+    if (l->fused) return mb__lstm_fused_layer_forward(l, k);
     if (!l->k) return mb__lstm_segment(l, k, 0, l->T, y->gates, y->cs, 1);
     for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->k) {
         int64_t s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
@@ -4112,9 +4166,9 @@ static mb_result mb__lstm_refresh(mb_lstm *l, int64_t B) {
     return MB_OK;
 }
 
-/* The forward with x's rows xs floats apart (xs >= T*F). */
-static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T, const float *h0,
-                                  const float *c0, float *out_seq, float *h_last) {
+/* The forward with x's rows xs floats apart (xs >= T*F): begin, every layer, end. */
+static mb_result mb__lstm_forward_begin(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T,
+                                        const float *h0, const float *c0) {
     if (!l) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_forward: NULL lstm");
     MB_TRY(mb__lstm_check_shape(l, x, B, T));
     if (xs < T * l->F)
@@ -4128,7 +4182,11 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
     l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
     l->x = x; l->xs = xs;
     l->seg_kept = -1;
-    for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    return MB_OK;
+}
+
+static mb_result mb__lstm_forward_end(mb_lstm *l, float *out_seq, float *h_last) {
+    int64_t B = l->B, T = l->T;
     l->seg_kept = l->k ? l->L - 1 : -1;
     size_t bh = (size_t)(B * l->H);
     for (int k = 0; k < l->L; k++) {
@@ -4141,6 +4199,13 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
     l->have_fwd = 1;
     l->have_state = 1;
     return MB_OK;
+}
+
+static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T, const float *h0,
+                                  const float *c0, float *out_seq, float *h_last) {
+    MB_TRY(mb__lstm_forward_begin(l, x, xs, B, T, h0, c0));
+    for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    return mb__lstm_forward_end(l, out_seq, h_last);
 }
 
 MBDEF mb_result mb_lstm_forward(mb_lstm *l, const float *x, int64_t B, int64_t T, const float *h0,
@@ -4213,6 +4278,7 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_
 static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {
     mb__lstm_layer *y = &l->layer[k];
     size_t bh = (size_t)(l->B * l->H);
+    if (l->fused) return mb__lstm_fused_layer_backward(l, k, dout, d_in);
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
     if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);
@@ -4230,21 +4296,35 @@ static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, f
     return MB_OK;
 }
 
-static mb_result mb__lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
-                                   float *dc0) {
+/* The gradient w.r.t. layer k's outputs: dA for the top layer, then dB, dA, ... */
+static float *mb__lstm_dout(const mb_lstm *l, int k) { return (l->L - 1 - k) % 2 ? l->dB : l->dA; }
+
+/* The top layer's output gradients from dout_seq and dh_last. */
+static mb_result mb__lstm_backward_begin(mb_lstm *l, const float *dh_last, const float *dout_seq) {
     if (!l->have_fwd) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "mb_lstm_backward: called before mb_lstm_forward");
     int64_t B = l->B, T = l->T, H = l->H;
     size_t bh = (size_t)(B * H);
-    float *dout = l->dA, *dnext = l->dB;
+    float *dout = mb__lstm_dout(l, l->L - 1);
     if (dout_seq) MB_TRY(mb__lstm_copy3(l, dout, H, B * H, dout_seq, T * H, H, B, T, H));
     else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
     if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
+    return MB_OK;
+}
+
+/* After layer k's backward: its dh0, dc0. */
+static mb_result mb__lstm_backward_tail(mb_lstm *l, int k, float *dh0, float *dc0) {
+    size_t bh = (size_t)(l->B * l->H);
+    if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + k * bh, l->dh, bh));
+    if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + k * bh, l->dc, bh));
+    return MB_OK;
+}
+
+static mb_result mb__lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
+                                   float *dc0) {
+    MB_TRY(mb__lstm_backward_begin(l, dh_last, dout_seq));
     for (int k = l->L - 1; k >= 0; k--) {
-        float *d_in = k ? dnext : dx;
-        MB_TRY(mb__lstm_layer_backward(l, k, dout, d_in));
-        if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + k * bh, l->dh, bh));
-        if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + k * bh, l->dc, bh));
-        float *tmp = dout; dout = dnext; dnext = tmp;
+        MB_TRY(mb__lstm_layer_backward(l, k, mb__lstm_dout(l, k), k ? mb__lstm_dout(l, k - 1) : dx));
+        MB_TRY(mb__lstm_backward_tail(l, k, dh0, dc0));
     }
     return MB_OK;
 }
@@ -4350,9 +4430,11 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
     for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));
     mb__fpenv fe = mb__fp_enter(dev);
-    mb__lstm_pool_run(dev, &p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
+    mb_result r = MB_OK;
+    if (mb__lstm_fused_many_ok(calls, n)) r = mb__lstm_fused_many(calls, n, backward); /* one launch per layer */
+    else mb__lstm_pool_run(dev, &p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
     mb__fp_leave(fe);
-    mb_result r = p.failed < n ? MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg) : MB_OK; /* logged already */
+    if (p.failed < n) r = MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg); /* logged already */
     for (int i = 0; i < n; i++) {
         mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
         if (r == MB_OK) r = w;
@@ -4362,6 +4444,181 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
 
 MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 0); }
 MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 1); }
+
+// ---- fused LSTM ----
+// Host side of the persistent fused recurrence (kernels: megabatch_cuda.cuh, "fused LSTM").
+// Per layer: the input projection of all T steps as one gemm into the gates, one launch for
+// the recurrence, and after the backward recurrence the weight gradients as one gemm each over
+// all T*B rows. mb_lstm_*_many runs a layer of every LSTM in one launch.
+
+/* The one place that decides: a GPU, full activation storage (no checkpointing), and W_hh of
+ * this precision fits in a block's shared memory. Else the per-step cuBLAS path runs. */
+static int mb__lstm_fused_on(const mb_lstm *l) {
+    size_t need = mb__lstm_fused_smem(l->H, l->op), have = 0;
+#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
+    if (l->dev->cfg.backend == MB_CUDA) have = mb__cuda_smem_optin(l->dev);
+#endif
+    return l->kmax == 0 && need <= have;
+}
+
+/* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
+ * steps (T*B, 4H) with theirs, and T*B ones for the bias gradients. */
+static mb_result mb__lstm_fused_alloc(mb_lstm *l) {
+    size_t rows = (size_t)(l->maxT * l->maxB), es = mb_dtype_size(l->op);
+    MB_TRY(mb__lstm_alloc(l, &l->xall, rows * (size_t)l->F));
+    MB_TRY(mb__lstm_alloc(l, &l->dgs, rows * 4 * (size_t)l->H));
+    MB_TRY(mb__lstm_alloc(l, &l->ones_all, rows));
+    if (l->op != MB_F32) {
+        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * (size_t)l->F * es, &l->xall_lp));
+        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * 4 * (size_t)l->H * es, &l->dgs_lp));
+    }
+    return mb__lstm_fill(l, l->ones_all, 1.0f, rows);
+}
+
+static void mb__lstm_fused_free(mb_lstm *l) {
+    mb_free(l->dev, l->xall); mb_free(l->dev, l->dgs); mb_free(l->dev, l->ones_all);
+    mb_free(l->dev, l->xall_lp); mb_free(l->dev, l->dgs_lp);
+}
+
+/* Layer k's input rows of all T steps (T*B, in) as gemm operands. */
+static mb_result mb__lstm_fused_input(mb_lstm *l, int k, const void **rows) {
+    int64_t B = l->B, F = l->F;
+    if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), B * l->H); return MB_OK; }
+    *rows = l->op == MB_F32 ? (const void *)l->xall : l->xall_lp;
+    MB_TRY(mb__lstm_copy3(l, l->xall, F, B * F, l->x, l->xs, F, B, l->T, F));
+    return mb__lstm_round(l, l->xall_lp, l->xall, (size_t)(l->T * B * F));
+}
+
+/* The input projection of all steps: gates = x W_ih^T, one gemm. */
+static mb_result mb__lstm_fused_project(mb_lstm *l, int k) {
+    int64_t in = l->layer[k].in;
+    float *w[4] = {0};
+    const void *wih, *whh, *x;
+    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, k, &x));
+    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[k].gates, 4 * l->H);
+}
+
+/* Layer k's descriptor; backward: dout its output gradients, dh0/dc0 into l->dh, l->dc. */
+static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb__fused_desc *d) {
+    mb__lstm_layer *y = &l->layer[k];
+    float *w[4] = {0};
+    const void *wih, *whh;
+    MB_TRY(mb__lstm_weights(l, k, w, 0, dout ? "mb_lstm_backward" : "mb_lstm_forward"));
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    memset(d, 0, sizeof *d);
+    d->g = y->gates; d->cs = y->cs; d->hs = y->hs; d->hs_op = l->op == MB_F32 ? NULL : y->hs_lp;
+    d->whh = whh; d->bih = w[MB__LSTM_BIH]; d->bhh = w[MB__LSTM_BHH];
+    d->dout = dout; d->dg = l->dgs; d->dg_op = l->op == MB_F32 ? NULL : l->dgs_lp;
+    d->dh0 = l->dh; d->dc0 = l->dc;
+    d->B = (int)l->B; d->T = (int)l->T; d->H = (int)l->H;
+    return MB_OK;
+}
+
+static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
+                                       unsigned *blocks) {
+#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
+    MB_TRY(mb__cuda_lstm_fused(dev, stream, op, backward, a, *blocks));
+#else
+    (void)dev; (void)stream; (void)op; (void)backward;
+#endif
+    a->n = 0;
+    *blocks = 0;
+    return MB_OK;
+}
+
+/* One launch per precision and per MB__FUSED_MAX layers: layer k of each of the n LSTMs that
+ * have one (douts[i]: LSTM i's output gradients, backward; NULL forward). A lone LSTM runs on
+ * its stream; several on MB_STREAM_COMPUTE, after their streams and before them again. */
+static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int k, int backward) {
+    mb_device *dev = ls[0]->dev;
+    int stream = n == 1 ? ls[0]->cfg.stream : MB_STREAM_COMPUTE;
+    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, stream, ls[i]->cfg.stream));
+    for (int op = MB_F32; op <= MB_F16; op++) {
+        mb__fused_args a;
+        a.n = 0;
+        unsigned blocks = 0;
+        for (int i = 0; i < n; i++) {
+            if (ls[i]->L <= k || (int)ls[i]->op != op) continue;
+            MB_TRY(mb__lstm_fused_desc_of(ls[i], k, backward ? douts[i] : NULL, &a.d[a.n]));
+            a.d[a.n++].tile0 = (int)blocks;
+            blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
+            if (a.n == MB__FUSED_MAX) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+        }
+        if (a.n) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+    }
+    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, ls[i]->cfg.stream, stream));
+    return MB_OK;
+}
+
+static mb_result mb__lstm_fused_layer_forward(mb_lstm *l, int k) {
+    MB_TRY(mb__lstm_fused_project(l, k));
+    return mb__lstm_fused_run(&l, NULL, 1, k, 0);
+}
+
+/* After the backward recurrence of layer k: dW_ih, dW_hh, the biases and d_in, each one gemm
+ * over all T*B rows (d_in NULL: not needed; layer 0: scattered into the caller's dx). */
+static mb_result mb__lstm_fused_grads(mb_lstm *l, int k, float *d_in) {
+    int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = l->T * B;
+    float *w[4] = {0}, *dw[4] = {0};
+    const void *wih, *whh, *x, *dg = l->op == MB_F32 ? (const void *)l->dgs : l->dgs_lp;
+    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
+    MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, k, &x));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, k), H, 1.0f, dw[MB__LSTM_WHH], H));
+    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
+        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones_all, rows, l->dgs, 4 * H, 1.0f, dw[i], 4 * H));
+    if (!d_in) return MB_OK;
+    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, k ? d_in : l->xall, in));
+    if (k) return MB_OK;
+    return mb__lstm_copy3(l, d_in, l->xs, in, l->xall, in, B * in, B, l->T, in);
+}
+
+static mb_result mb__lstm_fused_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {
+    MB_TRY(mb__lstm_fused_run(&l, &dout, 1, k, 1));
+    return mb__lstm_fused_grads(l, k, d_in);
+}
+
+/* mb_lstm_*_many in one launch per layer: every LSTM fused and on the device of the first. */
+static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n) {
+    for (int i = 0; i < n; i++)
+        if (!calls[i].lstm->fused) return 0;
+    return n > 1;
+}
+
+static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
+    mb_lstm *ls[MB__LSTM_MANY_MAX];
+    const float *douts[MB__LSTM_MANY_MAX];
+    int L = 0;
+    for (int i = 0; i < n; i++) {
+        mb_lstm_call *c = &calls[i];
+        ls[i] = c->lstm;
+        L = ls[i]->L > L ? ls[i]->L : L;
+        if (backward) MB_TRY(mb__lstm_backward_begin(ls[i], c->dh_last, c->dout_seq));
+        else MB_TRY(mb__lstm_forward_begin(ls[i], c->x, c->x_stride ? c->x_stride : c->T * ls[i]->F, c->B, c->T,
+                                           c->h0, c->c0));
+    }
+    for (int j = 0; j < L; j++) {
+        int k = backward ? L - 1 - j : j;
+        for (int i = 0; i < n; i++) {
+            douts[i] = mb__lstm_dout(ls[i], k);
+            if (!backward && k < ls[i]->L) MB_TRY(mb__lstm_fused_project(ls[i], k));
+        }
+        MB_TRY(mb__lstm_fused_run(ls, douts, n, k, backward));
+        for (int i = 0; backward && i < n; i++)
+            if (k < ls[i]->L) {
+                MB_TRY(mb__lstm_fused_grads(ls[i], k, k ? mb__lstm_dout(ls[i], k - 1) : calls[i].dx));
+                MB_TRY(mb__lstm_backward_tail(ls[i], k, calls[i].dh0, calls[i].dc0));
+            }
+    }
+    for (int i = 0; !backward && i < n; i++) MB_TRY(mb__lstm_forward_end(ls[i], calls[i].out_seq, calls[i].h_last));
+    return MB_OK;
+}
+
+// ---- end fused LSTM ----
 
 // ---- end lstm ----
 

@@ -370,6 +370,208 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 
 // ---- cuda end lstm ----
 
+// ---- fused LSTM ----
+// The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
+// runs a layer of every LSTM given (blocks = (LSTM, tile of MB__FUSED_ROWS batch rows)); each
+// block keeps W_hh in shared memory for all T steps and per step computes the recurrent product
+// (wmma tensor cores for bf16/f16, explicit FMA for f32), the gates and the cell update with the
+// shared mb__lstm_cell_fwd/bwd. Batch rows are independent, so blocks never wait on each other.
+
+#include <mma.h>
+
+#ifndef MB_DYNAMIC_SHARED /* the simulator defines its own; nvcc: the launch's dynamic shared memory */
+#define MB_DYNAMIC_SHARED(T, name) extern __shared__ __align__(32) T name[]
+#endif
+
+/* Round v into an operand element (f32: as is). */
+__device__ inline void mb__fput(float *p, float v) { *p = v; }
+__device__ inline void mb__fput(__nv_bfloat16 *p, float v) { *(uint16_t *)p = mb_f32_to_bf16(v); }
+__device__ inline void mb__fput(__half *p, float v) { *(uint16_t *)p = mb_f32_to_f16(v); }
+
+/* The block's shared memory (sizes: mb__lstm_fused_smem): W_hh as (4 Hp, Hp), row q*Hp + j =
+ * gate q unit j, zero padded; the operand tile (16 x 4Hp: h forward, dg backward); the f32
+ * product (16 x 4Hp forward, 16 x Hp backward) and dc (16 x Hp). */
+template <class T> struct mb__fsm {
+    T *w, *tile;
+    float *acc, *dc;
+    int Hp;
+};
+template <class T> __device__ mb__fsm<T> mb__fused_carve(unsigned char *sm, int H) {
+    mb__fsm<T> s;
+    s.Hp = (H + 15) / 16 * 16;
+    size_t w = (size_t)4 * s.Hp * s.Hp * sizeof(T), tile = (size_t)MB__FUSED_ROWS * 4 * s.Hp * sizeof(T);
+    s.w = (T *)sm;
+    s.tile = (T *)(sm + w);
+    s.acc = (float *)(sm + w + tile);
+    s.dc = s.acc + MB__FUSED_ROWS * 4 * s.Hp;
+    return s;
+}
+
+/* This block's descriptor and row tile. */
+__device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *tile) {
+    int b = (int)blockIdx.x, i = 0;
+    while (i + 1 < a.n && b >= a.d[i + 1].tile0) i++;
+    *tile = b - a.d[i].tile0;
+    return a.d[i];
+}
+
+/* W_hh (4H, H) into shared memory, zero padded; the tile zeroed (padding rows and columns). */
+template <class T> __device__ void mb__fused_setup(const mb__fsm<T> &s, const void *whh, int H) {
+    int Hp = s.Hp;
+    for (int e = threadIdx.x; e < 4 * Hp * Hp; e += blockDim.x) {
+        int n = e / Hp, k = e % Hp, q = n / Hp, j = n % Hp;
+        if (j < H && k < H) s.w[e] = ((const T *)whh)[((size_t)q * H + j) * H + k];
+        else mb__fput(&s.w[e], 0.0f);
+    }
+    for (int e = threadIdx.x; e < MB__FUSED_ROWS * 4 * Hp; e += blockDim.x) {
+        mb__fput(&s.tile[e], 0.0f);
+        s.acc[e] = 0.0f;
+    }
+    for (int e = threadIdx.x; e < MB__FUSED_ROWS * Hp; e += blockDim.x) s.dc[e] = 0.0f;
+}
+
+/* acc (16 x N) = a (16 x K) times B, B(k, n) = bm[n K + k] (bt) or bm[k N + n]. f32: one
+ * thread per output, a fixed-order chain of explicit FMAs (no contraction choices left). */
+__device__ inline void mb__fused_mm(const float *a, const float *bm, float *acc, int K, int N, int bt) {
+    for (int e = threadIdx.x; e < MB__FUSED_ROWS * N; e += blockDim.x) {
+        int r = e / N, n = e % N;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s = __fmaf_rn(a[r * K + k], bt ? bm[(size_t)n * K + k] : bm[(size_t)k * N + n], s);
+        acc[e] = s;
+    }
+}
+/* bf16 / f16: tensor cores, one warp per 16-column tile of the output, f32 accumulation. */
+template <class T> __device__ void mb__fused_mm(const T *a, const T *bm, float *acc, int K, int N, int bt) {
+    using namespace nvcuda;
+    for (int nt = (int)(threadIdx.x / 32); nt < N / 16; nt += (int)(blockDim.x / 32)) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        wmma::fill_fragment(c, 0.0f);
+        for (int kt = 0; kt < K / 16; kt++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, a + kt * 16, (unsigned)K);
+            if (bt) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, bm + (size_t)nt * 16 * K + kt * 16, (unsigned)K);
+                wmma::mma_sync(c, fa, fb, c);
+            } else {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+                wmma::load_matrix_sync(fb, bm + (size_t)kt * 16 * N + nt * 16, (unsigned)N);
+                wmma::mma_sync(c, fa, fb, c);
+            }
+        }
+        wmma::store_matrix_sync(acc + nt * 16, c, (unsigned)N, wmma::mem_row_major);
+    }
+}
+
+/* A block's start: its descriptor, shared memory and rows [r0, r0 + nr); W_hh loaded. */
+template <class T> struct mb__fblock {
+    mb__fused_desc d;
+    mb__fsm<T> s;
+    int r0, nr;
+};
+template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm) {
+    mb__fblock<T> k;
+    int tile;
+    k.d = mb__fused_find(a, &tile);
+    k.s = mb__fused_carve<T>(sm, k.d.H);
+    k.r0 = tile * MB__FUSED_ROWS;
+    k.nr = k.d.B - k.r0 < MB__FUSED_ROWS ? k.d.B - k.r0 : MB__FUSED_ROWS;
+    mb__fused_setup(k.s, k.d.whh, k.d.H);
+    __syncthreads();
+    return k;
+}
+
+/* Forward over all T steps: gates g (T, B, 4H) in: x W_ih^T, out: activated; cells cs and
+ * outputs hs (T+1, B, H) from slot 0; hs_op: hs in the operand type (low precision). */
+template <class T> __global__ void mb__k_lstm_fused_fwd(mb__fused_args a) {
+    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes);
+    const mb__fused_desc &d = k.d;
+    const int H = d.H, Hp = k.s.Hp, r0 = k.r0, nr = k.nr;
+    for (int e = threadIdx.x; e < nr * H; e += blockDim.x) /* h0: rounded as mb_convert rounds */
+        mb__fput(&k.s.tile[(e / H) * Hp + e % H], d.hs[(r0 + e / H) * (size_t)H + e % H]);
+    __syncthreads();
+    for (int t = 0; t < d.T; t++) {
+        mb__fused_mm(k.s.tile, k.s.w, k.s.acc, Hp, 4 * Hp, 1);
+        __syncthreads();
+        for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
+            int r = e / H, j = e % H;
+            size_t row = (size_t)t * d.B + r0 + r;
+            float *g4 = d.g + row * 4 * H, h;
+            for (int q = 0; q < 4; q++) g4[q * H + j] += k.s.acc[r * 4 * Hp + q * Hp + j];
+            mb__lstm_cell_fwd(g4, H, j, d.bih[j] + d.bhh[j], d.bih[H + j] + d.bhh[H + j],
+                              d.bih[2 * H + j] + d.bhh[2 * H + j], d.bih[3 * H + j] + d.bhh[3 * H + j],
+                              d.cs[row * H + j], &d.cs[(row + d.B) * H + j], &h);
+            d.hs[(row + d.B) * H + j] = h;
+            if (d.hs_op) mb__fput((T *)d.hs_op + (row + d.B) * H + j, h);
+            mb__fput(&k.s.tile[r * Hp + j], h);
+        }
+        __syncthreads();
+    }
+}
+
+/* Backward over all T steps, in reverse: dg (T, B, 4H) (and its operand copy dg_op) for the
+ * weight-gradient gemms, dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. */
+template <class T> __global__ void mb__k_lstm_fused_bwd(mb__fused_args a) {
+    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes);
+    const mb__fused_desc &d = k.d;
+    const int H = d.H, Hp = k.s.Hp, r0 = k.r0, nr = k.nr;
+    for (int t = d.T - 1; t >= 0; t--) {
+        for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
+            int r = e / H, j = e % H;
+            size_t row = (size_t)t * d.B + r0 + r;
+            float dc = k.s.dc[r * Hp + j], *dg4 = d.dg + row * 4 * H;
+            mb__lstm_cell_bwd(d.g + row * 4 * H, H, j, d.cs[row * H + j], d.cs[(row + d.B) * H + j],
+                              k.s.acc[r * Hp + j] + d.dout[row * H + j], &dc, dg4);
+            k.s.dc[r * Hp + j] = dc;
+            for (int q = 0; q < 4; q++) {
+                mb__fput(&k.s.tile[r * 4 * Hp + q * Hp + j], dg4[q * H + j]);
+                if (d.dg_op) mb__fput((T *)d.dg_op + row * 4 * H + q * H + j, dg4[q * H + j]);
+            }
+        }
+        __syncthreads();
+        mb__fused_mm(k.s.tile, k.s.w, k.s.acc, 4 * Hp, Hp, 0); /* dh_rec = dg W_hh */
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
+        size_t o = (r0 + e / H) * (size_t)H + e % H;
+        d.dh0[o] = k.s.acc[(e / H) * Hp + e % H];
+        d.dc0[o] = k.s.dc[(e / H) * Hp + e % H];
+    }
+}
+
+template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,
+                                                          const mb__fused_args *a, unsigned blocks, size_t smem) {
+    void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
+    MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a);
+    return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
+}
+
+/* One launch for the a->n descriptors (all of operand type op); blocks: their row tiles. */
+static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
+                                     unsigned blocks) {
+    int64_t H = 1;
+    for (int i = 0; i < a->n; i++) H = a->d[i].H > H ? a->d[i].H : H;
+    size_t smem = mb__lstm_fused_smem(H, op);
+    if (op == MB_BF16) return mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, blocks, smem);
+    if (op == MB_F16) return mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, blocks, smem);
+    return mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, blocks, smem);
+}
+
+/* The shared memory a block may opt into on this device. */
+static size_t mb__cuda_smem_optin(mb_device *dev) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev->cuda_index) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (size_t)v;
+}
+
+// ---- end fused LSTM ----
+
 // ---- cuda numerics ----
 // Kernels of the numerics section. Element math is shared with the CPU path (the
 // MB__HD helpers in megabatch.h); reductions are deterministic (fixed grids, no float

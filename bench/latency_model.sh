@@ -56,8 +56,9 @@ for F in 12 128; do
         work = flop / (TF * 1e12) * 1e3 + bytes / (BW * 1e9) * 1e3                       # ms, gemm + traffic
         host = nl * L / 1e3                                                             # ms to launch it all
         chain = nl * TMAX / TSUM * N / 1e3                                              # encoders side by side
-        plain = (host > chain + work ? host : chain + work) + syncs * SY / 1e3
-        build = graphs >= 1 ? graphs * G / 1e3 + chain + work + syncs * SY / 1e3 : plain  # host cost gone
+        rec = nl < TSUM ? TMAX * (SF + SB) / 1e3 : 0   # fewer launches than timesteps: the fused kernel's recurrence
+        plain = (host > chain + work + rec ? host : chain + work + rec) + syncs * SY / 1e3
+        build = graphs >= 1 ? graphs * G / 1e3 + chain + work + rec + syncs * SY / 1e3 : plain  # host cost gone
         fused = G / 1e3 + TMAX * (SF + SB) / 1e3 + 100 * N / 1e3 + work                 # <= 100 nodes, 1 graph
         cudnn = TSUM * CU / 1e3 + 40 * L / 1e3 + work                                   # + ~40 head/optimizer launches
         printf "F=%-4d %8.0f %6.2f %5.2f %6.1f %7.1f %9.2f %9.2f %8.2f %7.2f %9.1fx\n", F, nl, graphs, syncs, flop / 1e9,
