@@ -56,7 +56,7 @@ for F in 12 128; do
         work = flop / (TF * 1e12) * 1e3 + bytes / (BW * 1e9) * 1e3                       # ms, gemm + traffic
         host = nl * L / 1e3                                                             # ms to launch it all
         chain = nl * TMAX / TSUM * N / 1e3                                              # encoders side by side
-        rec = nl < TSUM ? TMAX * (SF + SB) / 1e3 : 0   # fewer launches than timesteps: the fused kernel's recurrence
+        rec = nl < TSUM ? TMAX * (SF + SB) / 1e3 : 0   # fewer launches than timesteps: the fused recurrence
         plain = (host > chain + work + rec ? host : chain + work + rec) + syncs * SY / 1e3
         build = graphs >= 1 ? graphs * G / 1e3 + chain + work + rec + syncs * SY / 1e3 : plain  # host cost gone
         fused = G / 1e3 + TMAX * (SF + SB) / 1e3 + 100 * N / 1e3 + work                 # <= 100 nodes, 1 graph
