@@ -3443,14 +3443,15 @@ static mb_result mb__sr_check(mb_dataset *ds) {
     for (int64_t i = 0; i < m->n; i++)
         for (int s = 0; s < S; s++) {
             int64_t e = sr->ends[i * S + s], len = m->segment_len[s];
-            const char *tf = m->segment_name[s][0] ? m->segment_name[s] : "";
+            char tf[MB_MAX_NAME + 1] = "";
+            if (m->segment_name[s][0]) snprintf(tf, sizeof tf, " %s", m->segment_name[s]);
             if (e < len - 1 || e >= m->bars[s])
-                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends'[%lld][%d] (timeframe %d %s) = %lld: %s (a window of "
+                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends'[%lld][%d] (timeframe %d%s) = %lld: %s (a window of "
                                "%lld bars needs an index in [%lld, %lld])", m->source, (long long)i, s, s, tf, (long long)e,
                                e >= m->bars[s] ? "past the last bar" : "the window is incomplete", (long long)len,
                                (long long)(len - 1), (long long)(m->bars[s] - 1));
             if (i > 0 && e < sr->ends[(i - 1) * S + s])
-                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends' decreases in timeframe %d %s: sample %lld ends at "
+                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends' decreases in timeframe %d%s: sample %lld ends at "
                                "bar %lld, sample %lld at %lld (samples must be in time order)", m->source, s, tf,
                                (long long)(i - 1), (long long)sr->ends[(i - 1) * S + s], (long long)i, (long long)e);
         }
