@@ -30,6 +30,13 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Under the simulator: its host -> device byte counter (MB); -1 elsewhere. */
+#ifdef CUDASIM
+static double sim_h2d_mb(void) { return (double)cudasim::get_stats().bytes_h2d / 1e6; }
+#else
+static double sim_h2d_mb(void) { return -1; }
+#endif
+
 static long long file_bytes(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0 ? (long long)sb.st_size : -1;
@@ -57,6 +64,7 @@ static int run(mb_device *dev, const opts *o, int layout) {
     printf("%-6s open %.3f s  N %lld  device bytes %.1f MB  chunks %lld\n", name[layout], t1 - t0,
            (long long)mb_dataset_info(ds)->n, (double)(p->buffers * p->chunk_bytes) / 1e6, (long long)p->chunks);
     mb_loader_stats prev = mb_loader_get_stats(ld);
+    double h2d = sim_h2d_mb();
     for (int e = 0; e < o->epochs && r == MB_OK; e++) {
         double s = now();
         int64_t samples = 0;
@@ -65,9 +73,12 @@ static int run(mb_device *dev, const opts *o, int layout) {
         if (r == MB_OK) r = mb_sync(dev, -1);
         double el = now() - s;
         mb_loader_stats st = mb_loader_get_stats(ld);
-        printf("%-6s epoch %d  %.3f s  %.0f samples/s  read %.1f MB  copied %.1f MB\n", name[layout], e, el,
+        printf("%-6s epoch %d  %.3f s  %.0f samples/s  read %.1f MB  copied %.1f MB", name[layout], e, el,
                (double)samples / el, (double)(st.bytes_read - prev.bytes_read) / 1e6,
                (double)(st.bytes_copied - prev.bytes_copied) / 1e6);
+        if (h2d >= 0) printf("  (simulator H2D %.1f MB)", sim_h2d_mb() - h2d);
+        printf("\n");
+        h2d = sim_h2d_mb();
         prev = st;
     }
     mb_loader_stats st = mb_loader_get_stats(ld);
