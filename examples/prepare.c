@@ -590,7 +590,7 @@ static int write_bars(hid_t file, const series *s, int k, size_t lo, size_t hi, 
     for (size_t r = 0; r < rows; r++)
         for (size_t f = 0; f < nf; f++)
             x[r * nf + f] = (s->feat[k][(lo + r) * nf + f] - mean[(size_t)k * nf + f]) / std[(size_t)k * nf + f];
-    char name[16];
+    char name[32];
     snprintf(name, sizeof name, "bars_%d", k);
     hsize_t d[2] = {rows, nf};
     hid_t ds = h5_write_all(file, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, d, x);

@@ -294,7 +294,7 @@ static void sx_write(const char *path, const gen *g, const sx_opts *o) {
     assert_true(file >= 0);
     for (int s = 0; s < g->S; s++) {
         if (o->skip_bar && s == g->S - 1) break;
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "bars_%d", s);
         hsize_t dims[2] = {(hsize_t)g->nb[s], (hsize_t)g->f - (o->wrong_f && s == g->S - 1 ? 1 : 0)};
         hid_t d = sx_dataset(file, name, o->bar_type ? o->bar_type : H5T_IEEE_F32LE, 2, dims, o->chunked);
