@@ -413,6 +413,8 @@ typedef struct mb_dataset_meta {
     char features_type[32];          /* stored type, e.g. "float32", "float64", "int16" */
     char targets_type[32];
     char source[256];                /* file path, or "memory" */
+    int layout;                      /* MB_LAYOUT_WINDOW (0) or MB_LAYOUT_SERIES (// ---- series ----) */
+    int64_t bars[MB_MAX_SEGMENTS];   /* series: bars stored per timeframe (0 for the window layout) */
 } mb_dataset_meta;
 
 typedef struct mb_dataset mb_dataset;
@@ -507,6 +509,7 @@ typedef struct mb_loader_stats {
     double copy_seconds;   /* reader thread time issuing and finishing staging copies */
     double wait_seconds;   /* time mb_loader_next waited for a chunk that was not there yet */
     int64_t chunk_loads;   /* chunks loaded from the dataset */
+    uint64_t bytes_copied; /* bytes copied from host memory to the device (series: bars once) */
 } mb_loader_stats;
 
 typedef struct mb_loader mb_loader;
@@ -527,6 +530,35 @@ MBDEF const mb_chunk_plan *mb_loader_get_plan(const mb_loader *ld);
 MBDEF mb_loader_stats mb_loader_get_stats(const mb_loader *ld);
 
 // ---- end loader ----
+
+// ---- series ----
+// The series layout (docs/SERIES.md): each timeframe's bars stored once, `bars_<s>` (N_s, F),
+// and per sample the index of its last closed bar in each timeframe, `ends` (N, S), with
+// `targets` (N, K). Window s of sample i is rows [ends[i][s] - len[s] + 1, ends[i][s]] of
+// bars_<s>; the windows concatenated are the sample's (T, F) features, T = sum of len[s].
+// mb_dataset_open_file detects the layout (no `features`, an `ends`): every dataset call
+// and the loader then work as on the window layout. The loader keeps the bars resident on
+// the device and cuts each batch's windows there with one gather (mb__cpu/cuda_series_gather).
+
+enum { MB_LAYOUT_WINDOW = 0, MB_LAYOUT_SERIES = 1 };
+
+/* A series dataset in caller memory (not copied; it must outlive the dataset). */
+typedef struct mb_series {
+    int segments;               /* timeframes S, 1..MB_MAX_SEGMENTS */
+    const int64_t *window;      /* [S] bars per window (the segment lengths), each >= 1 */
+    const int64_t *bars_n;      /* [S] bars stored per timeframe */
+    const float *const *bars;   /* [S] row-major (bars_n[s], f) float32 */
+    const int64_t *ends;        /* (n, S): last closed bar of each timeframe per sample */
+    const float *targets;       /* (n, k) */
+    int64_t n, f, k;
+} mb_series;
+
+/* Open and validate a series in memory (the checks of the file layout: every index in
+ * range, every window complete, indices non-decreasing over samples, sizes that fit).
+ * cfg may be NULL (names and cache ignored). */
+MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, const mb_dataset_config *cfg);
+
+// ---- end series ----
 
 // ---- lstm ----
 // Multi-layer unidirectional LSTM over (B, T, F) input with PyTorch's weight layout and
@@ -1272,6 +1304,7 @@ static void *mb__host_calloc(size_t n, size_t size) {
 typedef struct mb__adamw_hp mb__adamw_hp;
 typedef struct mb__adamw_dev mb__adamw_dev;
 typedef struct mb__scaler_hp mb__scaler_hp;
+typedef struct mb__gather mb__gather; /* // ---- series ---- */
 typedef struct mb__backend {
     const char *name;
     /* device: open fills dev->name, streams, handles; close releases them (dev->recs are freed first) */
@@ -1332,6 +1365,9 @@ typedef struct mb__backend {
     mb_result (*event_record)(mb_device *dev, int stream, void *ev);
     mb_result (*event_done)(mb_device *dev, void *ev, int wait, int *done);
     int lstm_full_auto; /* 1: an LSTM's checkpoint = 0 keeps full activations when they fit (the GPU) */
+
+    /* series: one batch of windows gathered from resident bars (// ---- series ----) */
+    mb_result (*series_gather)(mb_device *dev, int stream, const struct mb__gather *g);
 } mb__backend;
 
 static const mb__backend *mb__cpu_backend(void); /* the end of this file */
@@ -2122,10 +2158,18 @@ struct mb_dataset {
     mb_dataset_config cfg;
     char fname[MB_MAX_NAME], tname[MB_MAX_NAME];
     const float *mem_f, *mem_t;  /* in-memory dataset: caller arrays */
+    struct mb__series_ds *ser;   /* the series layout (// ---- series ----); NULL: windows */
 #ifndef MEGABATCH_NO_HDF5
     hid_t file, dfeat, dtarg;    /* HDF5 handles (file datasets) */
 #endif
 };
+
+/* The series layout, implemented in // ---- series ---- below. */
+static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
+static void mb__sr_free(mb_dataset *ds);
+#ifndef MEGABATCH_NO_HDF5
+static mb_result mb__sr_h5_validate(mb_dataset *ds);
+#endif
 
 /* Check one non-finite-free sample, apply the policy. Returns 1 to keep, 0 to skip,
  * -1 for an error (recorded). i: the file index of the sample. */
@@ -2403,7 +2447,7 @@ static mb_result mb__h5_open_ds(mb_dataset *ds, const char *name, int rmin, int 
     size_t esz = H5Tget_size(ty);
     if (r < rmin || r > rmax)
         res = MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has rank %d, expected %s", src, name, r,
-                      rmin == rmax ? "3 (N, T, F)" : "2 (N, K) or 1 (N)");
+                      rmin == rmax ? (rmin == 3 ? "3 (N, T, F)" : "2") : "2 (N, K) or 1 (N)");
     else if (cls != H5T_FLOAT && cls != H5T_INTEGER)
         res = MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset '%s' has dtype %s, not a number (float or integer)", src, name,
                       tname);
@@ -2515,13 +2559,14 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         MB_TRY(r);
         long long sum = 0;
         for (int i = 0; i < (int)n; i++) {
-            if (v[i] < 1 || v[i] > (long long)m->t) /* bounded, so the sum cannot overflow */
+            if (v[i] < 1 || v[i] > (m->t ? (long long)m->t : 1ll << 40)) /* bounded: the sum cannot overflow */
                 return MB_FAIL(lg, MB_ERR_FORMAT, "%s: segment %d of '%s' has length %lld (T = %lld)", m->source, i,
                                ds->fname, v[i], (long long)m->t);
             sum += v[i];
             m->segment_len[i] = v[i];
         }
-        if (sum != m->t)
+        if (m->t == 0) m->t = sum; /* the series layout: the windows define T */
+        else if (sum != m->t)
             return MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute 'segments' of '%s' sums to %lld, but T = %lld",
                            m->source, ds->fname, sum, (long long)m->t);
         m->segments = (int)n;
@@ -2555,6 +2600,8 @@ static mb_result mb__h5_validate(mb_dataset *ds) {
     mb_dataset_meta *m = &ds->meta;
     hsize_t fd[3] = {0, 0, 0}, td[2] = {0, 1};
     int fr = 0, tr = 0;
+    if (H5Lexists(ds->file, ds->fname, H5P_DEFAULT) <= 0 && H5Lexists(ds->file, "ends", H5P_DEFAULT) > 0)
+        return mb__sr_h5_validate(ds); /* the series layout */
     MB_TRY(mb__h5_open_ds(ds, ds->fname, 3, 3, &ds->dfeat, fd, &fr, m->features_type));
     MB_TRY(mb__h5_open_ds(ds, ds->tname, 1, 2, &ds->dtarg, td, &tr, m->targets_type));
     if (tr == 1) td[1] = 1;
@@ -2607,7 +2654,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     } else {
         r = mb__h5_validate(ds);
     }
-    if (r != MB_OK) { mb__h5_close(ds); MB_FREE(ds); }
+    if (r != MB_OK) { mb__h5_close(ds); mb__sr_free(ds); MB_FREE(ds); }
     else *out = ds;
     H5Eclear2(H5E_DEFAULT);
     mb__h5_restore(q);
@@ -2650,6 +2697,7 @@ MBDEF void mb_dataset_close(mb_dataset *ds) {
         mb__h5_restore(q);
     }
 #endif
+    mb__sr_free(ds);
     MB_FREE(ds);
 }
 
@@ -2665,7 +2713,8 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
     if (!features || !targets) return MB_FAIL(&ds->cfg.log, MB_ERR_INVALID_ARG, "mb_dataset_read: NULL buffer");
     int64_t n = end - start;
     size_t nf = (size_t)(m->t * m->f), nk = (size_t)m->k;
-    if (ds->mem_f) {
+    if (ds->ser) MB_TRY(mb__sr_read(ds, start, n, features, targets));
+    else if (ds->mem_f) {
         memcpy(features, ds->mem_f + (size_t)start * nf, (size_t)n * nf * sizeof(float));
         memcpy(targets, ds->mem_t + (size_t)start * nk, (size_t)n * nk * sizeof(float));
     }
@@ -2844,6 +2893,12 @@ extern "C" {
 #include <time.h>
 
 
+/* Series mode (// ---- series ---- below): bars resident on the device, windows gathered per batch. */
+static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
+                             size_t free_bytes);
+static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done);
+static void mb__sl_free(mb_loader *ld);
+
 static double mb__seconds(void) {
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
@@ -2940,6 +2995,7 @@ struct mb_loader {
                                      then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
     int64_t *gperm;               /* sharded: the whole chunk's sample order (samples_per_chunk) */
+    struct mb__series_ld *ser;    /* series mode (// ---- series ----): bars resident; NULL: chunks */
     unsigned char *seen;
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
@@ -3046,6 +3102,7 @@ static mb_result mb__ld_load_shard(mb_loader *ld, const mb__job *j, mb_loader_st
         st->read_seconds += t1 - t0;
         MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
         MB_TRY(mb__ld_put(ld, cb, rows, sf, stg, filled));
+        st->bytes_copied += (uint64_t)filled * (ld->row_f + ld->row_t);
         rows += filled;
         st->copy_seconds += mb__seconds() - t1;
     }
@@ -3077,6 +3134,7 @@ static mb_result mb__ld_load(mb_loader *ld, const mb__job *j, mb_loader_stats *s
         st->bytes_read += (uint64_t)(e - p) * (ld->row_f + ld->row_t);
         MB_TRY(mb_sync(dev, MB_STREAM_COPY)); /* the copy out of slab s (two reads ago) is done */
         MB_TRY(mb__ld_put(ld, cb, rows, sf, stg, got));
+        st->bytes_copied += (uint64_t)got * (ld->row_f + ld->row_t);
         rows += got;
         st->copy_seconds += mb__seconds() - t1;
     }
@@ -3108,6 +3166,7 @@ static void mb__ld_merge(mb_loader_stats *a, const mb_loader_stats *b) {
     a->read_seconds += b->read_seconds;
     a->copy_seconds += b->copy_seconds;
     a->chunk_loads += b->chunk_loads;
+    a->bytes_copied += b->bytes_copied;
 }
 
 #ifndef MEGABATCH_NO_THREADS
@@ -3238,7 +3297,8 @@ MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
             ld->chunk = ld->batch = ld->index = 0;
             return MB_OK;
         }
-        int b;
+        int b, done = 0;
+        if (ld->ser) { MB_TRY(mb__sl_batch(ld, out, &done)); if (done) return MB_OK; continue; } /* series */
         MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
         mb__chunk_buf *cb = &ld->buf[b];
         int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
@@ -3443,6 +3503,7 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->tmp_row);
     mb_free(ld->dev, ld->stage);
     MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order); MB_FREE(ld->gperm);
+    mb__sl_free(ld);
     MB_FREE(ld);
 }
 
@@ -3455,6 +3516,8 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
     MB_TRY(mb__ld_plan(cfg, m, free_bytes, &plan));
+    MB_TRY(mb__sl_open(out, dev, ds, cfg, free_bytes));
+    if (*out) return MB_OK; /* series: the bars fit the budget and stay resident */
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
     if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
@@ -3491,6 +3554,441 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
 }
 
 // ---- end loader ----
+
+// ---- series ----
+// The series layout (docs/SERIES.md): the dataset side (validation, host reads that cut
+// windows on the host), the gather backend operation, and the loader's series mode.
+
+typedef struct mb__series_ds {
+    int s;                                  /* timeframes */
+    const float *bars[MB_MAX_SEGMENTS];     /* (meta.bars[i], f) */
+    const int64_t *ends;                    /* (n, s) */
+    const float *targ;                      /* (n, k) */
+    void *owned[MB_MAX_SEGMENTS + 2];       /* file datasets: what was read at open */
+    int nonfinite;                          /* some bar or target is NaN/Inf */
+} mb__series_ds;
+
+static void mb__sr_free(mb_dataset *ds) {
+    if (!ds->ser) return;
+    for (int i = 0; i < MB_MAX_SEGMENTS + 2; i++) MB_FREE(ds->ser->owned[i]);
+    MB_FREE(ds->ser);
+    ds->ser = NULL;
+}
+
+/* Byte counts of a series (float32 bars + int64 ends + float32 targets) and of one sample's
+ * window; overflow and the cap are errors. Fills bytes_per_sample and total_bytes. */
+static mb_result mb__sr_sizes(mb_dataset *ds) {
+    mb_dataset_meta *m = &ds->meta;
+    const mb_logger *lg = &ds->cfg.log;
+    size_t total = 0, b, cap = ds->cfg.max_bytes ? ds->cfg.max_bytes : ((size_t)1 << 40), tf, bps;
+    int ok = 1;
+    for (int i = 0; i < m->segments && ok; i++)
+        ok = mb_size_mul((size_t)m->bars[i], (size_t)m->f, &b) && mb_size_mul(b, sizeof(float), &b) &&
+             mb_size_add(total, b, &total);
+    ok = ok && mb_size_mul((size_t)m->n, (size_t)m->segments * sizeof(int64_t), &b) && mb_size_add(total, b, &total) &&
+         mb_size_mul((size_t)m->n, (size_t)m->k, &b) && mb_size_mul(b, sizeof(float), &b) && mb_size_add(total, b, &total);
+    int64_t tfd[2] = {m->t, m->f};
+    ok = ok && mb_size_product(tfd, 2, sizeof(float), &tf) && mb_size_add(tf, (size_t)m->k * sizeof(float), &bps);
+    if (!ok)
+        return MB_FAIL(lg, MB_ERR_OVERFLOW, "%s: series of %lld samples, F = %lld, K = %lld, T = %lld: byte count "
+                       "overflows size_t", m->source, (long long)m->n, (long long)m->f, (long long)m->k, (long long)m->t);
+    if (total > cap)
+        return MB_FAIL(lg, MB_ERR_OVERFLOW, "%s: series: %zu bytes exceed the cap of %zu bytes "
+                       "(mb_dataset_config.max_bytes)", m->source, total, cap);
+    m->bytes_per_sample = bps;
+    m->total_bytes = total;
+    return MB_OK;
+}
+
+/* Every index in range, every window complete, indices non-decreasing over samples; notes
+ * non-finite bars or targets (the loader then cuts windows on the host, applying the policy). */
+static mb_result mb__sr_check(mb_dataset *ds) {
+    const mb_dataset_meta *m = &ds->meta;
+    mb__series_ds *sr = ds->ser;
+    int S = sr->s;
+    for (int64_t i = 0; i < m->n; i++)
+        for (int s = 0; s < S; s++) {
+            int64_t e = sr->ends[i * S + s], len = m->segment_len[s];
+            char tf[MB_MAX_NAME + 1] = "";
+            if (m->segment_name[s][0]) snprintf(tf, sizeof tf, " %s", m->segment_name[s]);
+            if (e < len - 1 || e >= m->bars[s])
+                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends'[%lld][%d] (timeframe %d%s) = %lld: %s (a window of "
+                               "%lld bars needs an index in [%lld, %lld])", m->source, (long long)i, s, s, tf, (long long)e,
+                               e >= m->bars[s] ? "past the last bar" : "the window is incomplete", (long long)len,
+                               (long long)(len - 1), (long long)(m->bars[s] - 1));
+            if (i > 0 && e < sr->ends[(i - 1) * S + s])
+                return MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: 'ends' decreases in timeframe %d%s: sample %lld ends at "
+                               "bar %lld, sample %lld at %lld (samples must be in time order)", m->source, s, tf,
+                               (long long)(i - 1), (long long)sr->ends[(i - 1) * S + s], (long long)i, (long long)e);
+        }
+    for (int s = 0; s < S && !sr->nonfinite; s++)
+        for (size_t j = 0; j < (size_t)(m->bars[s] * m->f) && !sr->nonfinite; j++) sr->nonfinite = !isfinite(sr->bars[s][j]);
+    for (size_t j = 0; j < (size_t)(m->n * m->k) && !sr->nonfinite; j++) sr->nonfinite = !isfinite(sr->targ[j]);
+    return MB_OK;
+}
+
+MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, const mb_dataset_config *cfg) {
+    const mb_logger *lg = cfg ? &cfg->log : NULL;
+    if (!out || !s || !s->window || !s->bars_n || !s->bars || !s->ends || !s->targets)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dataset_open_series: NULL argument");
+    *out = NULL;
+    if (s->segments < 1 || s->segments > MB_MAX_SEGMENTS || s->n < 1 || s->f < 1 || s->k < 1)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "mb_dataset_open_series: %d timeframes (1..%d), N = %lld, F = %lld, K = %lld "
+                       "(each >= 1)", s->segments, MB_MAX_SEGMENTS, (long long)s->n, (long long)s->f, (long long)s->k);
+    mb_dataset *ds = NULL;
+    MB_TRY(mb__ds_new(&ds, "memory", cfg));
+    mb_dataset_meta *m = &ds->meta;
+    mb_result r = MB_OK;
+    ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser);
+    if (!ds->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dataset_open_series: no host memory");
+    m->n = s->n; m->f = s->f; m->k = s->k; m->segments = s->segments; m->layout = MB_LAYOUT_SERIES;
+    for (int i = 0; i < s->segments && r == MB_OK; i++) {
+        if (s->window[i] < 1 || s->window[i] > ((int64_t)1 << 40) || s->bars_n[i] < 1 || !s->bars[i])
+            r = MB_FAIL(lg, MB_ERR_FORMAT, "mb_dataset_open_series: timeframe %d: window %lld, %lld bars (each >= 1) "
+                        "at %p", i, (long long)s->window[i], (long long)s->bars_n[i], (const void *)s->bars[i]);
+        else { m->segment_len[i] = s->window[i]; m->t += s->window[i]; m->bars[i] = s->bars_n[i]; ds->ser->bars[i] = s->bars[i]; }
+    }
+    strcpy(m->features_type, "float32");
+    strcpy(m->targets_type, "float32");
+    strcpy(ds->fname, "bars");
+    if (r == MB_OK) {
+        ds->ser->s = s->segments; ds->ser->ends = s->ends; ds->ser->targ = s->targets;
+        r = mb__sr_sizes(ds);
+    }
+    if (r == MB_OK) r = mb__sr_check(ds);
+    if (r != MB_OK) { mb_dataset_close(ds); return r; }
+    *out = ds;
+    return MB_OK;
+}
+
+/* Samples [start, start + n) as windows (n, t, f) and targets (n, k), cut on the host. */
+static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ) {
+    const mb_dataset_meta *m = &ds->meta;
+    const mb__series_ds *sr = ds->ser;
+    size_t f = (size_t)m->f, k = (size_t)m->k;
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = feat + (size_t)i * (size_t)m->t * f;
+        for (int s = 0; s < sr->s; s++) {
+            int64_t len = m->segment_len[s], first = sr->ends[(start + i) * sr->s + s] - len + 1;
+            memcpy(dst, sr->bars[s] + (size_t)first * f, (size_t)len * f * sizeof(float));
+            dst += (size_t)len * f;
+        }
+        memcpy(targ + (size_t)i * k, sr->targ + (size_t)(start + i) * k, k * sizeof(float));
+    }
+    return MB_OK;
+}
+
+#ifndef MEGABATCH_NO_HDF5
+/* Read a whole dataset as mem_type into a new host buffer of `bytes` (owned by the series). */
+static mb_result mb__sr_h5_read_all(mb_dataset *ds, hid_t d, const char *name, hid_t mem_type, size_t bytes, int slot) {
+    char st[512];
+    void *p = mb__host_alloc(bytes ? bytes : 1);
+    if (!p) return MB_FAIL(&ds->cfg.log, MB_ERR_OUT_OF_MEMORY, "%s: no host memory for '%s' (%zu bytes)",
+                           ds->meta.source, name, bytes);
+    ds->ser->owned[slot] = p;
+    if (H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p) < 0)
+        return MB_FAIL(&ds->cfg.log, MB_ERR_IO, "%s: reading '%s': %s", ds->meta.source, name, mb__h5_stack(st));
+    return MB_OK;
+}
+
+/* `bars_<s>` (N_s, F): float32 or a 16-bit float, every timeframe the same F. */
+static mb_result mb__sr_h5_bars(mb_dataset *ds, int s, hid_t *d) {
+    mb_dataset_meta *m = &ds->meta;
+    char name[32], tn[32];
+    hsize_t dims[2] = {0, 0};
+    int r = 0;
+    snprintf(name, sizeof name, "bars_%d", s);
+    MB_TRY(mb__h5_open_ds(ds, name, 2, 2, d, dims, &r, tn));
+    mb_result res = MB_OK;
+    if (strcmp(tn, "float32") && strcmp(tn, "float16"))
+        res = MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: dataset '%s' has dtype %s: bars are float32 or a 16-bit float",
+                      m->source, name, tn);
+    else if (dims[0] < 1 || dims[1] < 1 || dims[0] > (hsize_t)INT64_MAX / 2 || dims[1] > (hsize_t)INT64_MAX / 2 ||
+             (s > 0 && (int64_t)dims[1] != m->f))
+        res = MB_FAIL(&ds->cfg.log, MB_ERR_FORMAT, "%s: dataset '%s' is (%llu, %llu): each timeframe needs >= 1 bar "
+                      "of the same F (%lld)", m->source, name, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                      (long long)(s > 0 ? m->f : (int64_t)dims[1]));
+    if (res != MB_OK) { H5Dclose(*d); return res; }
+    m->bars[s] = (int64_t)dims[0];
+    m->f = (int64_t)dims[1];
+    if (s == 0) snprintf(m->features_type, sizeof m->features_type, "%s", tn);
+    return MB_OK;
+}
+
+/* Everything of a series file after H5Fopen: ends, targets, segments, bars; then the whole
+ * series is read into host memory and its indices checked. */
+static mb_result mb__sr_h5_validate(mb_dataset *ds) {
+    mb_dataset_meta *m = &ds->meta;
+    const mb_logger *lg = &ds->cfg.log;
+    hsize_t ed[2] = {0, 0}, td[2] = {0, 1};
+    int er = 0, tr = 0;
+    char et[32];
+    strcpy(ds->fname, "ends");
+    m->layout = MB_LAYOUT_SERIES;
+    MB_TRY(mb__h5_open_ds(ds, "ends", 2, 2, &ds->dfeat, ed, &er, et));
+    if (strncmp(et, "int", 3) && strncmp(et, "uint", 4))
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: dataset 'ends' has dtype %s: bar indices must be integers", m->source, et);
+    MB_TRY(mb__h5_open_ds(ds, ds->tname, 1, 2, &ds->dtarg, td, &tr, m->targets_type));
+    if (tr == 1) td[1] = 1;
+    if (ed[0] != td[0])
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: N differs: 'ends' has %llu samples, '%s' has %llu", m->source,
+                       (unsigned long long)ed[0], ds->tname, (unsigned long long)td[0]);
+    if (ed[0] < 1 || td[1] < 1 || ed[0] > (hsize_t)INT64_MAX / 2 || td[1] > (hsize_t)INT64_MAX / 2)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: 'ends' (%llu, %llu) / '%s' (%llu, %llu): N and K must be >= 1 and fit",
+                       m->source, (unsigned long long)ed[0], (unsigned long long)ed[1], ds->tname,
+                       (unsigned long long)td[0], (unsigned long long)td[1]);
+    m->n = (int64_t)ed[0]; m->k = (int64_t)td[1]; m->t = 0;
+    MB_TRY(mb__h5_segments(ds));
+    if (m->segments < 1 || (hsize_t)m->segments != ed[1])
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: 'ends' has %llu columns and %d window lengths (attribute 'segments' on "
+                       "'ends', one per timeframe, is required)", m->source, (unsigned long long)ed[1], m->segments);
+    hid_t bd[MB_MAX_SEGMENTS];
+    int opened = 0;
+    mb_result r = MB_OK;
+    for (; opened < m->segments && r == MB_OK; opened++) r = mb__sr_h5_bars(ds, opened, &bd[opened]);
+    if (r != MB_OK) opened--; /* the failed one is not open */
+    if (r == MB_OK) r = mb__sr_sizes(ds);
+    if (r == MB_OK && !(ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser)))
+        r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", m->source);
+    for (int s = 0; s < m->segments && r == MB_OK; s++) {
+        r = mb__sr_h5_read_all(ds, bd[s], "bars", H5T_NATIVE_FLOAT, (size_t)(m->bars[s] * m->f) * sizeof(float), s);
+        ds->ser->bars[s] = (const float *)ds->ser->owned[s];
+    }
+    for (int s = 0; s < opened; s++) H5Dclose(bd[s]);
+    if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dfeat, "ends", H5T_NATIVE_INT64,
+                                            (size_t)m->n * (size_t)m->segments * sizeof(int64_t), MB_MAX_SEGMENTS);
+    if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dtarg, ds->tname, H5T_NATIVE_FLOAT,
+                                            (size_t)(m->n * m->k) * sizeof(float), MB_MAX_SEGMENTS + 1);
+    MB_TRY(r);
+    ds->ser->s = m->segments;
+    ds->ser->ends = (const int64_t *)ds->ser->owned[MB_MAX_SEGMENTS];
+    ds->ser->targ = (const float *)ds->ser->owned[MB_MAX_SEGMENTS + 1];
+    MB_TRY(mb__sr_check(ds));
+    strcpy(ds->fname, "bars");
+    if (strcmp(m->features_type, "float32") || strcmp(m->targets_type, "float32"))
+        MB_LOG(lg, MB_LOG_INFO, "%s: bars are %s and '%s' is %s; HDF5 converts to float32 on read", m->source,
+               m->features_type, ds->tname, m->targets_type);
+    return MB_OK;
+}
+#endif
+
+/* ---- the gather operation ----
+ * One batch of windows out of resident bars: row r of batch row b is bar
+ * ends[idx[b]][s] - len[s] + 1 + (r - start of segment s) of timeframe s; targets are row
+ * idx[b] of targ. Plain byte copies of `es`-byte elements, so every dtype is bitwise the
+ * same as the window layout's rows. CPU: memcpy per (sample, timeframe); CUDA: one kernel
+ * (megabatch_cuda.cuh, "cuda series"), both through mb__gather_row. */
+struct mb__gather {
+    int segments, es;                       /* timeframes; bytes per element (4 or 2) */
+    int64_t len[MB_MAX_SEGMENTS], t, count; /* window lengths, their sum, batch rows */
+    const char *bars[MB_MAX_SEGMENTS];      /* device: (bars, f) of es-byte elements */
+    size_t row, trow;                       /* bytes of one bar row / one target row */
+    const int64_t *ends, *idx;              /* device: (n, segments); the batch's samples */
+    const char *targ;                       /* device: (n, k) */
+    char *dst_f, *dst_t;                    /* device: (count, t, f) and (count, k) */
+};
+
+/* The bar row that window row r of batch row b reads. */
+static inline MB__HD const char *mb__gather_row(const mb__gather *g, int64_t b, int64_t r) {
+    int s = 0;
+    while (r >= g->len[s]) r -= g->len[s++];
+    int64_t bar = g->ends[g->idx[b] * g->segments + s] - g->len[s] + 1 + r;
+    return g->bars[s] + (size_t)bar * g->row;
+}
+
+static mb_result mb__cpu_series_gather(mb_device *dev, int stream, const mb__gather *g) {
+    (void)dev; (void)stream;
+    for (int64_t b = 0; b < g->count; b++) {
+        char *dst = g->dst_f + (size_t)(b * g->t) * g->row;
+        for (int s = 0, r = 0; s < g->segments; r += (int)g->len[s], s++) {
+            memcpy(dst, mb__gather_row(g, b, r), (size_t)g->len[s] * g->row);
+            dst += (size_t)g->len[s] * g->row;
+        }
+        memcpy(g->dst_t + (size_t)b * g->trow, g->targ + (size_t)g->idx[b] * g->trow, g->trow);
+    }
+    return MB_OK;
+}
+
+/* Validate, then the backend table's series_gather. */
+static mb_result mb__series_gather(mb_device *dev, int stream, const mb__gather *g) {
+    MB_TRY(mb__check_stream(dev, stream, "mb__series_gather"));
+    if (g->count <= 0) return MB_OK;
+    return dev->be->series_gather(dev, stream, g);
+}
+
+/* ---- the loader's series mode ----
+ * Bars, ends and targets are copied to the device once at open (in the loader dtype:
+ * 16-bit rounding on the host, mb_f32_to_bf16/f16 as the device conversion does); each
+ * epoch's sample order (the resident window layout's permutation, sharded the same way)
+ * is computed on the host and copied to the device once; each batch is one gather on the
+ * compute stream into one batch buffer. No dataset read after open. */
+typedef struct mb__series_ld {
+    void *bars[MB_MAX_SEGMENTS], *ends, *targ, *idx, *batch; /* device */
+    int64_t *hidx, *perm;  /* host: the epoch's sample per local row; the permutation */
+    int64_t rows;          /* local rows per epoch (this rank's when sharded) */
+    int64_t idx_epoch;     /* epoch whose order is in idx; -1: none */
+    mb__gather g;
+} mb__series_ld;
+
+static void mb__sl_free(mb_loader *ld) {
+    mb__series_ld *sl = ld->ser;
+    if (!sl) return;
+    mb_sync(ld->dev, -1);
+    for (int s = 0; s < MB_MAX_SEGMENTS; s++) mb_free(ld->dev, sl->bars[s]);
+    mb_free(ld->dev, sl->ends); mb_free(ld->dev, sl->targ); mb_free(ld->dev, sl->idx); mb_free(ld->dev, sl->batch);
+    MB_FREE(sl->hidx); MB_FREE(sl->perm);
+    MB_FREE(sl);
+    ld->ser = NULL;
+}
+
+/* Device bytes of series mode: bars, ends, targets, the order and one batch buffer. */
+static int mb__sl_bytes(const mb_dataset_meta *m, const mb_loader_config *cfg, size_t *out) {
+    size_t s = mb_dtype_size(cfg->dtype), total = 0, b;
+    int ok = 1;
+    for (int i = 0; i < m->segments && ok; i++)
+        ok = mb_size_mul((size_t)(m->bars[i] * m->f), s, &b) && mb_size_add(total, b, &total);
+    return ok && mb_size_mul((size_t)m->n, (size_t)m->segments * 8 + (size_t)m->k * s + 8, &b) &&
+           mb_size_add(total, b, &total) && mb_size_mul((size_t)cfg->batch, m->bytes_per_sample / 4 * s, &b) &&
+           mb_size_add(total, b, out);
+}
+
+/* Host float32 rows to the device in the loader dtype (16-bit: rounded on the host). */
+static mb_result mb__sl_upload(mb_loader *ld, void **dst, const float *src, size_t n) {
+    size_t es = mb_dtype_size(ld->cfg.dtype);
+    MB_TRY(mb_alloc(ld->dev, MB_MEM_DEVICE, n * es, dst));
+    if (ld->cfg.dtype == MB_F32) {
+        ld->stats.bytes_copied += n * es;
+        MB_TRY(mb_copy(ld->dev, MB_STREAM_COPY, *dst, src, n * es));
+        return mb_sync(ld->dev, MB_STREAM_COPY);
+    }
+    uint16_t *h = (uint16_t *)mb__host_calloc(n ? n : 1, sizeof *h);
+    if (!h) return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for %zu elements", n);
+    for (size_t i = 0; i < n; i++) h[i] = ld->cfg.dtype == MB_BF16 ? mb_f32_to_bf16(src[i]) : mb_f32_to_f16(src[i]);
+    ld->stats.bytes_copied += n * es;
+    mb_result r = mb_copy(ld->dev, MB_STREAM_COPY, *dst, h, n * es);
+    if (r == MB_OK) r = mb_sync(ld->dev, MB_STREAM_COPY);
+    MB_FREE(h);
+    return r;
+}
+
+static mb_result mb__sl_alloc(mb_loader *ld) {
+    const mb_dataset_meta *m = mb_dataset_info(ld->ds);
+    const mb__series_ds *sr = ld->ds->ser;
+    mb__series_ld *sl = ld->ser;
+    mb__gather *g = &sl->g;
+    size_t es = mb_dtype_size(ld->cfg.dtype);
+    for (int s = 0; s < m->segments; s++) {
+        MB_TRY(mb__sl_upload(ld, &sl->bars[s], sr->bars[s], (size_t)(m->bars[s] * m->f)));
+        g->bars[s] = (const char *)sl->bars[s];
+        g->len[s] = m->segment_len[s];
+    }
+    MB_TRY(mb__sl_upload(ld, &sl->targ, sr->targ, (size_t)(m->n * m->k)));
+    size_t eb = (size_t)m->n * (size_t)m->segments * sizeof(int64_t);
+    MB_TRY(mb_alloc(ld->dev, MB_MEM_DEVICE, eb, &sl->ends));
+    ld->stats.bytes_copied += eb;
+    MB_TRY(mb_copy(ld->dev, MB_STREAM_COPY, sl->ends, sr->ends, eb));
+    MB_TRY(mb_sync(ld->dev, MB_STREAM_COPY));
+    MB_TRY(mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)sl->rows * sizeof(int64_t), &sl->idx));
+    MB_TRY(mb_alloc(ld->dev, MB_MEM_DEVICE, (size_t)ld->cfg.batch * (ld->drow_f + ld->drow_t), &sl->batch));
+    sl->hidx = (int64_t *)mb__host_calloc((size_t)sl->rows, sizeof(int64_t));
+    sl->perm = (int64_t *)mb__host_calloc((size_t)m->n, sizeof(int64_t));
+    if (!sl->hidx || !sl->perm) return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory for the order");
+    g->segments = m->segments; g->es = (int)es; g->t = m->t;
+    g->row = (size_t)m->f * es; g->trow = (size_t)m->k * es;
+    g->ends = (const int64_t *)sl->ends; g->targ = (const char *)sl->targ;
+    g->dst_f = (char *)sl->batch; g->dst_t = g->dst_f + (size_t)ld->cfg.batch * ld->drow_f;
+    return MB_OK;
+}
+
+/* A series dataset whose bars fit the budget: open the loader in series mode (*out set).
+ * Otherwise *out stays NULL and mb_loader_open goes on with window chunks cut on the host
+ * (the chunk rule; also when some value is non-finite, so the NaN policy applies as for
+ * windows). */
+static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
+                             size_t free_bytes) {
+    const mb_dataset_meta *m = mb_dataset_info(ds);
+    const mb_logger *lg = &dev->cfg.log;
+    *out = NULL;
+    if (!ds->ser) return MB_OK;
+    size_t need = 0, budget = cfg->chunk_bytes ? cfg->chunk_bytes
+                                               : (size_t)((double)free_bytes * (cfg->chunk_fraction ? cfg->chunk_fraction : 0.75));
+    if (ds->ser->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
+        MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
+               ds->ser->nonfinite ? "holds non-finite values" : "does not fit the device budget");
+        return MB_OK;
+    }
+    mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
+    if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
+    ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg;
+    ld->drow_f = (size_t)(m->t * m->f) * mb_dtype_size(cfg->dtype);
+    ld->drow_t = (size_t)m->k * mb_dtype_size(cfg->dtype);
+    ld->buf[0].epoch = ld->buf[1].epoch = -1;
+    ld->cur_buf = ld->order_epoch = -1;
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->cv, NULL);
+#endif
+    mb_loader_config whole = *cfg;
+    whole.chunk_bytes = SIZE_MAX; /* one chunk: every sample */
+    mb_result r = mb__ld_plan(&whole, m, free_bytes, &ld->plan);
+    ld->plan.budget_bytes = budget;
+    ld->plan.chunk_bytes = need;
+    ld->ser = (mb__series_ld *)mb__host_calloc(1, sizeof *ld->ser);
+    if (r == MB_OK && !ld->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
+    if (r == MB_OK) {
+        ld->ser->idx_epoch = -1;
+        ld->ser->rows = cfg->shard_count > 1 ? mb__shard_rows(cfg, m->n) : m->n;
+        r = mb__sl_alloc(ld);
+    }
+    if (r != MB_OK) { mb_loader_close(ld); return r; }
+    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series mode, %lld samples, %zu device bytes resident, %lld "
+           "batches/epoch, %s", m->source, (long long)m->n, need, (long long)ld->plan.batches, mb_dtype_name(cfg->dtype));
+    *out = ld;
+    return MB_OK;
+}
+
+/* The sample of each local row for ld->epoch on the device: the permutation the window
+ * layout applies to a resident chunk (Philox stream (epoch, 0)), sharded as mb__shard_pos. */
+static mb_result mb__sl_order(mb_loader *ld) {
+    mb__series_ld *sl = ld->ser;
+    int64_t n = mb_dataset_info(ld->ds)->n;
+    if (sl->idx_epoch == ld->epoch || (!ld->cfg.shuffle && sl->idx_epoch >= 0)) return MB_OK;
+    if (sl->idx_epoch >= 0) MB_TRY(mb_sync(ld->dev, MB_STREAM_COMPUTE)); /* the last copy out of hidx is done */
+    if (ld->cfg.shuffle) mb__permutation(ld->cfg.seed, mb__shuffle_stream(ld->epoch, 0), n, sl->perm);
+    else for (int64_t i = 0; i < n; i++) sl->perm[i] = i;
+    for (int64_t i = 0; i < sl->rows; i++)
+        sl->hidx[i] = sl->perm[ld->cfg.shard_count > 1 ? mb__shard_pos(&ld->cfg, n, i) : i];
+    ld->stats.bytes_copied += (uint64_t)sl->rows * sizeof(int64_t);
+    MB_TRY(mb_copy(ld->dev, MB_STREAM_COMPUTE, sl->idx, sl->hidx, (size_t)sl->rows * sizeof(int64_t)));
+    sl->idx_epoch = ld->epoch;
+    return MB_OK;
+}
+
+/* mb_loader_next in series mode: the next batch gathered into the batch buffer (*done = 1),
+ * or the epoch's batches are over (*done = 0; the caller ends the epoch). */
+static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
+    mb__series_ld *sl = ld->ser;
+    int64_t B = ld->cfg.batch, first = ld->batch * B, count = sl->rows - first < B ? sl->rows - first : B;
+    *done = 0;
+    if (count <= 0 || (ld->cfg.drop_last && count < B)) {
+        ld->chunk = ld->plan.chunks;
+        return MB_OK;
+    }
+    MB_TRY(mb__sl_order(ld));
+    sl->g.idx = (const int64_t *)sl->idx + first;
+    sl->g.count = count;
+    MB_TRY(mb__series_gather(ld->dev, MB_STREAM_COMPUTE, &sl->g));
+    out->features = sl->g.dst_f;
+    out->targets = sl->g.dst_t;
+    out->count = count;
+    out->epoch = ld->epoch;
+    out->index = ld->index++;
+    ld->batch++;
+    *done = 1;
+    return MB_OK;
+}
+
+// ---- end series ----
 
 // ---- lstm ----
 
@@ -7022,6 +7520,9 @@ static const mb__backend *mb__cpu_backend(void) {
         mb__cpu_event_create, mb__cpu_event_destroy, mb__cpu_event_record, mb__cpu_event_done,
         /* lstm_full_auto: no (caches favour checkpointing's small working set) */
         0,
+
+        /* series */
+        mb__cpu_series_gather,
     };
     return &be;
 }

@@ -859,6 +859,37 @@ static void mb__cuda_graph_destroy(void *exec) {
 
 // ---- cuda end graph ----
 
+// ---- cuda series ----
+// The series gather (megabatch.h, "the gather operation"): one thread per es-byte element
+// of the batch's windows, then of its targets; mb__gather_row is the CPU loop's index math.
+
+template <typename E>
+__device__ void mb__series_gather_elems(const mb__gather &g) {
+    size_t rw = g.row / sizeof(E), tw = g.trow / sizeof(E), nf = (size_t)(g.count * g.t) * rw;
+    size_t n = nf + (size_t)g.count * tw;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (i < nf) {
+            size_t row = i / rw;
+            const E *src = (const E *)mb__gather_row(&g, (int64_t)(row / (size_t)g.t), (int64_t)(row % (size_t)g.t));
+            ((E *)g.dst_f)[i] = src[i % rw];
+        } else {
+            size_t j = i - nf, b = j / tw;
+            ((E *)g.dst_t)[j] = ((const E *)(g.targ + (size_t)g.idx[b] * g.trow))[j % tw];
+        }
+    }
+}
+
+__global__ void mb__k_series_gather(mb__gather g) {
+    if (g.es == 4) mb__series_gather_elems<uint32_t>(g);
+    else mb__series_gather_elems<uint16_t>(g);
+}
+
+static mb_result mb__cuda_series_gather(mb_device *dev, int stream, const mb__gather *g) {
+    size_t n = (size_t)g->count * ((size_t)g->t * g->row + g->trow) / (size_t)g->es;
+    return MB__RUN_N(dev, stream, mb__k_series_gather, n, *g);
+}
+// ---- cuda end series ----
+
 // ---- cuda backend ----
 // The CUDA table: the mb__cuda_* functions above (see "the backend table" in megabatch.h).
 
@@ -884,6 +915,9 @@ static const mb__backend *mb__cuda_backend(void) {
         mb__cuda_event_create, mb__cuda_event_destroy, mb__cuda_event_record, mb__cuda_event_done,
         /* lstm_full_auto: full storage when memory allows */
         1,
+
+        /* series */
+        mb__cuda_series_gather,
     };
     return &be;
 }

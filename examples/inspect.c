@@ -87,8 +87,14 @@ int main(int argc, char **argv) {
         printf("%s%s%s%lld", i ? ", " : "", m->segment_name[i], m->segment_name[i][0] ? "=" : "",
                (long long)m->segment_len[i]);
     printf("\n");
+    if (m->layout == MB_LAYOUT_SERIES) { /* docs/SERIES.md */
+        printf("layout:           series, bars per timeframe:");
+        for (int i = 0; i < m->segments; i++) printf(" %lld", (long long)m->bars[i]);
+        printf(" (resident on the device when they fit; the plan below is the window fallback's)\n");
+    }
     printf("bytes/sample:     %zu (%s on the device)\n", p.bytes_per_sample, mb_dtype_name(dtype));
-    printf("dataset size:     %.3f GB (%zu bytes as float32)\n", (double)m->total_bytes / 1e9, m->total_bytes);
+    printf("dataset size:     %.3f GB (%zu bytes as float32%s)\n", (double)m->total_bytes / 1e9, m->total_bytes,
+           m->layout == MB_LAYOUT_SERIES ? ": bars, ends, targets" : "");
     printf("plan for %.1f GB: budget %.3f GB (75%%), %s\n", gb, (double)p.budget_bytes / 1e9,
            p.buffers == 1 ? "resident (loaded once)" : "2 chunk buffers (double-buffered)");
     printf("chunks:           %lld of %lld samples (%.3f GB each)\n", (long long)p.chunks,

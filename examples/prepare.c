@@ -380,6 +380,24 @@ static void make_parent_dir(const char *path) {
     mkdir(dir, 0777); /* an error shows up as H5Fcreate's */
 }
 
+/* The attributes that describe the windows (segments, segment_names) and the feature
+ * normalisation (feature_mean, feature_std [5, F]): on `features`, or on `ends` (series). */
+static int h5_segment_attrs(hid_t obj, int nf, const float *mean, const float *std) {
+    int seg[NTF];
+    for (int i = 0; i < NTF; i++) seg[i] = tf_window[i];
+    hsize_t sd[1] = {NTF};
+    hid_t ss = H5Screate_simple(1, sd, NULL), str = H5Tcopy(H5T_C_S1), scal = H5Screate(H5S_SCALAR);
+    H5Tset_size(str, strlen(tf_names) + 1);
+    hid_t a1 = H5Acreate2(obj, "segments", H5T_STD_I32LE, ss, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t a2 = H5Acreate2(obj, "segment_names", str, scal, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t e = (a1 < 0 || a2 < 0) ? -1 : (H5Awrite(a1, H5T_NATIVE_INT, seg) | H5Awrite(a2, str, tf_names));
+    if (a1 >= 0) H5Aclose(a1);
+    if (a2 >= 0) H5Aclose(a2);
+    H5Sclose(ss); H5Sclose(scal); H5Tclose(str);
+    if (e < 0) return -1;
+    return h5_attr_floats(obj, "feature_mean", mean, NTF, (hsize_t)nf) || h5_attr_floats(obj, "feature_std", std, NTF, (hsize_t)nf);
+}
+
 static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const float *mean, const float *std,
                      float target_scale) {
     memset(o, 0, sizeof *o);
@@ -393,22 +411,8 @@ static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const
     o->times = H5Dcreate2(o->file, "times", H5T_STD_I64LE, ns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Sclose(fs); H5Sclose(ts); H5Sclose(ns);
     if (o->feat < 0 || o->targ < 0 || o->times < 0) return prep_fail("cannot create datasets in '%s'", path);
-    int seg[NTF];
-    for (int i = 0; i < NTF; i++) seg[i] = tf_window[i];
-    hsize_t sd[1] = {NTF};
-    hid_t ss = H5Screate_simple(1, sd, NULL), str = H5Tcopy(H5T_C_S1), scal = H5Screate(H5S_SCALAR);
-    H5Tset_size(str, strlen(tf_names) + 1);
-    hid_t a1 = H5Acreate2(o->feat, "segments", H5T_STD_I32LE, ss, H5P_DEFAULT, H5P_DEFAULT);
-    hid_t a2 = H5Acreate2(o->feat, "segment_names", str, scal, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t e = (a1 < 0 || a2 < 0) ? -1 : (H5Awrite(a1, H5T_NATIVE_INT, seg) | H5Awrite(a2, str, tf_names));
-    if (a1 >= 0) H5Aclose(a1);
-    if (a2 >= 0) H5Aclose(a2);
-    H5Sclose(ss); H5Sclose(scal); H5Tclose(str);
-    if (e < 0) return prep_fail("cannot write segment attributes in '%s'", path);
-    if (h5_attr_floats(o->feat, "feature_mean", mean, NTF, (hsize_t)nf) ||
-        h5_attr_floats(o->feat, "feature_std", std, NTF, (hsize_t)nf) ||
-        h5_attr_floats(o->targ, "target_scale", &target_scale, 1, 0))
-        return -1;
+    if (h5_segment_attrs(o->feat, nf, mean, std) || h5_attr_floats(o->targ, "target_scale", &target_scale, 1, 0))
+        return prep_fail("cannot write attributes in '%s'", path);
     return 0;
 }
 
@@ -451,6 +455,7 @@ typedef struct prep_config {
     size_t max_samples;  /* 0: all */
     int quiet;
     const char *out_train, *out_val;
+    int series;          /* --layout series: bars once + per-sample bar indices (docs/SERIES.md) */
 } prep_config;
 
 typedef struct prep_plan {
@@ -561,6 +566,75 @@ static int write_split(const series *s, const prep_plan *p, size_t from, size_t 
     return r;
 }
 
+// ---- series layout ----
+// Per timeframe k the normalised bars a split's windows use, `bars_k` (hi - lo + 1, F), and
+// per sample the index of its last closed bar in each, `ends` (N, 5), relative to lo: the
+// window layout's rows are bars_k[ends - w_k + 1 .. ends], bit for bit (same float math).
+
+/* A whole dataset: create, write, and return it open (or -1). */
+static hid_t h5_write_all(hid_t file, const char *name, hid_t ftype, hid_t mtype, int rank, const hsize_t *dims,
+                          const void *buf) {
+    hid_t sp = H5Screate_simple(rank, dims, NULL);
+    hid_t d = H5Dcreate2(file, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Sclose(sp);
+    if (d >= 0 && H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) { H5Dclose(d); d = -1; }
+    if (d < 0) prep_fail("cannot write '%s'", name);
+    return d;
+}
+
+/* bars_k: rows [lo, hi] of timeframe k, normalised. */
+static int write_bars(hid_t file, const series *s, int k, size_t lo, size_t hi, const float *mean, const float *std) {
+    size_t nf = (size_t)s->nf, rows = hi - lo + 1;
+    float *x = (float *)malloc(rows * nf * sizeof(float));
+    if (!x) return prep_fail("out of memory for %zu bars", rows);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t f = 0; f < nf; f++)
+            x[r * nf + f] = (s->feat[k][(lo + r) * nf + f] - mean[(size_t)k * nf + f]) / std[(size_t)k * nf + f];
+    char name[32];
+    snprintf(name, sizeof name, "bars_%d", k);
+    hsize_t d[2] = {rows, nf};
+    hid_t ds = h5_write_all(file, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, d, x);
+    free(x);
+    if (ds < 0) return -1;
+    H5Dclose(ds);
+    return 0;
+}
+
+/* Samples [from, to) of the plan as a series file. */
+static int write_series(const series *s, const prep_plan *p, size_t from, size_t to, const prep_config *c,
+                        const char *path, const float *mean, const float *std, float scale) {
+    size_t n = to - from, lo[NTF];
+    int64_t *ends = (int64_t *)malloc(n * NTF * sizeof *ends), *times = (int64_t *)malloc(n * sizeof *times);
+    float *targ = (float *)malloc(n * (size_t)c->k * sizeof(float));
+    int r = ends && times && targ ? 0 : prep_fail("out of memory");
+    for (size_t j = 0; r == 0 && j < n; j++) {
+        size_t i = p->idx[from + j];
+        times[j] = s->tf[0].t[i] + 60;
+        for (int k = 0; k < NTF; k++) ends[j * NTF + (size_t)k] = (int64_t)closed_bars(&s->tf[k], mbf_minutes[k], times[j]) - 1;
+        targets_of(&s->tf[0], i, c->k, scale, targ + j * (size_t)c->k);
+    }
+    make_parent_dir(path);
+    hid_t file = r ? -1 : H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (r == 0 && file < 0) r = prep_fail("cannot create '%s'", path);
+    for (int k = 0; r == 0 && k < NTF; k++) {
+        lo[k] = (size_t)ends[k] + 1 - (size_t)tf_window[k]; /* planned samples have full windows */
+        r = write_bars(file, s, k, lo[k], (size_t)ends[(n - 1) * NTF + (size_t)k], mean, std);
+        for (size_t j = 0; j < n; j++) ends[j * NTF + (size_t)k] -= (int64_t)lo[k];
+    }
+    hsize_t ed[2] = {n, NTF}, td[2] = {n, (hsize_t)c->k};
+    hid_t de = r ? -1 : h5_write_all(file, "ends", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, ed, ends);
+    hid_t dt = de < 0 ? -1 : h5_write_all(file, "targets", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, td, targ);
+    hid_t dm = dt < 0 ? -1 : h5_write_all(file, "times", H5T_STD_I64LE, H5T_NATIVE_INT64, 1, ed, times);
+    if (r == 0 && dm < 0) r = -1;
+    if (r == 0 && (h5_segment_attrs(de, c->nf, mean, std) || h5_attr_floats(dt, "target_scale", &scale, 1, 0)))
+        r = prep_fail("cannot write attributes in '%s'", path);
+    hid_t h[3] = {de, dt, dm};
+    for (int i = 0; i < 3; i++) if (h[i] >= 0) H5Dclose(h[i]);
+    if (file >= 0 && H5Fclose(file) < 0 && r == 0) r = prep_fail("closing '%s' failed", path);
+    free(ends); free(times); free(targ);
+    return r;
+}
+
 static int prepare(const bars *m1, const prep_config *c) {
     series s;
     prep_plan p;
@@ -571,12 +645,17 @@ static int prepare(const bars *m1, const prep_config *c) {
         float mean[NTF * MAXF], std[NTF * MAXF];
         fit_normaliser(&s, s.tf[0].t[p.idx[p.n_train - 1]] + 60, mean, std);
         float scale = fit_target_scale(&s.tf[0], &p, c->k);
-        r = write_split(&s, &p, 0, p.n_train, c, c->out_train, "train", mean, std, scale);
-        if (r == 0) r = write_split(&s, &p, p.first_val, p.n, c, c->out_val, "val", mean, std, scale);
+        if (c->series) {
+            r = write_series(&s, &p, 0, p.n_train, c, c->out_train, mean, std, scale);
+            if (r == 0) r = write_series(&s, &p, p.first_val, p.n, c, c->out_val, mean, std, scale);
+        } else {
+            r = write_split(&s, &p, 0, p.n_train, c, c->out_train, "train", mean, std, scale);
+            if (r == 0) r = write_split(&s, &p, p.first_val, p.n, c, c->out_val, "val", mean, std, scale);
+        }
         if (r == 0 && !c->quiet)
             printf("prepare: %zu M1 bars -> %zu train samples (%s), %zu val samples (%s), T=1104 F=%d K=%d, "
-                   "target scale %.3g\n", m1->n, p.n_train, c->out_train, p.n - p.first_val, c->out_val, c->nf, c->k,
-                   (double)scale);
+                   "target scale %.3g, %s layout\n", m1->n, p.n_train, c->out_train, p.n - p.first_val, c->out_val, c->nf,
+                   c->k, (double)scale, c->series ? "series" : "window");
     }
     free(p.idx);
     series_free(&s);
@@ -599,6 +678,8 @@ static const char usage[] =
     "  --stride S           one sample every S M1 bars [15]\n"
     "  --val-fraction X     the last part of the samples, by time, in (0, 1) [0.2]\n"
     "  --max-samples N      keep the last N samples [all]\n"
+    "  --layout L           window (every sample's window, [N, 1104, F]) or series (each bar once\n"
+    "                       + per-sample bar indices; docs/SERIES.md) [window]\n"
     "  --bars N             synthetic M1 bars, 1..1e8 [400000]\n"
     "  --seed S             synthetic series seed [1]\n"
     "  --skip-bad           count and skip bad CSV rows instead of stopping\n"
@@ -608,7 +689,7 @@ static const char usage[] =
 
 static int value_flag(const char *a) {
     static const char *const flags[] = {"--csv", "--out-train", "--out-val", "--bars", "--seed", "--features",
-                                        "--targets", "--stride", "--max-samples", "--val-fraction"};
+                                        "--targets", "--stride", "--max-samples", "--val-fraction", "--layout"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i])) return 1;
     return 0;
@@ -625,7 +706,7 @@ static int list_features(void) {
 
 int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
-    prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5"};
+    prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5", 0};
     const char *csv = NULL;
     int synthetic = 0, skip_bad = 0;
     long long nbars = 400000, seed = 1, v;
@@ -642,6 +723,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--csv")) csv = val;
         else if (!strcmp(a, "--out-train")) c.out_train = val;
         else if (!strcmp(a, "--out-val")) c.out_val = val;
+        else if (!strcmp(a, "--layout")) {
+            if (strcmp(val, "window") && strcmp(val, "series")) return mba_error("--layout: '%s' is not window or series", val);
+            c.series = !strcmp(val, "series");
+        }
         else if (!strcmp(a, "--bars")) { if (mba_long(val, 1, 100000000, &nbars)) return mba_error("--bars: '%s' is not 1..1e8", val); }
         else if (!strcmp(a, "--seed")) { if (mba_long(val, 0, 2147483647, &seed)) return mba_error("--seed: '%s' is not a non-negative integer", val); }
         else if (!strcmp(a, "--features")) { if (mba_long(val, 1, MAXF, &v)) return mba_error("--features: '%s' is not 1..%d", val, MAXF); c.nf = (int)v; }

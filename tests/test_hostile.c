@@ -112,6 +112,81 @@ static void test_probe_errors(void **state) {
     tu_assert_error(mb_dataset_probe(p, NULL, NULL), MB_ERR_FORMAT, "zero dimension");
 }
 
+/* A series file (docs/SERIES.md): bars_0 (N + 2, F) created with dcpl (H5P_DEFAULT: plain),
+ * bars_1 (N, F), ends (N, 2) with windows of 3 and 1 bars, targets (N, K). bad_index: one
+ * index past the last bar. */
+static void write_series(const char *path, hid_t dcpl, int bad_index) {
+    static float b0[(N + 2) * F], b1[N * F];
+    int64_t ends[N * 2];
+    for (int i = 0; i < (N + 2) * F; i++) b0[i] = (float)i;
+    for (int i = 0; i < N * F; i++) b1[i] = -(float)i;
+    for (int i = 0; i < N; i++) { ends[2 * i] = i + 2; ends[2 * i + 1] = i; }
+    if (bad_index) ends[2 * (N - 1)] = N + 2;
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t d0[2] = {N + 2, F}, d1[2] = {N, F}, de[2] = {N, 2}, dt[2] = {N, K}, two = 2;
+    hid_t s0 = H5Screate_simple(2, d0, NULL), s1 = H5Screate_simple(2, d1, NULL), se = H5Screate_simple(2, de, NULL),
+          st = H5Screate_simple(2, dt, NULL), sa = H5Screate_simple(1, &two, NULL);
+    hid_t x0 = H5Dcreate2(file, "bars_0", H5T_IEEE_F32LE, s0, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    hid_t x1 = H5Dcreate2(file, "bars_1", H5T_IEEE_F32LE, s1, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t xe = H5Dcreate2(file, "ends", H5T_STD_I64LE, se, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t xt = H5Dcreate2(file, "targets", H5T_IEEE_F32LE, st, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(x0 >= 0 && x1 >= 0 && xe >= 0 && xt >= 0);
+    int seg[2] = {3, 1};
+    hid_t a = H5Acreate2(xe, "segments", H5T_STD_I32LE, sa, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Awrite(a, H5T_NATIVE_INT, seg) >= 0);
+    assert_true(H5Dwrite(x0, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b0) >= 0);
+    assert_true(H5Dwrite(x1, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b1) >= 0);
+    assert_true(H5Dwrite(xe, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, ends) >= 0);
+    assert_true(H5Dwrite(xt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, g_targ) >= 0);
+    H5Aclose(a); H5Dclose(x0); H5Dclose(x1); H5Dclose(xe); H5Dclose(xt);
+    H5Sclose(s0); H5Sclose(s1); H5Sclose(se); H5Sclose(st); H5Sclose(sa); H5Fclose(file);
+}
+
+/* The series layout goes through the same hostile-file checks: the probe (a valid file, a
+ * bad index coming back as the child's MB_ERR_FORMAT), links, compact and external storage
+ * and filters off the allow list on its bar datasets. */
+static void test_series_hostile(void **state) {
+    (void)state;
+    fx_data(g_feat, g_targ, N, T, F, K);
+    const char *p = fx_path("series.h5");
+    write_series(p, H5P_DEFAULT, 0);
+    mb_dataset_meta m;
+    install_sentinel();
+    stderr_begin();
+    mb_result r = mb_dataset_probe(p, NULL, &m);
+    assert_int_equal(stderr_end(), 0);
+    tu_ok(r);
+    assert_sentinel();
+    H5Eset_auto2(H5E_DEFAULT, g_orig_fn, g_orig_data);
+    assert_true(m.layout == MB_LAYOUT_SERIES && m.n == N && m.t == 4 && m.f == F && m.k == K && m.bars[0] == N + 2);
+    write_series(p, H5P_DEFAULT, 1);
+    tu_assert_error(mb_dataset_probe(p, NULL, NULL), MB_ERR_FORMAT, "past the last bar");
+    hid_t file = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Lmove(file, "bars_0", file, "real", H5P_DEFAULT, H5P_DEFAULT);
+    H5Lcreate_soft("/real", file, "bars_0", H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(file);
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "'bars_0' is a soft link");
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_layout(pl, H5D_COMPACT);
+    write_series(p, pl, 0);
+    H5Pclose(pl);
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "'bars_0' has compact layout");
+    pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(pl, fx_path("raw_series.bin"), 0, (N + 2) * F * 4);
+    write_series(p, pl, 0);
+    H5Pclose(pl);
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "1 external file(s)");
+    pl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t cd[2] = {3, F};
+    H5Pset_chunk(pl, 2, cd);
+    H5Pset_nbit(pl);
+    write_series(p, pl, 0);
+    H5Pclose(pl);
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "'bars_0' uses filter 5");
+    assert_null(ds);
+}
+
 /* Features written with a custom creation plist (and maxdims), targets contiguous. */
 static void write_custom(const char *path, hid_t dcpl, const hsize_t *maxdims) {
     fx_data(g_feat, g_targ, N, T, F, K);
@@ -345,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_external_storage),
         cmocka_unit_test(test_filter_not_allowed),
         cmocka_unit_test(test_absurd_chunks),
+        cmocka_unit_test(test_series_hostile),
         cmocka_unit_test(test_probe_cost),
         cmocka_unit_test(test_cve_corpus),
     };

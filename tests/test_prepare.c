@@ -184,7 +184,7 @@ static void test_write_files(void **state) {
     snprintf(va, sizeof va, "%s/val.h5", dir);
     bars m1;
     assert_int_equal(make_synthetic(30000, 3, &m1), 0);
-    prep_config c = {4, 6, 60, 0.25, 0, 1, tr, va};
+    prep_config c = {4, 6, 60, 0.25, 0, 1, tr, va, 0};
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     assert_int_equal(prepare(&m1, &c), 0);
     hid_t f = H5Fopen(tr, H5F_ACC_RDONLY, H5P_DEFAULT), g = H5Fopen(va, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -218,7 +218,7 @@ static void test_write_files(void **state) {
     H5Sclose(ms); H5Sclose(vs); H5Sclose(ts); H5Dclose(tt); H5Dclose(vt); H5Fclose(f); H5Fclose(g);
     remove(tr); remove(va);
     /* the widest rows: every feature, finite */
-    prep_config wide = {MAXF, 6, 60, 0.25, 12, 1, tr, va};
+    prep_config wide = {MAXF, 6, 60, 0.25, 12, 1, tr, va, 0};
     assert_int_equal(prepare(&m1, &wide), 0);
     f = H5Fopen(tr, H5F_ACC_RDONLY, H5P_DEFAULT);
     d = H5Dopen2(f, "features", H5P_DEFAULT);

@@ -15,6 +15,8 @@ Pipelines (--pipeline):
          (unscale, clip_grad_norm_, scaler.step) as in the seeds; on CPU plain fp32.
          The seeds' loader reads an undefined `self.target_length`; here it is targets.shape[1].
   tuned  data read once and kept on the device; fused AdamW on CUDA (foreach on CPU);
+         a series-layout file (docs/SERIES.md) keeps its bars on the device and cuts each
+         batch's windows there by indexing (SeriesLoader), as megabatch's series mode;
          fp16 autocast + GradScaler on CUDA (so cuDNN may pick its persistent LSTM kernel);
          plain fp32 on CPU.
 
@@ -65,12 +67,22 @@ def parse_args():
 
 # ---- data ----
 
+def is_series(path):
+    """The series layout (docs/SERIES.md): bars_s + ends instead of features."""
+    with h5py.File(path, "r") as f:
+        return "features" not in f and "ends" in f
+
+
 def read_meta(path):
     with h5py.File(path, "r") as f:
-        n, t, nf = f["features"].shape
+        if "features" not in f and "ends" in f:  # series layout: T is the sum of the windows
+            seg = [int(s) for s in f["ends"].attrs["segments"]]
+            n, t, nf = f["ends"].shape[0], sum(seg), f["bars_0"].shape[1]
+        else:
+            n, t, nf = f["features"].shape
+            seg = f["features"].attrs.get("segments")
+            seg = [int(s) for s in seg] if seg is not None else [t]
         k = f["targets"].shape[1]
-        seg = f["features"].attrs.get("segments")
-        seg = [int(s) for s in seg] if seg is not None else [t]
     if sum(seg) != t:
         sys.exit(f"error: {path}: segments {seg} do not sum to T={t}")
     return n, t, nf, k, seg
@@ -126,6 +138,31 @@ class ResidentLoader:
 
     def batches(self):
         return (self.x.shape[0] + self.batch_size - 1) // self.batch_size
+
+
+class SeriesLoader:
+    """Series layout (docs/SERIES.md), as megabatch's series mode: every timeframe's bars, the
+    per-sample bar indices and the targets resident on the device; each batch's windows cut
+    there by indexing (rows ends[b, s] - L_s + 1 .. ends[b, s] of bars_s), concatenated."""
+
+    def __init__(self, hdf5_path, batch_size, device):
+        with h5py.File(hdf5_path, "r") as f:
+            lens = [int(s) for s in f["ends"].attrs["segments"]]
+            self.bars = [torch.from_numpy(np.asarray(f[f"bars_{s}"][...], dtype=np.float32)).to(device)
+                         for s in range(len(lens))]
+            self.ends = torch.from_numpy(np.asarray(f["ends"][...], dtype=np.int64)).to(device)
+            self.y = torch.from_numpy(np.asarray(f["targets"][...], dtype=np.float32)).to(device)
+        self.offs = [torch.arange(1 - L, 1, device=device) for L in lens]
+        self.batch_size = batch_size
+
+    def __iter__(self):
+        for i in range(0, self.ends.shape[0], self.batch_size):
+            e = self.ends[i:i + self.batch_size]
+            x = torch.cat([b[e[:, s, None] + o] for s, (b, o) in enumerate(zip(self.bars, self.offs))], dim=1)
+            yield x, self.y[i:i + self.batch_size]
+
+    def batches(self):
+        return (self.ends.shape[0] + self.batch_size - 1) // self.batch_size
 
 
 # ---- model ----
@@ -192,7 +229,12 @@ def main():
     nv, tv, fv, kv, _ = read_meta(a.val)
     if (t, f, k) != (tv, fv, kv):
         sys.exit(f"error: {a.train} and {a.val} differ in shape (T, F, K)")
-    if a.pipeline == "seeds":
+    if is_series(a.train) or is_series(a.val):
+        if a.pipeline == "seeds" or not (is_series(a.train) and is_series(a.val)):
+            sys.exit("error: series-layout files take --pipeline tuned, for both --train and --val")
+        tr = SeriesLoader(a.train, a.batch, dev)
+        va = SeriesLoader(a.val, a.batch, dev)
+    elif a.pipeline == "seeds":
         tr = ChunkDataLoader(a.train, a.batch, a.chunk_gb, a.device)
         va = ChunkDataLoader(a.val, a.batch, a.chunk_gb, a.device)
     else:

@@ -59,6 +59,24 @@ mb_result doc_foundation_params(mb_device *dev, int64_t H, uint64_t seed) {
     return MB_OK;
 }
 
+mb_result doc_series_memory(void);
+mb_result doc_series_memory(void) {
+    // snippet: series-memory
+    /* two timeframes: 10 M1 bars and 4 M5 bars of F = 2 features; windows of 3 and 2 bars */
+    static float m1[10 * 2], m5[4 * 2], targets[3 * 1];
+    const float *bars[2] = {m1, m5};
+    int64_t window[2] = {3, 2}, bars_n[2] = {10, 4};
+    int64_t ends[3 * 2] = {4, 1,  5, 1,  9, 3}; /* sample i: last closed M1 bar, last closed M5 bar */
+    mb_series s = {0};
+    s.segments = 2; s.window = window; s.bars_n = bars_n; s.bars = bars;
+    s.ends = ends; s.targets = targets; s.n = 3; s.f = 2; s.k = 1;
+    mb_dataset *ds;
+    MB_TRY(mb_dataset_open_series(&ds, &s, NULL)); /* T = 5: sample 2 is M1 bars 7..9, M5 bars 2..3 */
+    // end snippet
+    mb_dataset_close(ds);
+    return MB_OK;
+}
+
 mb_result doc_loader_loop(mb_device *dev);
 mb_result doc_loader_loop(mb_device *dev) {
     // snippet: loader-loop

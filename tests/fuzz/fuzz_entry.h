@@ -41,7 +41,11 @@ static void fz_check_meta(const mb_dataset_meta *m, const char *path) {
     if (m->n < 1 || m->t < 1 || m->f < 1 || m->k < 1) fz_die("open dataset with a zero dimension", path);
     size_t bps = (size_t)m->t * (size_t)m->f * 4 + (size_t)m->k * 4;
     if (m->bytes_per_sample != bps) fz_die("bytes_per_sample disagrees with the shape", path);
-    if (m->total_bytes != bps * (size_t)m->n || m->total_bytes > FZ_MAX_BYTES) fz_die("total_bytes wrong", path);
+    if (m->layout == MB_LAYOUT_SERIES) { /* total_bytes: the series (bars, ends, targets), not the windows */
+        if (m->segments < 1 || m->total_bytes > FZ_MAX_BYTES) fz_die("series without segments, or over the cap", path);
+        for (int i = 0; i < m->segments && i < MB_MAX_SEGMENTS; i++)
+            if (m->bars[i] < m->segment_len[i]) fz_die("series timeframe with fewer bars than its window", path);
+    } else if (m->total_bytes != bps * (size_t)m->n || m->total_bytes > FZ_MAX_BYTES) fz_die("total_bytes wrong", path);
     if (m->segments < 0 || m->segments > MB_MAX_SEGMENTS) fz_die("segment count out of range", path);
     int64_t sum = 0;
     for (int i = 0; i < m->segments; i++) {

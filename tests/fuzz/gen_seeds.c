@@ -2,7 +2,8 @@
  * files (features (N, T, F), targets (N, K)) in the layouts, types, filters and attributes
  * megabatch reads, plus some it refuses (soft link, compact layout, segment_names as an
  * array of strings or an integer, a filter off the allow list, an absurd chunk, float
- * segments). Deterministic data.
+ * segments), and series-layout files (valid, 16-bit + gzip, a NaN, a bad index, decreasing
+ * indices). Deterministic data.
  *
  *   build/fuzz/gen_seeds tests/fuzz/seeds      (make fuzz-seeds; the files are committed) */
 #include <hdf5.h>
@@ -147,6 +148,52 @@ static int write_extra(const char *dir, const char *name, const char *kind) {
     return bad;
 }
 
+/* Series-layout files (docs/SERIES.md): bars_0 (8, 2), bars_1 (4, 2), ends (5, 2) with
+ * windows of 3 and 2 bars, targets (5, 1). kind: "valid", "f16_gzip" (16-bit bars, chunked,
+ * deflate), "nan" (a NaN in a bar), "bad_index" (past the last bar), "decreasing". */
+static int write_series(const char *dir, const char *name, const char *kind) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_obj_track_times(fcpl, 0);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
+    if (file < 0) return 1;
+    float b0[16], b1[8], targ[5];
+    long long ends[10] = {2, 1, 3, 1, 4, 2, 6, 2, 7, 3};
+    for (int i = 0; i < 16; i++) b0[i] = (float)i * 0.25f;
+    for (int i = 0; i < 8; i++) b1[i] = -(float)i;
+    for (int i = 0; i < 5; i++) targ[i] = (float)i;
+    if (!strcmp(kind, "nan")) b0[9] = 0.0f / 0.0f;
+    if (!strcmp(kind, "bad_index")) ends[8] = 8;
+    if (!strcmp(kind, "decreasing")) ends[7] = 1;
+    int f16 = !strcmp(kind, "f16_gzip");
+    hid_t bt = H5Tcopy(H5T_IEEE_F32LE);
+    if (f16) { H5Tset_fields(bt, 15, 10, 5, 0, 10); H5Tset_size(bt, 2); H5Tset_ebias(bt, 15); }
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE), bp = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(pl, 0);
+    H5Pset_obj_track_times(bp, 0);
+    if (f16) { hsize_t cd[2] = {2, 2}; H5Pset_chunk(bp, 2, cd); H5Pset_deflate(bp, 4); }
+    hsize_t d0[2] = {8, 2}, d1[2] = {4, 2}, de[2] = {5, 2}, dt[2] = {5, 1}, two = 2;
+    hid_t s0 = H5Screate_simple(2, d0, NULL), s1 = H5Screate_simple(2, d1, NULL), se = H5Screate_simple(2, de, NULL),
+          st = H5Screate_simple(2, dt, NULL), sa = H5Screate_simple(1, &two, NULL);
+    hid_t x0 = H5Dcreate2(file, "bars_0", bt, s0, H5P_DEFAULT, bp, H5P_DEFAULT);
+    hid_t x1 = H5Dcreate2(file, "bars_1", bt, s1, H5P_DEFAULT, bp, H5P_DEFAULT);
+    hid_t xe = H5Dcreate2(file, "ends", H5T_STD_I64LE, se, H5P_DEFAULT, pl, H5P_DEFAULT);
+    hid_t xt = H5Dcreate2(file, "targets", H5T_IEEE_F32LE, st, H5P_DEFAULT, pl, H5P_DEFAULT);
+    int seg[2] = {3, 2};
+    hid_t a = H5Acreate2(xe, "segments", H5T_STD_I32LE, sa, H5P_DEFAULT, H5P_DEFAULT);
+    int bad = x0 < 0 || x1 < 0 || xe < 0 || xt < 0 || a < 0 || H5Awrite(a, H5T_NATIVE_INT, seg) < 0 ||
+              H5Dwrite(x0, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b0) < 0 ||
+              H5Dwrite(x1, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b1) < 0 ||
+              H5Dwrite(xe, H5T_NATIVE_LLONG, H5S_ALL, H5S_ALL, H5P_DEFAULT, ends) < 0 ||
+              H5Dwrite(xt, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, targ) < 0;
+    H5Aclose(a); H5Dclose(x0); H5Dclose(x1); H5Dclose(xe); H5Dclose(xt); H5Tclose(bt); H5Pclose(pl); H5Pclose(bp);
+    H5Sclose(s0); H5Sclose(s1); H5Sclose(se); H5Sclose(st); H5Sclose(sa); H5Fclose(file);
+    if (bad) fprintf(stderr, "gen_seeds: %s failed\n", path);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: gen_seeds DIR\n"); return 2; }
     const seed seeds[] = {
@@ -172,5 +219,11 @@ int main(int argc, char **argv) {
     bad |= write_extra(argv[1], "chunk_too_big.h5", "bigchunk");
     bad |= write_extra(argv[1], "segments_float.h5", "segments_float");
     bad |= write_extra(argv[1], "names_int.h5", "names_int");
+    const char *series[] = {"valid", "f16_gzip", "nan", "bad_index", "decreasing"};
+    for (size_t i = 0; i < sizeof series / sizeof *series; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "series_%s.h5", series[i]);
+        bad |= write_series(argv[1], name, series[i]);
+    }
     return bad;
 }
