@@ -276,6 +276,11 @@ static void test_graph_errors(void **state) {
     tu_ok(mb_sync(dev, -1));
     mb_graph_destroy(g);
     mb_graph_destroy(NULL);
+    tu_ok(mb_graph_begin(dev, 0)); /* closing the device ends a capture left open */
+    mb_device_close(dev);
+    dev = tu_open_cuda_or_skip(0);
+    float *d = dev_copy(dev, NULL, 4); /* allocations are allowed again */
+    mb_free(dev, d);
     mb_device_close(dev);
 }
 

@@ -208,6 +208,7 @@ static void test_illegal_during_capture(void **state) {
     invalidated_by(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&p, 16); });
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(y); });
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocAsync(&p, 16, a); });
+    invalidated_by(a, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamDestroy(a); });
     cudaEventRecord(outside, b); /* plain execution: a capture may not wait on it */
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureIsolation, [&] { return cudaStreamWaitEvent(a, outside, 0); });
     /* a stream of another capture waits on an event of this one: the captures would merge (both
