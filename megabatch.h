@@ -1615,6 +1615,12 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
 
 MBDEF void mb_device_close(mb_device *dev) {
     if (!dev) return;
+    if (dev->graph_stream >= 0) { /* graph: a capture left open would outlive the device */
+        mb_graph *g = NULL;
+        MB_LOG(&dev->cfg.log, MB_LOG_WARN, "mb_device_close: a graph capture was under way: ended, discarded");
+        mb_graph_end(dev, &g);
+        mb_graph_destroy(g);
+    }
     if (dev->nrecs)
         MB_LOG(&dev->cfg.log, MB_LOG_WARN, "mb_device_close: %zu allocation(s) still live, %zu device bytes",
                dev->nrecs, dev->stats.live[MB_MEM_DEVICE]);

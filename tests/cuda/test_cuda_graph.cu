@@ -45,7 +45,7 @@ static void model_open(model *m, mb_device *dev, mb_dtype prec) {
         m->T[i] = tu_int(1, 7);
         mb_lstm_config c;
         memset(&c, 0, sizeof c);
-        char prefix[8];
+        char prefix[16];
         snprintf(prefix, sizeof prefix, "e%d.", i);
         c.input_size = m->F; c.hidden_size = m->H; c.layers = i + 1; c.prefix = prefix;
         c.max_steps = m->T[i]; c.max_batch = m->B; c.stream = 2 + i; c.precision = prec;
@@ -90,7 +90,8 @@ static void model_reset(model *m) {
     tu_ok(mb_sync(m->dev, -1));
 }
 
-/* The captured sequence: one training-like step, no host sync. */
+// snippet: graph-step
+/* The captured sequence: one training-like step, no host sync, no allocation. */
 static mb_result model_step(void *user) {
     model *m = (model *)user;
     mb_lstm_call c[NL];
@@ -109,6 +110,7 @@ static mb_result model_step(void *user) {
     MB_TRY(mb_lstm_backward_many(c, NL));
     return mb_adamw_step(m->o, 1e-2f, NULL);
 }
+// end snippet
 
 /* Everything the steps wrote, on the host: params, grads, moments, h, y. */
 typedef struct snap { float *v; size_t n; int64_t steps; } snap;
@@ -158,10 +160,12 @@ static void test_graph_replay_bitwise(void **state) {
         unsigned long long work = sim_work();
 #endif
         model_reset(&m);
+        // snippet: graph-capture
         mb_graph *g = NULL;
         tu_ok(mb_graph_begin(dev, MB_STREAM_COMPUTE));
-        tu_ok(model_step(&m));
+        tu_ok(model_step(&m)); /* recorded, not run */
         tu_ok(mb_graph_end(dev, &g));
+        // end snippet
         assert_true(mb_graph_nodes(g) > 10);
         float *after = (float *)malloc(m.total * sizeof(float));
         tu_ok(mb_params_get(m.p, after)); /* the capture ran nothing */
@@ -183,8 +187,11 @@ static void test_graph_replay_bitwise(void **state) {
         mb_graph_destroy(g);
         /* mb_graph_run: captures and launches, then launches */
         model_reset(&m);
-        g = NULL;
-        tu_ok(mb_graph_run(&g, dev, MB_STREAM_COMPUTE, model_step, &m));
+        // snippet: graph-run
+        mb_graph *step = NULL; /* the first call captures and launches, the later ones launch */
+        tu_ok(mb_graph_run(&step, dev, MB_STREAM_COMPUTE, model_step, &m));
+        // end snippet
+        g = step;
         assert_non_null(g);
         mb_graph *first = g;
         tu_ok(mb_graph_run(&g, dev, MB_STREAM_COMPUTE, model_step, &m));
@@ -269,6 +276,11 @@ static void test_graph_errors(void **state) {
     tu_ok(mb_sync(dev, -1));
     mb_graph_destroy(g);
     mb_graph_destroy(NULL);
+    tu_ok(mb_graph_begin(dev, 0)); /* closing the device ends a capture left open */
+    mb_device_close(dev);
+    dev = tu_open_cuda_or_skip(0);
+    float *d = dev_copy(dev, NULL, 4); /* allocations are allowed again */
+    mb_free(dev, d);
     mb_device_close(dev);
 }
 

@@ -459,7 +459,8 @@ struct event {
  * forbid them (cudaErrorStreamCaptureUnsupported); each invalidates the capture(s) concerned.
  * A graph replays its nodes in the order they were captured (a topological order) on the stream
  * it is launched on. Not modelled: captures on the legacy or per-thread default stream (refused),
- * implicit legacy-stream synchronisation, cudaMallocAsync/cudaFreeAsync nodes (refused), NCCL. */
+ * implicit legacy-stream synchronisation, cudaMallocAsync/cudaFreeAsync nodes (refused), NCCL
+ * (refused, cudasim_nccl.h), cudaStreamDestroy of a capturing stream (refused: end the capture first). */
 enum node_kind { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_CUBLAS, NODE_GRAPH };
 struct node {
     node_kind kind;
@@ -1415,6 +1416,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFla
 cudaError_t cudaStreamDestroy(cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s || st == nullptr) return set_err(cudaErrorInvalidResourceHandle);
+    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* end the capture first */
     s->drain();
     {
         auto &c = ctx();

@@ -1,7 +1,10 @@
-/* Stream capture and CUDA graphs in the simulator (tests/cudasim/cudasim.h), checked against the
- * real runtime's rules: work on a capturing stream is recorded, not run; fork/join through events;
- * the illegal calls and the error codes they give; replay, counters, cudaGraphExecUpdate; and a
- * randomized program over three streams whose replay must equal its eager run. Simulator only. */
+/* Stream capture and CUDA graphs as the simulator (tests/cudasim/cudasim.h) models them, in the
+ * CUDA runtime's own terms: work on a capturing stream is recorded, not run; fork/join through
+ * events; the illegal calls and the error codes they give; replay, cudaGraphExecUpdate, child
+ * graphs; and a randomized program over three streams whose replay must equal its eager run.
+ * Under the simulator it also checks the counters. Built by nvcc too: on a GPU it checks the
+ * simulator's model against the real runtime (the simulator's own choices are marked CUDASIM);
+ * without a GPU every test skips. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
@@ -19,6 +22,11 @@ __global__ void k_set(float *y, float v, int n) {
 }
 
 enum { N = 64 };
+
+static void need_gpu(void) { /* skips the test where there is no device */
+    mb_device *d = tu_open_cuda_or_skip(0);
+    mb_device_close(d);
+}
 
 static float *dev_f32(size_t n) {
     float *p = NULL;
@@ -51,6 +59,7 @@ static cudaGraphExec_t instantiate(cudaGraph_t g) {
  * the counters count what ran. */
 static void test_capture_records_not_runs(void **state) {
     (void)state;
+    need_gpu();
     cudaStream_t a = new_stream();
     float *y = dev_f32(N), *c = dev_f32(1), *pin = NULL, one = 1.0f, zero = 0.0f;
     assert_int_equal(cudaMallocHost((void **)&pin, N * sizeof(float)), cudaSuccess);
@@ -58,7 +67,9 @@ static void test_capture_records_not_runs(void **state) {
     cublasHandle_t h;
     assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
     cublasSetStream(h, a);
+#ifdef CUDASIM
     cudasim::reset_stats();
+#endif
     assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
     assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
     assert_int_equal(status_of(a), cudaStreamCaptureStatusActive);
@@ -81,15 +92,19 @@ static void test_capture_records_not_runs(void **state) {
     assert_ptr_equal(g, during);
     assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
     /* nothing ran: y is still zero (cudaMemcpy would be illegal during the capture, not after) */
+#ifdef CUDASIM
     cudasim::stats s = cudasim::get_stats();
     assert_int_equal(s.launches + s.cublas_calls + s.bytes_h2d + s.bytes_d2h + s.graph_launches, 0);
+#endif
     assert_true(get1(y, 0) == 0.0f && pin[1] == 1.0f);
     size_t nodes = 0;
     assert_int_equal(cudaGraphGetNodes(g, NULL, &nodes), cudaSuccess);
     assert_int_equal(nodes, 5);
     cudaGraphExec_t x = instantiate(g);
     assert_int_equal(cudaGraphDestroy(g), cudaSuccess); /* the exec keeps its own copy */
+#ifdef CUDASIM
     cudasim::reset_stats();
+#endif
     for (int rep = 0; rep < 2; rep++) {
         for (int i = 0; i < N; i++) pin[i] = (float)i; /* the copy node reads pinned memory at launch */
         assert_int_equal(cudaGraphLaunch(x, a), cudaSuccess);
@@ -97,6 +112,7 @@ static void test_capture_records_not_runs(void **state) {
         assert_true(pin[0] == 0.5f && pin[1] == 1.5f && pin[N - 1] == 0.0f);
         assert_true(get1(c, 0) == 0.5f * 0.5f + 1.5f * 1.5f);
     }
+#ifdef CUDASIM
     s = cudasim::get_stats();
     assert_int_equal(s.graph_launches, 2);
     assert_int_equal(s.graph_nodes, 10);
@@ -104,6 +120,7 @@ static void test_capture_records_not_runs(void **state) {
     assert_int_equal(s.cublas_calls, 2);
     assert_int_equal(s.bytes_h2d, 2 * N * sizeof(float));
     assert_int_equal(s.bytes_d2h, 2 * N * sizeof(float) + 2 * sizeof(float)); /* + the two get1 */
+#endif
     assert_int_equal(cudaGraphExecDestroy(x), cudaSuccess);
     cublasDestroy(h);
     cudaStreamDestroy(a);
@@ -114,6 +131,7 @@ static void test_capture_records_not_runs(void **state) {
  * ends as unjoined. Ending on a joined stream, or on none, is refused. */
 static void test_fork_join(void **state) {
     (void)state;
+    need_gpu();
     cudaStream_t a = new_stream(), b = new_stream();
     cudaEvent_t fork, join;
     cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
@@ -196,6 +214,7 @@ template <class F> static void invalidated_by(cudaStream_t a, cudaStreamCaptureM
 /* The illegal calls during a capture and their errors. */
 static void test_illegal_during_capture(void **state) {
     (void)state;
+    need_gpu();
     cudaStream_t a = new_stream(), b = new_stream();
     cudaEvent_t outside;
     cudaEventCreate(&outside);
@@ -207,7 +226,10 @@ static void test_illegal_during_capture(void **state) {
                    [&] { return cudaMemcpy(&h, y, 4, cudaMemcpyDeviceToHost); });
     invalidated_by(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&p, 16); });
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(y); });
+#ifdef CUDASIM /* the simulator's own refusals (CUDA captures memory nodes) */
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocAsync(&p, 16, a); });
+    invalidated_by(a, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamDestroy(a); });
+#endif
     cudaEventRecord(outside, b); /* plain execution: a capture may not wait on it */
     invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureIsolation, [&] { return cudaStreamWaitEvent(a, outside, 0); });
     /* a stream of another capture waits on an event of this one: the captures would merge (both
@@ -267,6 +289,7 @@ static void test_illegal_during_capture(void **state) {
  * launched in a capture becomes one node. */
 static void test_exec_update_and_child_graph(void **state) {
     (void)state;
+    need_gpu();
     cudaStream_t a = new_stream();
     float *y = dev_f32(N), *z = dev_f32(N);
     cudaGraph_t g1, g2, g3, outer;
@@ -298,12 +321,16 @@ static void test_exec_update_and_child_graph(void **state) {
     cudaGraphGetNodes(outer, NULL, &nodes);
     assert_int_equal(nodes, 2);
     cudaGraphExec_t xo = instantiate(outer);
+#ifdef CUDASIM
     cudasim::reset_stats();
+#endif
     cudaGraphLaunch(xo, a);
     cudaStreamSynchronize(a);
     assert_true(get1(z, 3) == 11.0f);
+#ifdef CUDASIM
     assert_int_equal(cudasim::get_stats().graph_launches, 2);
     assert_int_equal(cudasim::get_stats().launches, 2);
+#endif
     cudaGraphExecDestroy(x); cudaGraphExecDestroy(xo);
     cudaGraphDestroy(g1); cudaGraphDestroy(g2); cudaGraphDestroy(g3); cudaGraphDestroy(outer);
     cudaStreamDestroy(a);
@@ -315,6 +342,7 @@ static void test_exec_update_and_child_graph(void **state) {
  * start: the same bits, and the same counters. */
 static void test_random_program_replay(void **state) {
     (void)state;
+    need_gpu();
     tu_seed();
     enum { S = 3, NB = 4, OPS = 40 };
     cudaStream_t st[S];
@@ -374,16 +402,21 @@ static void test_random_program_replay(void **state) {
         cudaDeviceSynchronize();
         for (int b = 0; b < NB; b++) cudaMemcpy(capture ? replay[b] : eager[b], buf[b], sizeof init[b], cudaMemcpyDeviceToHost);
     };
+#ifdef CUDASIM
     cudasim::reset_stats();
     run(false);
     cudasim::stats e = cudasim::get_stats();
     cudasim::reset_stats();
     run(true);
     cudasim::stats r = cudasim::get_stats();
-    assert_memory_equal(eager, replay, sizeof eager);
     assert_int_equal(e.launches, r.launches);
     assert_int_equal(e.bytes_d2d, r.bytes_d2d);
     assert_int_equal(r.graph_launches, 1);
+#else
+    run(false);
+    run(true);
+#endif
+    assert_memory_equal(eager, replay, sizeof eager);
     for (int i = 0; i < S; i++) { cudaEventDestroy(ev[i]); cudaStreamDestroy(st[i]); }
     for (int b = 0; b < NB; b++) cudaFree(buf[b]);
 }
