@@ -1,6 +1,7 @@
-/* multitf.h - the multi-timeframe model of examples/train_multitf.c outside its training
- * run: its weights file, and inference. Shared by train_multitf.c (--export, --init),
- * predict.c and a trading tool's own program (docs/TRADING.md).
+/* multitf.h - the multi-timeframe model, defined once: its parameters and workspaces
+ * (mtf_model_build), forward and backward, its weights file, its carried state in a
+ * checkpoint. Shared by train_multitf.c (training, --export, --init), predict.c, the live
+ * predictor (mtf_live.h) and a trading tool's own program (docs/TRADING.md).
  *
  * Include after megabatch.h (with MEGABATCH_IMPLEMENTATION in one file). All names are
  * mtf_* (static: each including file gets its own copy).

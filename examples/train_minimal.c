@@ -2,7 +2,8 @@
  * each sample's window, a linear head maps its last hidden state to the K targets, MSE,
  * AdamW. After each epoch the validation loss is printed beside the naive baseline (predict
  * 0), the number to beat. The multi-timeframe model with all the options is
- * train_multitf.c; this file is the same loop with nothing else.
+ * train_multitf.c; this file is the same loop with nothing else (the flags and the data
+ * files' opening come from examples/mb_train.h, which both share).
  *
  *   make build/train_minimal && build/train_minimal          (data from `make run`)
  *   build/train_minimal [--train FILE] [--val FILE] [--epochs N] [--hidden H] [--batch B]
@@ -10,7 +11,7 @@
  */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
-#include "mb_args.h"
+#include "mb_train.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -21,8 +22,9 @@ static const char usage[] =
 
 typedef struct options {
     const char *train, *val;
-    long long epochs, hidden, batch, seed;
-    double lr;
+    int64_t epochs, hidden, batch;
+    uint64_t seed;
+    float lr;
 } options;
 
 typedef struct model {
@@ -43,14 +45,15 @@ static mb_result alloc_f32(mb_device *dev, int64_t n, float **p) {
 static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *d, const options *o) {
     memset(m, 0, sizeof *m);
     m->dev = dev; m->T = d->t; m->K = d->k; m->H = o->hidden;
-    mb_lstm_config lc = {0};
+    mb_lstm_config lc;
+    memset(&lc, 0, sizeof lc);
     lc.input_size = d->f; lc.hidden_size = m->H; lc.layers = 1;
     lc.max_steps = d->t; lc.max_batch = o->batch;           /* checkpoint 0: automatic */
     MB_TRY(mb_params_create(&m->params, dev));
     MB_TRY(mb_lstm_create(&m->lstm, m->params, &lc));      /* weight_ih_l0, weight_hh_l0, ... */
     MB_TRY(mb_linear_init(&m->head, m->params, "head", m->H, m->K));
     MB_TRY(mb_params_finalize(m->params));
-    MB_TRY(mb_params_init(m->params, (uint64_t)o->seed));
+    MB_TRY(mb_params_init(m->params, o->seed));
     MB_TRY(alloc_f32(dev, o->batch * m->H, &m->h_last));
     MB_TRY(alloc_f32(dev, o->batch * m->H, &m->dh_last));
     MB_TRY(alloc_f32(dev, o->batch * m->K, &m->pred));
@@ -79,6 +82,7 @@ static mb_result forward(model *m, const mb_batch *b, float *dpred) {
 static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, float lr, double *mean) {
     double sum = 0;
     int64_t n = 0;
+    // snippet: minimal-loop
     for (;;) {
         mb_batch b;
         MB_TRY(mb_loader_next(tr, &b));
@@ -93,6 +97,7 @@ static mb_result train_epoch(model *m, mb_loader *tr, mb_adamw *opt, float lr, d
         sum += (double)l * (double)b.count;
         n += b.count;
     }
+    // end snippet
     *mean = n ? sum / (double)n : 0;
     return MB_OK;
 }
@@ -119,64 +124,67 @@ static mb_result evaluate(model *m, mb_loader *va, double *loss, double *baselin
     return MB_OK;
 }
 
-static mb_result open_data(mb_device *dev, const char *path, const options *o, mb_dataset **ds, mb_loader **ld) {
-    mb_dataset_config dc = {0};
-    dc.isolate = 1;                    /* a file that crashes HDF5 becomes an error, not a crash */
-    MB_TRY(mb_dataset_open_file(ds, path, &dc));
-    mb_loader_config lc = {0};
+/* Everything the run holds: opened in one plain sequence, closed (also half opened) at the end. */
+typedef struct run {
+    mb_dataset *dtr, *dva;
+    mb_device *dev;
+    mb_loader *tr, *va;
+    model m;
+    mb_adamw *opt;
+} run;
+
+static mb_result open_loader(run *r, mb_dataset *ds, const options *o, mb_loader **ld) {
+    mb_loader_config lc;
+    memset(&lc, 0, sizeof lc);
     lc.batch = o->batch;               /* in file order, the whole file on the device if it fits */
-    return mb_loader_open(ld, dev, *ds, &lc);
+    return mb_loader_open(ld, r->dev, ds, &lc);
 }
 
-static mb_result run(const options *o) {
-    mb_device *dev = NULL;
-    mb_dataset *dtr = NULL, *dva = NULL;
-    mb_loader *tr = NULL, *va = NULL;
-    mb_adamw *opt = NULL;
-    model m = {0};
+static mb_result run_open(run *r, const options *o) {
+    MB_TRY(mbt_dataset_open(o->train, &r->dtr));                    /* probed in a child: a bad file is an error */
+    MB_TRY(mbt_dataset_open(o->val, &r->dva));
+    MB_TRY(mb_device_open(&r->dev, NULL));                          /* the CPU */
+    MB_TRY(open_loader(r, r->dtr, o, &r->tr));
+    MB_TRY(open_loader(r, r->dva, o, &r->va));
+    MB_TRY(model_create(&r->m, r->dev, mb_dataset_info(r->dtr), o));
+    return mb_adamw_create(&r->opt, r->m.params, NULL);            /* torch's AdamW defaults */
+}
+
+static mb_result train(run *r, const options *o) {
     double train_loss = 0, val_loss = 0, baseline = 0;
-    mb_result r = mb_device_open(&dev, NULL);                           /* the CPU */
-    if (r == MB_OK) r = open_data(dev, o->train, o, &dtr, &tr);
-    if (r == MB_OK) r = open_data(dev, o->val, o, &dva, &va);
-    if (r == MB_OK) r = model_create(&m, dev, mb_dataset_info(dtr), o);
-    if (r == MB_OK) r = mb_adamw_create(&opt, m.params, NULL);         /* torch's AdamW defaults */
-    for (long long e = 1; r == MB_OK && e <= o->epochs; e++) {
-        r = train_epoch(&m, tr, opt, (float)o->lr, &train_loss);
-        if (r == MB_OK) r = evaluate(&m, va, &val_loss, &baseline);
-        if (r == MB_OK) printf("epoch %lld: train_loss %.5f val_loss %.5f baseline %.5f\n", e, train_loss, val_loss, baseline);
+    for (int64_t e = 1; e <= o->epochs; e++) {
+        MB_TRY(train_epoch(&r->m, r->tr, r->opt, o->lr, &train_loss));
+        MB_TRY(evaluate(&r->m, r->va, &val_loss, &baseline));
+        printf("epoch %lld: train_loss %.5f val_loss %.5f baseline %.5f\n", (long long)e, train_loss, val_loss, baseline);
     }
-    if (r == MB_OK) printf("summary: val_loss=%.5f baseline_val_loss=%.5f (%.1f%% below)\n", val_loss, baseline,
-                           100.0 * (baseline - val_loss) / baseline);
-    mb_adamw_destroy(opt);
-    if (m.params) model_destroy(&m);
-    mb_loader_close(tr); mb_loader_close(va);
-    mb_dataset_close(dtr); mb_dataset_close(dva);
-    mb_device_close(dev);
-    return r;
+    printf("summary: val_loss=%.5f baseline_val_loss=%.5f (%.1f%% below)\n", val_loss, baseline,
+           100.0 * (baseline - val_loss) / baseline);
+    return MB_OK;
 }
 
-static int parse(int argc, char **argv, options *o) {
-    *o = (options){"data/train.h5", "data/val.h5", 4, 32, 32, 1, 1e-3};
-    for (int i = 1; i < argc; i++, i++) {
-        const char *a = argv[i], *v = mba_value(argc, argv, i);
-        long long *num = !strcmp(a, "--epochs") ? &o->epochs : !strcmp(a, "--hidden") ? &o->hidden
-                       : !strcmp(a, "--batch") ? &o->batch : !strcmp(a, "--seed") ? &o->seed : NULL;
-        if (!num && strcmp(a, "--train") && strcmp(a, "--val") && strcmp(a, "--lr")) return mba_unknown(a);
-        if (!v) return mba_missing(a);
-        if (!strcmp(a, "--train")) o->train = v;
-        else if (!strcmp(a, "--val")) o->val = v;
-        else if (!strcmp(a, "--lr")) { if (mba_number(v, 1e-9, 10, &o->lr)) return mba_error("--lr wants a number in (0, 10]: %s", v); }
-        else if (mba_long(v, 1, 1000000, num)) return mba_error("%s wants an integer 1..1000000: %s", a, v);
-    }
-    return 0;
+static void run_close(run *r) {
+    mb_adamw_destroy(r->opt);
+    if (r->m.params) model_destroy(&r->m);
+    mb_loader_close(r->tr); mb_loader_close(r->va);
+    mb_dataset_close(r->dtr); mb_dataset_close(r->dva);
+    mb_device_close(r->dev);
 }
 
 int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
-    options o;
-    int bad = parse(argc, argv, &o);
-    if (bad) return bad;
-    if (run(&o) == MB_OK) return 0;
+    options o = {"data/train.h5", "data/val.h5", 4, 32, 32, 1, 1e-3f};
+    const mba_flag flags[] = {
+        {"--train", MBA_STR, &o.train, 0, 0, NULL},    {"--val", MBA_STR, &o.val, 0, 0, NULL},
+        {"--epochs", MBA_I64, &o.epochs, 1, 1e6, NULL}, {"--hidden", MBA_I64, &o.hidden, 1, 1e6, NULL},
+        {"--batch", MBA_I64, &o.batch, 1, 1e6, NULL},   {"--seed", MBA_U64, &o.seed, 1, 1e6, NULL},
+        {"--lr", MBA_F32, &o.lr, 1e-9, 10, NULL}};
+    if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
+    run r;
+    memset(&r, 0, sizeof r);
+    mb_result res = run_open(&r, &o);
+    if (res == MB_OK) res = train(&r, &o);
+    run_close(&r);
+    if (res == MB_OK) return 0;
     fprintf(stderr, "error: %s\n", mb_last_error());
     return 1;
 }
