@@ -280,12 +280,6 @@ MBDEF int mb_device_tf32(const mb_device *dev);
 MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
 /* Free memory from mb_alloc (NULL is fine). */
 MBDEF void mb_free(mb_device *dev, void *ptr);
-/* Test hook: the nth allocation of this kind from now on fails with
- * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
-MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
-/* Test hook: every allocation of this kind fails (MB_ERR_OUT_OF_MEMORY) while deny is 1,
- * e.g. pinned memory denied entirely. */
-MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 
 /* Copy bytes between any two places (host, pinned, device) on a stream, asynchronously
  * where the backend can. */
@@ -1007,6 +1001,16 @@ MBDEF void mb_dist_abort(mb_dist *d, int code);
 
 // ---- end dist ----
 
+// ---- testing ----
+// Hooks for tests of the library and of programs built on it; not for production use.
+
+/* Test hook: the nth allocation of this kind from now on fails with
+ * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
+/* Test hook: every allocation of this kind fails (MB_ERR_OUT_OF_MEMORY) while deny is 1,
+ * e.g. pinned memory denied entirely. */
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
+
 #ifdef __cplusplus
 }
 #endif
@@ -1163,6 +1167,18 @@ static void *mb__host_calloc(size_t n, size_t size) {
     void *p = mb__host_alloc(bytes);
     if (p) memset(p, 0, bytes);
     return p;
+}
+
+/* Finite check by bits (no dependence on isfinite being a macro or a function). */
+static inline MB__HD int mb__finite_f(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return (v.u & 0x7f800000u) != 0x7f800000u;
+}
+static inline MB__HD int mb__finite_d(double x) {
+    union { double d; uint64_t u; } v;
+    v.d = x;
+    return (v.u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
 }
 
 // ---- device ----
@@ -1508,14 +1524,6 @@ MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_byt
     return MB_OK;
 }
 
-MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) {
-    if ((unsigned)kind >= MB_MEM_KINDS) return;
-    dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
-}
-
-MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
-    if ((unsigned)kind < MB_MEM_KINDS) dev->deny[kind] = deny != 0;
-}
 
 static int mb__track(mb_device *dev, void *ptr, size_t bytes, mb_mem_kind kind) {
     if (dev->nrecs == dev->caprecs) {
@@ -1581,6 +1589,11 @@ static mb_result mb__check_stream(mb_device *dev, int stream, const char *what) 
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: stream %d out of range 0..%d", what, stream,
                        dev->streams - 1);
     return MB_OK;
+}
+
+static mb_result mb__check_dev_stream(mb_device *dev, int stream, const char *what) {
+    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL device", what);
+    return mb__check_stream(dev, stream, what);
 }
 
 MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
@@ -4246,22 +4259,7 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
 // ---- numerics ----
 
 
-/* Finite check by bits (no dependence on isfinite being a macro or a function). */
-static inline MB__HD int mb__finite_f(float x) {
-    union { float f; uint32_t u; } v;
-    v.f = x;
-    return (v.u & 0x7f800000u) != 0x7f800000u;
-}
-static inline MB__HD int mb__finite_d(double x) {
-    union { double d; uint64_t u; } v;
-    v.d = x;
-    return (v.u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
-}
 
-static mb_result mb__check_dev_stream(mb_device *dev, int stream, const char *what) {
-    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL device", what);
-    return mb__check_stream(dev, stream, what);
-}
 
 // -- layers --
 
@@ -6317,6 +6315,17 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
 }
 
 // ---- end dist ----
+
+// ---- testing ----
+
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) {
+    if ((unsigned)kind >= MB_MEM_KINDS) return;
+    dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
+}
+
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
+    if ((unsigned)kind < MB_MEM_KINDS) dev->deny[kind] = deny != 0;
+}
 
 // ---- cpu backend ----
 // The CPU table: the mb__cpu_* functions of each module (see "the backend table").
