@@ -358,12 +358,10 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 
 // ---- cuda end lstm ----
 
-// ---- cuda numerics ----
-// Kernels of the numerics section. Element math is shared with the CPU path (the
-// MB__HD helpers in megabatch.h); reductions are deterministic (fixed grids, no float
-// atomics), so repeated runs give the same bits.
-
-// -- layers --
+// ---- cuda layers ----
+// Kernels of the numerics modules (layers, loss, amp, optim). Element math is shared with
+// the CPU path (the MB__HD helpers in megabatch.h); reductions are deterministic (fixed
+// grids, no float atomics), so repeated runs give the same bits.
 
 __global__ void mb__k_fill_rows(float *y, const float *b, int64_t rows, int64_t cols) {
     size_t n = (size_t)rows * (size_t)cols;
@@ -410,7 +408,7 @@ static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t 
     return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, x, y, n);
 }
 
-// -- loss --
+// ---- cuda loss ----
 
 #define MB__RED_THREADS 256
 
@@ -447,7 +445,7 @@ static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delt
                    loss_out, dpred);
 }
 
-// -- amp --
+// ---- cuda amp ----
 
 __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
     float inv = (float)(1.0 / (double)st->scale);
@@ -470,7 +468,7 @@ static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, con
     return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_scaler_update, 1, 1, st, *hp);
 }
 
-// -- optim --
+// ---- cuda optim ----
 
 /* Pass 1: per-block sums of squares (double) over a fixed grid. */
 __global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partials) {
@@ -512,7 +510,7 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
     return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
 
-// ---- cuda end numerics ----
+// ---- cuda end optim ----
 
 // ---- cuda dist ----
 // MEGABATCH_NCCL (with MEGABATCH_MPI; link -lnccl and MPI): the gradient all-reduce of

@@ -432,7 +432,7 @@ static mb_result save_ckpt(const options *o, model *m, mb_adamw *opt, const run_
 static mb_result load_ckpt(const options *o, model *m, mb_adamw *opt, run_state *rs) {
     mb_ckpt_reader *rd = NULL;
     options k = shape_of(o), saved;
-    MB_TRY(mb_ckpt_read(&rd, m->dev, o->ckpt));
+    MB_TRY(mb_ckpt_open(&rd, m->dev, o->ckpt));
     mb_result r = mb_ckpt_get(rd, "options", &saved, sizeof saved);
     if (r == MB_OK && memcmp(&saved, &k, sizeof k) != 0)
         r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", o->ckpt);
@@ -487,7 +487,7 @@ static mb_result export_writable(const char *path) {
 static mb_result init_model(const options *o, model *m) {
     mb_st_file *f = NULL;
     mtf_spec s;
-    MB_TRY(mb_st_read(&f, o->init));
+    MB_TRY(mb_st_open(&f, o->init));
     mb_result r = mtf_spec_of(f, o->init, &s);
     for (int i = 0; r == MB_OK && s.T && i < m->nseg; i++)
         if (s.nseg != m->nseg || s.seg_len[i] != m->seg_len[i])
