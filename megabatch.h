@@ -893,10 +893,10 @@ MBDEF mb_result mb_ckpt_get(mb_ckpt_reader *r, const char *name, void *dst, size
  * everything they need before changing anything: a model of another layout is refused
  * with MB_ERR_FORMAT naming the first tensor that differs and both shapes. */
 MBDEF mb_result mb_ckpt_add_params(mb_ckpt_writer *w, mb_params *p);
-MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
-MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_params(mb_ckpt_reader *r, mb_params *p);
+MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
 MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o);
+MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
 // ---- end checkpoint ----
@@ -1529,20 +1529,6 @@ MBDEF void mb_device_close(mb_device *dev) {
 MBDEF mb_backend mb_device_backend(const mb_device *dev) { return dev->cfg.backend; }
 MBDEF const char *mb_device_name(const mb_device *dev) { return dev->name; }
 MBDEF const mb_logger *mb_device_logger(const mb_device *dev) { return dev ? &dev->cfg.log : NULL; }
-MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
-MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
-MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
-    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
-}
-MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
-MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
-
-MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
-    MB_TRY(dev->be->set_tf32(dev, on));
-    dev->tf32 = on ? 1 : 0;
-    return MB_OK;
-}
-
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
     size_t t = 0, f = 0;
     MB_TRY(dev->be->memory(dev, &t, &f));
@@ -1551,6 +1537,20 @@ MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_byt
     return MB_OK;
 }
 
+MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
+MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
+MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
+    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
+}
+MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
+
+
+MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
+    MB_TRY(dev->be->set_tf32(dev, on));
+    dev->tf32 = on ? 1 : 0;
+    return MB_OK;
+}
+MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
 
 static int mb__track(mb_device *dev, void *ptr, size_t bytes, mb_mem_kind kind) {
     if (dev->nrecs == dev->caprecs) {
@@ -1630,6 +1630,13 @@ MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, 
     return dev->be->copy(dev, stream, dst, src, bytes);
 }
 
+MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
+    if (bytes == 0) return MB_OK;
+    if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
+    return dev->be->zero(dev, stream, dst, bytes);
+}
+
 MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
                            size_t src_pitch, size_t width, size_t rows) {
     MB_TRY(mb__check_stream(dev, stream, "mb_copy_2d"));
@@ -1639,13 +1646,6 @@ MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pit
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: pitches %zu/%zu smaller than the width %zu",
                        dst_pitch, src_pitch, width);
     return dev->be->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
-}
-
-MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
-    MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
-    if (bytes == 0) return MB_OK;
-    if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
-    return dev->be->zero(dev, stream, dst, bytes);
 }
 
 static float mb__load(const void *p, mb_dtype t, size_t i);
