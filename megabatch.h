@@ -20,7 +20,9 @@
  * Contents. The file is the API, then the implementation (under MEGABATCH_IMPLEMENTATION),
  * module by module in the same order, the data flow of DESIGN.md section 3. Each module
  * opens with the banner `// ---- name ----` in both parts (some also close with
- * `// ---- end name ----`); parts within a module are `// -- name --`.
+ * `// ---- end name ----`); parts within a module are `// -- name --`. Within a module the
+ * implementation follows the API's order where it can: a function is defined before its
+ * callers (close before open, since open's failure path calls it; private helpers first).
  *   core         results, the last error, logging, dtypes, overflow-checked sizes
  *   rng          Philox4x32-10 counter-based RNG (API only: inline, host and device)
  *   backend      (implementation only) the backend table: every operation a backend
