@@ -24,7 +24,7 @@
 #include <cuda_fp16.h>
 
 // ---- cuda core ----
-// MB_CUDA_TRY(dev, dev, call): a failed CUDA runtime or cuBLAS call becomes a returned
+// MB_CUDA_TRY(dev, call): a failed CUDA runtime or cuBLAS call becomes a returned
 // MB_ERR_CUDA (or MB_ERR_OUT_OF_MEMORY) with the call, file, line and the CUDA message,
 // logged through dev's logger. Usable in any function returning mb_result.
 // MB__RUN / MB__RUN_N: every kernel launch of the backend (through MB_LAUNCH).
