@@ -67,7 +67,7 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
-DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh
+DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
 
 ifneq ($(NVCC),)

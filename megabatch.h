@@ -17,10 +17,40 @@
  *   MB_ASSERT                 assertion for programmer errors (default: assert)
  *   MB_MAX_NAME, MB_MAX_RANK, MB_MAX_STREAMS, MB_MAX_ERROR   limits, see below
  *
- * Layout of this file follows the data flow (DESIGN.md section 3): core, device,
- * gemm, params, then dataset, loader, lstm, layers, amp, optim, checkpoint.  Each
- * module starts with a banner `// ---- name ----` in the API part and again in the
- * implementation part.
+ * Contents. The file is the API, then the implementation (under MEGABATCH_IMPLEMENTATION),
+ * module by module in the same order, the data flow of DESIGN.md section 3. Each module
+ * opens with the banner `// ---- name ----` in both parts (some also close with
+ * `// ---- end name ----`); parts within a module are `// -- name --`. Within a module the
+ * implementation follows the API's order where it can: a function is defined before its
+ * callers (close before open, since open's failure path calls it; private helpers first).
+ *   core         results, the last error, logging, dtypes, overflow-checked sizes
+ *   rng          Philox4x32-10 counter-based RNG (API only: inline, host and device)
+ *   backend      (implementation only) the backend table: every operation a backend
+ *                provides; the CPU table is "cpu backend" below, the CUDA one ends
+ *                megabatch_cuda.cuh
+ *   device       a CPU or GPU: streams, tracked memory, copies, conversions
+ *   gemm         the one matrix multiply (CBLAS / cuBLAS)
+ *   params       all parameters in one flat buffer, all gradients in another
+ *   dataset      HDF5 or in-memory samples, validated, read by ranges
+ *   loader       chunk planning, reader thread, device batches
+ *   lstm         multi-layer LSTM, forward and backward, checkpointed recompute
+ *   layers       linear, activations, concat, dropout
+ *   loss         MSE, Huber
+ *   amp          the dynamic loss scaler
+ *   optim        AdamW, global-norm clipping, LR schedules
+ *   accum        gradient accumulation
+ *   checkpoint   crash-safe checkpoint files
+ *   export       safetensors files
+ *   dist         data parallel over MPI (NCCL for CUDA params)
+ *   testing      test hooks (allocation-failure injection)
+ *   cpu backend  (implementation only) the CPU backend table
+ * megabatch_cuda.cuh follows the same order with `// ---- cuda name ----` banners.
+ *
+ * Lifetime verbs: create/destroy for objects the library builds in memory (params, lstm,
+ * scaler, adamw, ckpt writer); open/close for objects bound to something outside the
+ * process's memory (device: a GPU or threads; dataset: a file; loader: a dataset and a
+ * thread; ckpt reader and st file: a file; dist: an MPI world); init for plain structs
+ * the caller owns, filled in place, with nothing to release (mb_linear, mb_accum).
  *
  * License: MIT (see LICENSE).
  */
@@ -280,12 +310,6 @@ MBDEF int mb_device_tf32(const mb_device *dev);
 MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
 /* Free memory from mb_alloc (NULL is fine). */
 MBDEF void mb_free(mb_device *dev, void *ptr);
-/* Test hook: the nth allocation of this kind from now on fails with
- * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
-MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
-/* Test hook: every allocation of this kind fails (MB_ERR_OUT_OF_MEMORY) while deny is 1,
- * e.g. pinned memory denied entirely. */
-MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 
 /* Copy bytes between any two places (host, pinned, device) on a stream, asynchronously
  * where the backend can. */
@@ -654,13 +678,12 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n);
 
 // ---- end lstm ----
 
-// ---- numerics ----
-// Training numerics on both backends: layers (linear, activations, concat, dropout),
-// losses (MSE, Huber), AdamW with global-norm clipping and LR schedules, the dynamic
-// loss scaler (torch GradScaler semantics, state on the device) and gradient
-// accumulation. The optimizer step, unscale and scaler update need no host sync.
-
-// -- layers --
+// ---- layers ----
+// Training numerics on both backends, in five modules: layers (linear, activations,
+// concat, dropout), loss (MSE, Huber), amp (the dynamic loss scaler: torch GradScaler
+// semantics, state on the device), optim (AdamW with global-norm clipping, LR schedules)
+// and accum (gradient accumulation). The optimizer step, unscale and scaler update need
+// no host sync.
 
 /* A linear layer y = x W^T + b, PyTorch layout: "<prefix>.weight" (out, in) and
  * "<prefix>.bias" (out), registered into a caller's mb_params (before finalize) with
@@ -707,7 +730,7 @@ MBDEF mb_result mb_dropout_forward(mb_device *dev, int stream, float p, uint64_t
 MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
                                     const float *dy, float *dx, size_t n);
 
-// -- loss --
+// ---- loss ----
 
 typedef enum mb_loss_kind { MB_LOSS_MSE = 0, MB_LOSS_HUBER = 1 } mb_loss_kind;
 typedef struct mb_loss_config {
@@ -729,7 +752,7 @@ MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, c
 /* Copy one device float to the host (syncs the stream): for logging the loss. */
 MBDEF mb_result mb_fetch_scalar(mb_device *dev, int stream, const float *dev_scalar, float *host);
 
-// -- amp --
+// ---- amp ----
 
 /* Dynamic loss scaler, torch.cuda.amp.GradScaler semantics and defaults. State (scale,
  * growth tracker, found_inf) lives in device memory. Per optimizer step:
@@ -773,7 +796,7 @@ MBDEF mb_result mb_scaler_set(mb_scaler *s, const mb_scaler_state *st);
 /* 1 when the last updated step was taken, 0 when it was skipped (synchronises). */
 MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken);
 
-// -- optim --
+// ---- optim ----
 
 typedef struct mb_adamw_config {
     double beta1, beta2;   /* 0.9, 0.999 (double, as torch: 1 - beta rounds like torch's) */
@@ -824,7 +847,7 @@ typedef struct mb_lr_schedule {
 /* The learning rate at a step (validates the schedule and the step). */
 MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr);
 
-// -- accum --
+// ---- accum ----
 
 /* Gradient accumulation over n micro-batches: a plain struct (save its fields to resume
  * in the middle of a window, restore with mb_accum_restore).
@@ -843,7 +866,6 @@ MBDEF int mb_accum_window_start(const mb_accum *a);      /* 1 before the first m
 /* Count one finished micro-batch; 1 when it completes the window (step now). */
 MBDEF int mb_accum_tick(mb_accum *a);
 
-// ---- end numerics ----
 
 // ---- step ----
 // A training step with nothing in it that changes from step to step, and no host sync (issue
@@ -907,7 +929,7 @@ MBDEF int64_t mb_meter_reads(const mb_meter *m);
 //   mb_ckpt_write(w, "run/ckpt.mb"); mb_ckpt_writer_destroy(w);
 //   ...
 //   mb_ckpt_reader *r;
-//   mb_ckpt_read(&r, dev, "run/ckpt.mb");                     // checks everything first
+//   mb_ckpt_open(&r, dev, "run/ckpt.mb");                     // checks everything first
 //   mb_ckpt_load_params(r, params); mb_ckpt_load_adamw(r, opt); mb_ckpt_load_scaler(r, sc);
 //   mb_ckpt_get(r, "step", &step, sizeof step);
 //   mb_ckpt_close(r);
@@ -936,7 +958,7 @@ MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path);
  * all before anything is used. Failures: MB_ERR_IO (cannot open/read), MB_ERR_CORRUPT
  * (naming the path and the check that failed), MB_ERR_UNSUPPORTED (intact file of
  * another version). dev as for the writer (NULL: host destinations only). */
-MBDEF mb_result mb_ckpt_read(mb_ckpt_reader **out, mb_device *dev, const char *path);
+MBDEF mb_result mb_ckpt_open(mb_ckpt_reader **out, mb_device *dev, const char *path);
 MBDEF void mb_ckpt_close(mb_ckpt_reader *r); /* NULL is fine */
 /* 1 when section `name` exists (its size into *bytes when not NULL), else 0. */
 MBDEF int mb_ckpt_has(const mb_ckpt_reader *r, const char *name, size_t *bytes);
@@ -951,10 +973,10 @@ MBDEF mb_result mb_ckpt_get(mb_ckpt_reader *r, const char *name, void *dst, size
  * everything they need before changing anything: a model of another layout is refused
  * with MB_ERR_FORMAT naming the first tensor that differs and both shapes. */
 MBDEF mb_result mb_ckpt_add_params(mb_ckpt_writer *w, mb_params *p);
-MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
-MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_params(mb_ckpt_reader *r, mb_params *p);
+MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
 MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o);
+MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
 // ---- end checkpoint ----
@@ -973,7 +995,7 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 //   const char *const names[] = {"enc0.", "enc.0.", "head.", "", NULL}; // ours -> file's
 //   mb_st_save_params("model.safetensors", params, names, meta, 1);
 //   mb_st_file *f;
-//   mb_st_read(&f, "model.safetensors");
+//   mb_st_open(&f, "model.safetensors");
 //   mb_st_load_params(f, params, names);       // strict: same names, shapes, dtype F32
 //   const char *h = mb_st_meta_get(f, "hidden"); // NULL when absent
 //   mb_st_close(f);
@@ -1004,7 +1026,7 @@ MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, cons
  * header longer than MB_ST_MAX_HEADER, or sizes that overflow; MB_ERR_FORMAT: anything
  * else wrong (truncated, bad JSON, unknown dtype or field, a duplicate name, offsets out of
  * range, overlapping or leaving a hole, a byte count that disagrees with the shape). */
-MBDEF mb_result mb_st_read(mb_st_file **out, const char *path);
+MBDEF mb_result mb_st_open(mb_st_file **out, const char *path);
 /* The same from bytes in memory (copied; `what` names them in messages). */
 MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const char *what);
 MBDEF void mb_st_close(mb_st_file *f); /* NULL is fine */
@@ -1130,6 +1152,16 @@ typedef mb_result (*mb_graph_fn)(void *user);
 MBDEF mb_result mb_graph_run(mb_graph **g, mb_device *dev, int stream, mb_graph_fn fn, void *user);
 
 // ---- end graph ----
+
+// ---- testing ----
+// Hooks for tests of the library and of programs built on it; not for production use.
+
+/* Test hook: the nth allocation of this kind from now on fails with
+ * MB_ERR_OUT_OF_MEMORY (n = 1: the next one; n = 0: cancel). */
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth);
+/* Test hook: every allocation of this kind fails (MB_ERR_OUT_OF_MEMORY) while deny is 1,
+ * e.g. pinned memory denied entirely. */
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 
 #ifdef __cplusplus
 }
@@ -1289,10 +1321,21 @@ static void *mb__host_calloc(size_t n, size_t size) {
     return p;
 }
 
-// ---- device ----
+/* Finite check by bits (no dependence on isfinite being a macro or a function). */
+static inline MB__HD int mb__finite_f(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return (v.u & 0x7f800000u) != 0x7f800000u;
+}
+static inline MB__HD int mb__finite_d(double x) {
+    union { double d; uint64_t u; } v;
+    v.d = x;
+    return (v.u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
 
-/* ---- the backend table ----
- * What a backend provides, one function pointer per operation. The public functions check
+// ---- backend ----
+
+/* What a backend provides, one function pointer per operation. The public functions check
  * their arguments, then call `dev->be->op(...)`; nothing else in this file knows which
  * backend runs. The CPU table (mb__cpu_backend) is at the end of this file, the CUDA table
  * (mb__cuda_backend) at the end of megabatch_cuda.cuh; mb_device_open picks one. A new
@@ -1385,6 +1428,8 @@ static const mb__backend *mb__backend_of(mb_backend backend) {
     return NULL;
 }
 
+// ---- device ----
+
 typedef struct mb__alloc_rec { void *ptr; size_t bytes; mb_mem_kind kind; } mb__alloc_rec;
 
 struct mb_device {
@@ -1410,8 +1455,8 @@ struct mb_device {
     int graph_off;                  /* mb_graph_run runs calls directly (graph) */
 };
 
-/* ---- CPU: denormals ----
- * The CPU compute runs with flush-to-zero (FTZ: a denormal result becomes 0) and
+// -- CPU: denormals --
+/* The CPU compute runs with flush-to-zero (FTZ: a denormal result becomes 0) and
  * denormals-are-zero (DAZ: a denormal operand reads as 0) unless cfg.keep_denormals, which
  * clears both instead. A denormal operand or result costs ~100 cycles on x86 (a microcode
  * assist); an LSTM's backward over hundreds of steps makes many (decaying gradients).
@@ -1449,8 +1494,8 @@ static void mb__fp_leave(mb__fpenv e) {
 #endif
 }
 
-/* ---- CPU: the worker pool ----
- * threads-1 workers, started at mb_device_open and joined at mb_device_close, that sleep
+// -- CPU: the worker pool --
+/* threads-1 workers, started at mb_device_open and joined at mb_device_close, that sleep
  * on a condition variable until mb__pool_run hands them a function; the caller's thread
  * runs it too, and mb__pool_run returns when every worker it asked for has returned from
  * it. One job at a time per device (the `run` lock). */
@@ -1633,20 +1678,6 @@ MBDEF void mb_device_close(mb_device *dev) {
 MBDEF mb_backend mb_device_backend(const mb_device *dev) { return dev->cfg.backend; }
 MBDEF const char *mb_device_name(const mb_device *dev) { return dev->name; }
 MBDEF const mb_logger *mb_device_logger(const mb_device *dev) { return dev ? &dev->cfg.log : NULL; }
-MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
-MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
-MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
-    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
-}
-MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
-MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
-
-MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
-    MB_TRY(dev->be->set_tf32(dev, on));
-    dev->tf32 = on ? 1 : 0;
-    return MB_OK;
-}
-
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
     size_t t = 0, f = 0;
     MB_TRY(dev->be->memory(dev, &t, &f));
@@ -1655,14 +1686,20 @@ MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_byt
     return MB_OK;
 }
 
-MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) {
-    if ((unsigned)kind >= MB_MEM_KINDS) return;
-    dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
+MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
+MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
+MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
+    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
 }
+MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
 
-MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
-    if ((unsigned)kind < MB_MEM_KINDS) dev->deny[kind] = deny != 0;
+
+MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
+    MB_TRY(dev->be->set_tf32(dev, on));
+    dev->tf32 = on ? 1 : 0;
+    return MB_OK;
 }
+MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
 
 static int mb__track(mb_device *dev, void *ptr, size_t bytes, mb_mem_kind kind) {
     if (dev->nrecs == dev->caprecs) {
@@ -1730,11 +1767,23 @@ static mb_result mb__check_stream(mb_device *dev, int stream, const char *what) 
     return MB_OK;
 }
 
+static mb_result mb__check_dev_stream(mb_device *dev, int stream, const char *what) {
+    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL device", what);
+    return mb__check_stream(dev, stream, what);
+}
+
 MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
     MB_TRY(mb__check_stream(dev, stream, "mb_copy"));
     if (bytes == 0) return MB_OK;
     if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy: NULL pointer for %zu bytes", bytes);
     return dev->be->copy(dev, stream, dst, src, bytes);
+}
+
+MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
+    MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
+    if (bytes == 0) return MB_OK;
+    if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
+    return dev->be->zero(dev, stream, dst, bytes);
 }
 
 MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
@@ -1746,13 +1795,6 @@ MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pit
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: pitches %zu/%zu smaller than the width %zu",
                        dst_pitch, src_pitch, width);
     return dev->be->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
-}
-
-MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
-    MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
-    if (bytes == 0) return MB_OK;
-    if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
-    return dev->be->zero(dev, stream, dst, bytes);
 }
 
 static float mb__load(const void *p, mb_dtype t, size_t i);
@@ -2937,12 +2979,17 @@ static int64_t mb__shard_pos(const mb_loader_config *c, int64_t m, int64_t i) {
     return full * g + m % g * c->shard_rank / w + (i - full * b);
 }
 
+/* cfg->chunk_fraction with 0 meaning the default, 0.75: the one place it is resolved. */
+static double mb__chunk_fraction(const mb_loader_config *cfg) {
+    return cfg->chunk_fraction == 0 ? 0.75 : cfg->chunk_fraction;
+}
+
 MBDEF mb_result mb_loader_plan(int64_t n, int64_t t, int64_t f, int64_t k, const mb_loader_config *cfg,
                                size_t free_bytes, mb_chunk_plan *out) {
     if (!cfg || !out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: NULL argument");
     memset(out, 0, sizeof *out);
     size_t s = mb_dtype_size(cfg->dtype), bps, tf;
-    double frac = cfg->chunk_fraction == 0 ? 0.75 : cfg->chunk_fraction;
+    double frac = mb__chunk_fraction(cfg);
     if (cfg->batch < 1) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: batch = %lld, must be >= 1", (long long)cfg->batch);
     if (n < 1 || t < 1 || f < 1 || k < 1)
         return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_loader_plan: shape N=%lld T=%lld F=%lld K=%lld must be >= 1",
@@ -3400,7 +3447,7 @@ static mb_result mb__ld_plan(const mb_loader_config *cfg, const mb_dataset_meta 
 /* Device chunk buffers for the current plan; on out-of-memory retry with 0.8x the
  * budget (0.75 -> 0.60 -> 0.48 of free memory), error below one batch. */
 static mb_result mb__ld_alloc_chunks(mb_loader *ld, const mb_dataset_meta *m, size_t free_bytes) {
-    double frac = ld->cfg.chunk_fraction == 0 ? 0.75 : ld->cfg.chunk_fraction;
+    double frac = mb__chunk_fraction(&ld->cfg);
     for (;;) {
         mb_result r = MB_OK;
         ld->cap = ld->cfg.shard_count > 1 ? mb__shard_rows(&ld->cfg, ld->plan.samples_per_chunk) : ld->plan.samples_per_chunk;
@@ -4145,7 +4192,7 @@ struct mb_lstm {
 
 static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
 
-/* ---- elementwise operations (CPU here, CUDA kernels in megabatch_cuda.cuh) ---- */
+// -- elementwise operations (CPU here, CUDA kernels in megabatch_cuda.cuh) --
 
 /* One row of cells on the CPU. The rows' arrays never overlap (restrict), so the compiler
  * vectorizes the loop (at -O3; kept out of line, where GCC 12 does). */
@@ -4308,7 +4355,7 @@ static const void *mb__lstm_hs_op(const mb_lstm *l, int k) {
     return l->op == MB_F32 ? (const void *)l->layer[k].hs : l->layer[k].hs_lp;
 }
 
-/* ---- sizes ---- */
+// -- sizes --
 
 static int64_t mb__lstm_G(const mb_lstm_config *c) { return c->grad_block ? c->grad_block : 16; }
 
@@ -4404,7 +4451,7 @@ MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T) {
     return k ? k : -1;
 }
 
-/* ---- create / destroy ---- */
+// -- create / destroy --
 
 static mb_result mb__lstm_register(mb_lstm *l) {
     const char *pre = l->cfg.prefix ? l->cfg.prefix : "";
@@ -4545,7 +4592,7 @@ MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const
     return MB_OK;
 }
 
-/* ---- forward ---- */
+// -- forward --
 
 static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const char *what) {
     for (int i = 0; i < 4; i++) {
@@ -4729,7 +4776,7 @@ MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
     return MB_OK;
 }
 
-/* ---- backward ---- */
+// -- backward --
 
 /* Weight, bias and input gradients of the block of steps [t0, t0+nb) whose gate
  * gradients are in gblk. d_in (NULL: not needed) receives steps t0..: for layer 0 the
@@ -4842,7 +4889,7 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
     return r;
 }
 
-/* ---- many LSTMs at once ---- */
+// -- many LSTMs at once --
 
 enum { MB__LSTM_MANY_MAX = 64 }; /* calls per mb_lstm_*_many */
 
@@ -5126,27 +5173,7 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
 
 // ---- end lstm ----
 
-// ---- numerics ----
-
-
-/* Finite check by bits (no dependence on isfinite being a macro or a function). */
-static inline MB__HD int mb__finite_f(float x) {
-    union { float f; uint32_t u; } v;
-    v.f = x;
-    return (v.u & 0x7f800000u) != 0x7f800000u;
-}
-static inline MB__HD int mb__finite_d(double x) {
-    union { double d; uint64_t u; } v;
-    v.d = x;
-    return (v.u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
-}
-
-static mb_result mb__check_dev_stream(mb_device *dev, int stream, const char *what) {
-    if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: NULL device", what);
-    return mb__check_stream(dev, stream, what);
-}
-
-// -- layers --
+// ---- layers ----
 
 MBDEF mb_result mb_linear_init(mb_linear *l, mb_params *p, const char *prefix, int64_t in, int64_t out) {
     if (!l || !p || !prefix) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_linear_init: NULL argument");
@@ -5381,7 +5408,7 @@ MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_
     return mb__dropout(dev, stream, p, seed, step, dy, dx, n, "mb_dropout_backward");
 }
 
-// -- loss --
+// ---- loss ----
 
 /* Elementwise loss and its derivative (before the 1/(B K) of the mean). */
 static inline MB__HD float mb__loss_elem(int huber, float delta, float p, float t, float *grad) {
@@ -5452,7 +5479,7 @@ MBDEF mb_result mb_fetch_scalar(mb_device *dev, int stream, const float *dev_sca
     return mb_sync(dev, stream);
 }
 
-// -- amp --
+// ---- amp ----
 
 struct mb__scaler_hp { float growth, backoff, min_scale, max_scale; int32_t interval; };
 
@@ -5586,7 +5613,7 @@ MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken) {
     return MB_OK;
 }
 
-// -- optim --
+// ---- optim ----
 
 static inline MB__HD double mb__cos_anneal(double start, double end, double pct) {
     return end + (start - end) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0);
@@ -5859,7 +5886,7 @@ MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr) {
     return MB_OK;
 }
 
-// -- accum --
+// ---- accum ----
 
 MBDEF mb_result mb_accum_init(mb_accum *a, int n) { return mb_accum_restore(a, n, 0, 0); }
 
@@ -5884,7 +5911,6 @@ MBDEF int mb_accum_tick(mb_accum *a) {
     return 1;
 }
 
-// ---- end numerics ----
 
 // ---- step ----
 // What a training step needs so that nothing of it changes from step to step (issue 15): the
@@ -6268,11 +6294,11 @@ MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path) {
 static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
     const mb_logger *lg = mb__ckpt_log(r->dev);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
         close(fd);
-        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: '%s' is not a regular file of a readable size", path);
+        return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is not a regular file of a readable size", path);
     }
     r->size = (size_t)st.st_size;
     mb_result res = mb__ckpt_alloc(r->dev, r->size, (void **)&r->buf);
@@ -6280,7 +6306,7 @@ static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
         ssize_t k = read(fd, r->buf + got, r->size - got);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0)
-            res = MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_read: reading '%s' failed at byte %zu of %zu: %s", path, got,
+            res = MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: reading '%s' failed at byte %zu of %zu: %s", path, got,
                           r->size, k < 0 ? strerror(errno) : "file shrank");
         else got += (size_t)k;
     }
@@ -6293,24 +6319,24 @@ static mb_result mb__ckpt_verify(mb_ckpt_reader *r, const char *path) {
     const mb_logger *lg = mb__ckpt_log(r->dev);
     const unsigned char *b = r->buf;
     if (r->size < MB__CKPT_HEADER + 4)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' is truncated: %zu bytes, less than a header",
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s' is truncated: %zu bytes, less than a header",
                        path, r->size);
     if (memcmp(b, MB__CKPT_MAGIC, 8) != 0)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' has a bad magic (not a megabatch checkpoint)", path);
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s' has a bad magic (not a megabatch checkpoint)", path);
     uint64_t want = mb__get_le(b + 16, 8);
     if (want != (uint64_t)r->size)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' is %zu bytes but its header says %llu (%s)", path,
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s' is %zu bytes but its header says %llu (%s)", path,
                        r->size, (unsigned long long)want, want > r->size ? "truncated" : "bad size field");
     mb__crc32 crc;
     mb__crc32_init(&crc);
     mb__crc32_update(&crc, b, r->size - 4);
     uint32_t got = mb__crc32_final(&crc), stored = (uint32_t)mb__get_le(b + r->size - 4, 4);
     if (got != stored)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' fails its checksum (CRC-32 %08x, stored %08x)", path,
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s' fails its checksum (CRC-32 %08x, stored %08x)", path,
                        (unsigned)got, (unsigned)stored);
     uint32_t version = (uint32_t)mb__get_le(b + 8, 4);
     if (version != MB_CKPT_VERSION)
-        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_ckpt_read: '%s' has format version %u, this build reads %d",
+        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_ckpt_open: '%s' has format version %u, this build reads %d",
                        path, (unsigned)version, MB_CKPT_VERSION);
     return MB_OK;
 }
@@ -6321,21 +6347,21 @@ static mb_result mb__ckpt_parse(mb_ckpt_reader *r, const char *path) {
     size_t end = r->size - 4, pos = MB__CKPT_HEADER;
     uint64_t count = mb__get_le(r->buf + 12, 4);
     if (count > (end - pos) / 13)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s' claims %llu sections in %zu bytes", path,
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s' claims %llu sections in %zu bytes", path,
                        (unsigned long long)count, r->size);
     MB_TRY(mb__ckpt_alloc(r->dev, (size_t)count * sizeof *r->sec, (void **)&r->sec));
     for (uint64_t i = 0; i < count; i++) {
         mb__ckpt_blob *s = &r->sec[i];
         uint64_t len = end - pos >= 4 ? mb__get_le(r->buf + pos, 4) : UINT64_MAX;
         if (len == 0 || len >= MB_MAX_NAME || len + 12 > end - pos)
-            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': section %llu has a bad name length", path,
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s': section %llu has a bad name length", path,
                            (unsigned long long)i);
         memcpy(s->name, r->buf + pos + 4, (size_t)len);
         s->name[len] = 0;
         uint64_t bytes = mb__get_le(r->buf + pos + 4 + len, 8);
         pos += 12 + (size_t)len;
         if (bytes > end - pos)
-            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': section '%s' of %llu bytes runs past the end",
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s': section '%s' of %llu bytes runs past the end",
                            path, s->name, (unsigned long long)bytes);
         s->bytes = (size_t)bytes;
         s->data = r->buf + pos;
@@ -6343,13 +6369,13 @@ static mb_result mb__ckpt_parse(mb_ckpt_reader *r, const char *path) {
         r->n = (int)i + 1;
     }
     if (pos != end)
-        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_read: '%s': %zu stray bytes after the last section", path, end - pos);
+        return MB_FAIL(lg, MB_ERR_CORRUPT, "mb_ckpt_open: '%s': %zu stray bytes after the last section", path, end - pos);
     return MB_OK;
 }
 
-MBDEF mb_result mb_ckpt_read(mb_ckpt_reader **out, mb_device *dev, const char *path) {
+MBDEF mb_result mb_ckpt_open(mb_ckpt_reader **out, mb_device *dev, const char *path) {
     const mb_logger *lg = mb__ckpt_log(dev);
-    if (!out || !path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_read: NULL argument");
+    if (!out || !path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_open: NULL argument");
     *out = NULL;
     mb_ckpt_reader *r = NULL;
     MB_TRY(mb__ckpt_alloc(dev, sizeof *r, (void **)&r));
@@ -6552,7 +6578,7 @@ static size_t mb__st_dtype_size(const char *s) {
     return 0;
 }
 
-/* ---- writing ---- */
+// -- writing --
 
 typedef struct mb__st_buf { char *p; size_t n, cap; int oom; } mb__st_buf;
 
@@ -6673,7 +6699,7 @@ MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, cons
     return r;
 }
 
-/* ---- reading: a strict parser for the header's JSON subset ---- */
+// -- reading: a strict parser for the header's JSON subset --
 
 typedef struct mb__st_js { char *p, *end, *start; const char *what; } mb__st_js;
 
@@ -6967,8 +6993,8 @@ MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const
     return MB_OK;
 }
 
-MBDEF mb_result mb_st_read(mb_st_file **out, const char *path) {
-    if (!out || !path) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_read: NULL argument");
+MBDEF mb_result mb_st_open(mb_st_file **out, const char *path) {
+    if (!out || !path) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_st_open: NULL argument");
     *out = NULL;
     mb_ckpt_reader rd; /* the checkpoint reader's whole-file read, with its checks */
     memset(&rd, 0, sizeof rd);
@@ -6976,7 +7002,7 @@ MBDEF mb_result mb_st_read(mb_st_file **out, const char *path) {
     if (r != MB_OK) { /* its message, named for this reader */
         char why[MB_MAX_ERROR];
         snprintf(why, sizeof why, "%s", mb_last_error());
-        return MB_FAIL(NULL, r, "mb_st_read: %s", strncmp(why, "mb_ckpt_read: ", 14) ? why : why + 14);
+        return MB_FAIL(NULL, r, "mb_st_open: %s", strncmp(why, "mb_ckpt_open: ", 14) ? why : why + 14);
     }
     r = mb_st_parse(out, rd.buf, rd.size, path);
     MB_FREE(rd.buf);
@@ -7002,7 +7028,7 @@ MBDEF void mb_st_meta_at(const mb_st_file *f, int i, const char **key, const cha
     if (value) *value = ok ? f->meta[2 * i + 1] : NULL;
 }
 
-/* ---- parameters ---- */
+// -- parameters --
 
 static mb_result mb__st_rename(const char *name, const char *const *rename, char *out) {
     for (int i = 0; rename && rename[i] && rename[i + 1]; i += 2) {
@@ -7500,6 +7526,17 @@ MBDEF mb_result mb_graph_run(mb_graph **g, mb_device *dev, int stream, mb_graph_
 }
 
 // ---- end graph ----
+
+// ---- testing ----
+
+MBDEF void mb_device_fail_alloc(mb_device *dev, mb_mem_kind kind, uint64_t nth) {
+    if ((unsigned)kind >= MB_MEM_KINDS) return;
+    dev->fail_at[kind] = nth ? dev->stats.allocs[kind] + nth : 0;
+}
+
+MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
+    if ((unsigned)kind < MB_MEM_KINDS) dev->deny[kind] = deny != 0;
+}
 
 // ---- cpu backend ----
 // The CPU table: the mb__cpu_* functions of each module (see "the backend table").

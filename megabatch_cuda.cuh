@@ -24,7 +24,7 @@
 #include <cuda_fp16.h>
 
 // ---- cuda core ----
-// MB_CUDA_TRY(dev, dev, call): a failed CUDA runtime or cuBLAS call becomes a returned
+// MB_CUDA_TRY(dev, call): a failed CUDA runtime or cuBLAS call becomes a returned
 // MB_ERR_CUDA (or MB_ERR_OUT_OF_MEMORY) with the call, file, line and the CUDA message,
 // logged through dev's logger. Usable in any function returning mb_result.
 // MB__RUN / MB__RUN_N: every kernel launch of the backend (through MB_LAUNCH).
@@ -572,12 +572,10 @@ static size_t mb__cuda_smem_optin(mb_device *dev) {
 
 // ---- end fused LSTM ----
 
-// ---- cuda numerics ----
-// Kernels of the numerics section. Element math is shared with the CPU path (the
-// MB__HD helpers in megabatch.h); reductions are deterministic (fixed grids, no float
-// atomics), so repeated runs give the same bits.
-
-// -- layers --
+// ---- cuda layers ----
+// Kernels of the numerics modules (layers, loss, amp, optim). Element math is shared with
+// the CPU path (the MB__HD helpers in megabatch.h); reductions are deterministic (fixed
+// grids, no float atomics), so repeated runs give the same bits.
 
 __global__ void mb__k_fill_rows(float *y, const float *b, int64_t rows, int64_t cols) {
     size_t n = (size_t)rows * (size_t)cols;
@@ -624,7 +622,7 @@ static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t 
     return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, x, y, n);
 }
 
-// -- loss --
+// ---- cuda loss ----
 
 #define MB__RED_THREADS 256
 
@@ -663,7 +661,7 @@ static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delt
                    loss_out, dpred, acc, w);
 }
 
-// -- amp --
+// ---- cuda amp ----
 
 __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
     float inv = (float)(1.0 / (double)st->scale);
@@ -686,7 +684,7 @@ static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, con
     return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_scaler_update, 1, 1, st, *hp);
 }
 
-// -- optim --
+// ---- cuda optim ----
 
 /* Pass 1: per-block sums of squares (double) over a fixed grid. */
 __global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partials) {
@@ -728,7 +726,7 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
     return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
 
-// ---- cuda end numerics ----
+// ---- cuda end optim ----
 
 // ---- cuda step ----
 // Events for mb_meter's reads: recorded after the copy into pinned memory, polled without waiting.

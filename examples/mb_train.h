@@ -280,7 +280,7 @@ MBT_API mb_result mbt_ckpt_get(mb_ckpt_reader *rd, const mbt_ckpt *c, mbt_run *r
 
 MBT_API mb_result mbt_ckpt_load(const mbt_ckpt *c, mbt_run *rs) {
     mb_ckpt_reader *rd = NULL;
-    MB_TRY(mb_ckpt_read(&rd, c->dev, c->path));
+    MB_TRY(mb_ckpt_open(&rd, c->dev, c->path));
     mb_result r = mbt_ckpt_get(rd, c, rs);
     mb_ckpt_close(rd);
     return r;

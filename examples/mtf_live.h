@@ -90,7 +90,7 @@ MTF_API mb_result mtf_live_open(mtf_live **out, const char *path, mb_backend bac
     mb_st_file *f = NULL;
     mtf_spec s;
     if (!lv) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for the live predictor");
-    mb_result r = mb_st_read(&f, path);
+    mb_result r = mb_st_open(&f, path);
     if (r == MB_OK) r = mtf_spec_of(f, path, &s);
     if (r == MB_OK) r = mtf_live_check(&s, path);
     if (r == MB_OK && mode == MTF_LIVE_STATEFUL && !s.carry)

@@ -334,7 +334,7 @@ MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t H, int64_t h
 MTF_API mb_result mtf_model_init_file(mtf_model *m, const char *path) {
     mb_st_file *f = NULL;
     mtf_spec s;
-    MB_TRY(mb_st_read(&f, path));
+    MB_TRY(mb_st_open(&f, path));
     mb_result r = mtf_spec_of(f, path, &s);
     for (int i = 0; r == MB_OK && s.T && i < m->spec.nseg; i++)
         if (s.nseg != m->spec.nseg || s.seg_len[i] != m->spec.seg_len[i])

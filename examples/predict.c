@@ -144,7 +144,7 @@ static mb_result run(const options *o, int64_t *n) {
     mb_loader_config lc;
     memset(&lc, 0, sizeof lc);
     lc.batch = o->batch;
-    mb_result r = mb_st_read(&f, o->model);
+    mb_result r = mb_st_open(&f, o->model);
     if (r == MB_OK) r = mtf_spec_of(f, o->model, &spec);
     if (r == MB_OK) r = mtf_device_open(&dev, BACKEND, o->threads);
     if (r == MB_OK) r = mb_dataset_open_file(&ds, o->data, &dc);

@@ -93,7 +93,7 @@ static void test_blob_round_trip(void **state) {
     free(file);
 
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("blobs.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("blobs.mb")));
     size_t sz = 0;
     assert_true(mb_ckpt_has(r, "device blob", &sz));
     assert_int_equal(sz, n * sizeof(float));
@@ -108,7 +108,7 @@ static void test_blob_round_trip(void **state) {
     tu_ok(mb_ckpt_get(r, "empty", NULL, 0));
     mb_ckpt_close(r);
     /* the host-only form (no device) reads the same */
-    tu_ok(mb_ckpt_read(&r, NULL, tpath("blobs.mb")));
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("blobs.mb")));
     memset(b, 0, n * sizeof(float));
     tu_ok(mb_ckpt_get(r, "device blob", b, n * sizeof(float)));
     assert_memory_equal(a, b, n * sizeof(float));
@@ -127,7 +127,7 @@ static void test_get_missing_or_wrong_size(void **state) {
     float *a = tu_alloc_f32(n), *b = tu_alloc_f32(n);
     free(write_blobs(dev, tpath("g.mb"), a, n, &fb));
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("g.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("g.mb")));
     tu_assert_error(mb_ckpt_get(r, "missing", b, 4), MB_ERR_FORMAT, "no section 'missing'");
     char want[64];
     snprintf(want, sizeof want, "holds %zu bytes, the caller expects %zu", n * 4, (n - 1) * 4);
@@ -135,9 +135,9 @@ static void test_get_missing_or_wrong_size(void **state) {
     tu_assert_error(mb_ckpt_get(r, "a", b, (n - 1) * sizeof(float)), MB_ERR_FORMAT, want);
     assert_true(b[0] == 42.0f); /* untouched */
     mb_ckpt_close(r);
-    tu_assert_error(mb_ckpt_read(&r, dev, tpath("does-not-exist.mb")), MB_ERR_IO, "does-not-exist.mb");
+    tu_assert_error(mb_ckpt_open(&r, dev, tpath("does-not-exist.mb")), MB_ERR_IO, "does-not-exist.mb");
     assert_null(r);
-    tu_assert_error(mb_ckpt_read(&r, dev, tmpdir), MB_ERR_IO, "not a regular file");
+    tu_assert_error(mb_ckpt_open(&r, dev, tmpdir), MB_ERR_IO, "not a regular file");
     mb_device_close(dev);
     free(a); free(b);
 }
@@ -158,7 +158,7 @@ static void test_flipped_bits_are_corrupt(void **state) {
         bad[where[k]] ^= (unsigned char)(1u << tu_int(0, 7));
         write_file(tpath("bad.mb"), bad, fb);
         mb_ckpt_reader *r = NULL;
-        tu_assert_error(mb_ckpt_read(&r, dev, tpath("bad.mb")), MB_ERR_CORRUPT, "bad.mb");
+        tu_assert_error(mb_ckpt_open(&r, dev, tpath("bad.mb")), MB_ERR_CORRUPT, "bad.mb");
         assert_null(r);
         free(bad);
     }
@@ -178,14 +178,14 @@ static void test_truncated_is_corrupt(void **state) {
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
         write_file(tpath("short.mb"), good, lens[k]);
         mb_ckpt_reader *r = NULL;
-        tu_assert_error(mb_ckpt_read(&r, dev, tpath("short.mb")), MB_ERR_CORRUPT, "truncated");
+        tu_assert_error(mb_ckpt_open(&r, dev, tpath("short.mb")), MB_ERR_CORRUPT, "truncated");
     }
     /* extra bytes appended are refused too */
     unsigned char *longer = (unsigned char *)calloc(fb + 3, 1);
     memcpy(longer, good, fb);
     write_file(tpath("long.mb"), longer, fb + 3);
     mb_ckpt_reader *r = NULL;
-    tu_assert_error(mb_ckpt_read(&r, dev, tpath("long.mb")), MB_ERR_CORRUPT, "header says");
+    tu_assert_error(mb_ckpt_open(&r, dev, tpath("long.mb")), MB_ERR_CORRUPT, "header says");
     mb_device_close(dev);
     free(longer); free(good); free(a);
 }
@@ -239,7 +239,7 @@ static void test_training_state_round_trip(void **state) {
     tu_ok(mb_adamw_create(&o, p, NULL));
     tu_ok(mb_scaler_create(&s, dev, NULL));
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("state.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("state.mb")));
     tu_ok(mb_ckpt_load_params(r, p));
     tu_ok(mb_ckpt_load_adamw(r, o));
     tu_ok(mb_ckpt_load_scaler(r, s));
@@ -287,7 +287,7 @@ static void test_wrong_shape_refused(void **state) {
     tu_ok(mb_params_init(q, 2));
     tu_ok(mb_params_get(q, before));
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("shape.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("shape.mb")));
     char want[160];
     snprintf(want, sizeof want, "tensor 0 is 'enc.weight [%lld,%lld]' in the checkpoint but 'enc.weight [%lld,%lld]'",
              (long long)hid, (long long)in, (long long)hid, (long long)in + 1);
@@ -316,7 +316,7 @@ static void test_wrong_shape_refused(void **state) {
     size_t fb;
     float blob[4];
     free(write_blobs(dev, tpath("noparams.mb"), blob, 4, &fb));
-    tu_ok(mb_ckpt_read(&r, dev, tpath("noparams.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("noparams.mb")));
     tu_assert_error(mb_ckpt_load_params(r, p), MB_ERR_FORMAT, "no section 'params.layout'");
     tu_assert_error(mb_ckpt_load_adamw(r, o), MB_ERR_FORMAT, "no section 'adamw.m'");
     mb_ckpt_close(r);
@@ -367,7 +367,7 @@ static void test_unwritable_keeps_previous(void **state) {
     assert_int_equal(fb, fb2);
     assert_memory_equal(prev, now, fb);
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("keep.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("keep.mb")));
     mb_ckpt_close(r);
     mb_ckpt_writer_destroy(big);
     mb_ckpt_writer_destroy(w);
@@ -389,13 +389,13 @@ static void test_leftover_tmp(void **state) {
     memset(junk + fb, 0xAB, junk_n - fb);
     write_file(tpath("lt.mb.tmp"), junk, junk_n);
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, dev, tpath("lt.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("lt.mb")));
     tu_ok(mb_ckpt_get(r, "a", b, n * 4));
     assert_memory_equal(a, b, n * 4);
     mb_ckpt_close(r);
     unsigned char *next = write_blobs(dev, tpath("lt.mb"), a, n, &fb2);
     assert_false(file_exists(tpath("lt.mb.tmp")));
-    tu_ok(mb_ckpt_read(&r, dev, tpath("lt.mb")));
+    tu_ok(mb_ckpt_open(&r, dev, tpath("lt.mb")));
     tu_ok(mb_ckpt_get(r, "a", b, n * 4));
     assert_memory_equal(a, b, n * 4);
     mb_ckpt_close(r);
@@ -432,7 +432,7 @@ static void test_alloc_failures(void **state) {
         if (res == MB_OK) res = mb_ckpt_write(w, tpath("af.mb"));
         mb_ckpt_writer_destroy(w);
         mb_ckpt_reader *r = NULL;
-        if (res == MB_OK) res = mb_ckpt_read(&r, dev, tpath("af.mb"));
+        if (res == MB_OK) res = mb_ckpt_open(&r, dev, tpath("af.mb"));
         if (res == MB_OK) res = mb_ckpt_load_params(r, p);
         mb_ckpt_close(r);
         assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], base);
@@ -532,7 +532,7 @@ static void test_resume_bit_exact(void **state) {
 
     run_open(&b); /* fresh: different moments and step count until loaded */
     mb_ckpt_reader *r;
-    tu_ok(mb_ckpt_read(&r, b.dev, tpath("resume.mb")));
+    tu_ok(mb_ckpt_open(&r, b.dev, tpath("resume.mb")));
     tu_ok(mb_ckpt_load_params(r, b.p));
     tu_ok(mb_ckpt_load_adamw(r, b.o));
     tu_ok(mb_ckpt_load_scaler(r, b.s));

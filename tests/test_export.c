@@ -66,7 +66,7 @@ static void test_write_read_roundtrip(void **state) {
     mb_st_meta meta[] = {{"plain", "1,2,3"}, {"odd \"key\"", "tab\there\nnewline \\ \x01 caf\xc3\xa9"}};
     assert_int_equal(mb_st_write(path_of("rt.safetensors"), t, 3, meta, 2), MB_OK);
     mb_st_file *f = NULL;
-    assert_int_equal(mb_st_read(&f, path_of("rt.safetensors")), MB_OK);
+    assert_int_equal(mb_st_open(&f, path_of("rt.safetensors")), MB_OK);
     assert_int_equal(mb_st_count(f), 3);
     for (int i = 0; i < 3; i++) {
         const mb_st_tensor *g = mb_st_find(f, t[i].name);
@@ -113,8 +113,8 @@ static void test_json_escapes(void **state) {
 static void test_golden_torch_predicts(void **state) {
     (void)state;
     mb_st_file *f = NULL, *io = NULL;
-    assert_int_equal(mb_st_read(&f, "tests/golden/multitf_torch.safetensors"), MB_OK);
-    assert_int_equal(mb_st_read(&io, "tests/golden/multitf_torch_io.safetensors"), MB_OK);
+    assert_int_equal(mb_st_open(&f, "tests/golden/multitf_torch.safetensors"), MB_OK);
+    assert_int_equal(mb_st_open(&io, "tests/golden/multitf_torch_io.safetensors"), MB_OK);
     mtf_spec s;
     assert_int_equal(mtf_spec_of(f, "golden", &s), MB_OK);
     assert_int_equal(s.nseg, 5);
@@ -135,7 +135,7 @@ static void test_golden_torch_predicts(void **state) {
     /* the same weights written back by us: the same tensors, bit for bit */
     assert_int_equal(mb_st_save_params(path_of("again.safetensors"), m.params, mtf_rename, NULL, 0), MB_OK);
     mb_st_file *g = NULL;
-    assert_int_equal(mb_st_read(&g, path_of("again.safetensors")), MB_OK);
+    assert_int_equal(mb_st_open(&g, path_of("again.safetensors")), MB_OK);
     assert_int_equal(mb_st_count(g), mb_st_count(f));
     for (int i = 0; i < mb_st_count(f); i++) {
         const mb_st_tensor *a = mb_st_at(f, i), *b = mb_st_find(g, a->name);
@@ -184,7 +184,7 @@ static void test_params_roundtrip_and_strict(void **state) {
     float *ha = tu_alloc_f32(n), *hb = tu_alloc_f32(n);
     assert_int_equal(mb_st_save_params(path_of("p.safetensors"), a.p, mtf_rename, NULL, 0), MB_OK);
     mb_st_file *f = NULL;
-    assert_int_equal(mb_st_read(&f, path_of("p.safetensors")), MB_OK);
+    assert_int_equal(mb_st_open(&f, path_of("p.safetensors")), MB_OK);
     assert_non_null(mb_st_find(f, "enc.0.weight_ih_l0")); /* PyTorch's names */
     assert_non_null(mb_st_find(f, "fc1.weight"));
     assert_int_equal(mb_st_load_params(f, b.p, mtf_rename), MB_OK);
@@ -234,7 +234,7 @@ static void expect_load_refused(small *s, void (*edit)(mb_st_tensor *t, int *n),
     edit(t, &n);
     if (mb_st_write(path_of("bad.safetensors"), t, n, NULL, 0) != MB_OK) fail_msg("%s", mb_last_error());
     mb_st_file *f = NULL;
-    assert_int_equal(mb_st_read(&f, path_of("bad.safetensors")), MB_OK);
+    assert_int_equal(mb_st_open(&f, path_of("bad.safetensors")), MB_OK);
     assert_int_equal(mb_st_load_params(f, s->p, mtf_rename), MB_ERR_FORMAT);
     if (!strstr(mb_last_error(), want)) fail_msg("got '%s', want '%s'", mb_last_error(), want);
     mb_params_get(s->p, after);
@@ -333,8 +333,8 @@ static void test_bad_headers(void **state) {
     assert_int_equal(mb_st_parse(&f, b, 16, "long"), MB_ERR_FORMAT);
     assert_non_null(strstr(mb_last_error(), "does not fit"));
     assert_null(f);
-    assert_int_equal(mb_st_read(&f, "/nonexistent.safetensors"), MB_ERR_IO);
-    assert_non_null(strstr(mb_last_error(), "mb_st_read: cannot open '/nonexistent.safetensors'"));
+    assert_int_equal(mb_st_open(&f, "/nonexistent.safetensors"), MB_ERR_IO);
+    assert_non_null(strstr(mb_last_error(), "mb_st_open: cannot open '/nonexistent.safetensors'"));
 }
 
 /* Every prefix of a real file is refused (a truncated download), and random byte damage

@@ -76,7 +76,7 @@ static int64_t predict_here(const char *model, const char *data, int64_t B, floa
     mb_device *dev = NULL;
     mb_dataset *ds = NULL;
     mtf_model m;
-    assert_int_equal(mb_st_read(&f, model), MB_OK);
+    assert_int_equal(mb_st_open(&f, model), MB_OK);
     assert_int_equal(mtf_spec_of(f, model, &s), MB_OK);
     assert_int_equal(mtf_device_open(&dev, MB_CPU, 0), MB_OK);
     assert_int_equal(mb_dataset_open_file(&ds, data, NULL), MB_OK);
@@ -128,8 +128,8 @@ static void test_predict_csv_equals_forward(void **state) {
 
 static double max_tensor_diff(const char *a, const char *b) {
     mb_st_file *fa = NULL, *fb = NULL;
-    assert_int_equal(mb_st_read(&fa, a), MB_OK);
-    assert_int_equal(mb_st_read(&fb, b), MB_OK);
+    assert_int_equal(mb_st_open(&fa, a), MB_OK);
+    assert_int_equal(mb_st_open(&fb, b), MB_OK);
     assert_int_equal(mb_st_count(fa), mb_st_count(fb));
     double worst = 0;
     for (int i = 0; i < mb_st_count(fa); i++) {

@@ -175,7 +175,7 @@ mb_result doc_checkpoint_calls(mb_device *dev, mb_params *params, mb_adamw *opt,
     mb_ckpt_write(w, path);                  // path.tmp, fsync, rename, fsync the directory
     mb_ckpt_writer_destroy(w);
 
-    mb_ckpt_read(&r, dev, path);             // reads the whole file and verifies it first
+    mb_ckpt_open(&r, dev, path);             // reads the whole file and verifies it first
     mb_ckpt_has(r, name, &bytes);            // 1 if present (and its size)
     mb_ckpt_get(r, name, dst, bytes);        // copy out (dst host or device memory)
     mb_ckpt_load_params(r, params);          // refuses another layout, naming the tensor
@@ -205,7 +205,7 @@ mb_result doc_checkpoint_loop(mb_device *dev, mb_params *params, mb_adamw *opt, 
     }
     if (resume) {                                          /* --resume */
         mb_ckpt_reader *r;
-        MB_TRY(mb_ckpt_read(&r, dev, "run/last.mbckpt"));  // MB_ERR_CORRUPT on any damage
+        MB_TRY(mb_ckpt_open(&r, dev, "run/last.mbckpt"));  // MB_ERR_CORRUPT on any damage
         mb_result res = mb_ckpt_load_params(r, params);    // MB_ERR_FORMAT on another model
         if (res == MB_OK) res = mb_ckpt_load_adamw(r, opt);
         if (res == MB_OK) res = mb_ckpt_load_scaler(r, scaler);
