@@ -1167,30 +1167,98 @@ static void *mb__host_calloc(size_t n, size_t size) {
 
 // ---- device ----
 
-/* The CUDA backend (megabatch_cuda.cuh) defines these; megabatch.h only calls them. */
+/* ---- the backend table ----
+ * What a backend provides, one function pointer per operation. The public functions check
+ * their arguments, then call `dev->be->op(...)`; nothing else in this file knows which
+ * backend runs. The CPU table (mb__cpu_backend) is at the end of this file, the CUDA table
+ * (mb__cuda_backend) at the end of megabatch_cuda.cuh; mb_device_open picks one. A new
+ * backend (HIP, a fault-injecting test backend) is one more table: fill every field, and
+ * add it to mb__backend_of. The operations get valid arguments (checked by the caller),
+ * never run on an empty range unless said so, and report failures as mb_result through
+ * MB_FAIL. Element math shared by the backends (mb__lstm_cell_fwd, mb__act_f, ...) sits in
+ * each module, marked MB__HD, so the backends cannot drift. */
+typedef struct mb__adamw_hp mb__adamw_hp;
+typedef struct mb__adamw_dev mb__adamw_dev;
+typedef struct mb__scaler_hp mb__scaler_hp;
+typedef struct mb__fused_args mb__fused_args;
+typedef struct mb__backend {
+    const char *name;
+    /* device: open fills dev->name, streams, handles; close releases them (dev->recs are freed first) */
+    mb_result (*open)(mb_device *dev);
+    void (*close)(mb_device *dev);
+    mb_result (*memory)(mb_device *dev, size_t *total, size_t *free_bytes);
+    mb_result (*set_tf32)(mb_device *dev, int on);
+    mb_result (*alloc)(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
+    void (*dealloc)(mb_device *dev, mb_mem_kind kind, void *ptr);
+    /* copies and streams (device or host memory, in stream order) */
+    mb_result (*copy)(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
+    mb_result (*copy_2d)(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t rows);
+    mb_result (*zero)(mb_device *dev, int stream, void *dst, size_t bytes);
+    mb_result (*convert)(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st, size_t n);
+    mb_result (*stream_wait)(mb_device *dev, int waiter, int waited); /* waiter != waited */
+    mb_result (*sync)(mb_device *dev, int stream);                    /* stream -1: the whole device */
+    void (*thread_init)(mb_device *dev); /* a library thread (the loader's reader) starts using dev */
+    /* gemm, params */
+    mb_result (*gemm)(mb_device *dev, const mb_gemm_args *g);
+    mb_result (*fill_uniform)(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream, float bound);
+    /* lstm: gates forward (need_h 0: h may be left unwritten, a recompute) and backward,
+     * strided rows, y += x, y = v */
+    mb_result (*lstm_fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
+                                const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
+    mb_result (*lstm_bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
+                                const float *c_prev, const float *c, const float *dh_rec, const float *dout,
+                                float *dc, float *dg);
+    mb_result (*copy3)(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                       int64_t ss1, int64_t n0, int64_t n1, int64_t d);
+    mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
+    mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
+    /* layers: y = b broadcast over rows; db += column sums of dy; activation (dy NULL:
+     * out = f(x), else out = f'(x) dy); dropout */
+    mb_result (*fill_rows)(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols);
+    mb_result (*colsum_add)(mb_device *dev, int stream, float *db, const float *dy, int64_t rows, int64_t cols);
+    mb_result (*act)(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out, size_t n);
+    mb_result (*dropout)(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x, float *y,
+                         size_t n);
+    /* loss */
+    mb_result (*loss)(mb_device *dev, int stream, int huber, float delta, const float *pred, const float *target,
+                      size_t n, float scale, const float *scale_dev, float *loss_out, float *dpred);
+    /* amp (the compute stream) */
+    mb_result (*unscale)(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
+    mb_result (*scaler_update)(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
+    /* optim: norm, clip, skip and the AdamW update (the compute stream); adamw_scratch
+     * bytes of device memory for it, allocated by mb_adamw_create (0: none) */
+    size_t adamw_scratch;
+    mb_result (*adamw)(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf, float *param,
+                       const float *grad, float *m, float *v, const uint8_t *decay, size_t n, double *scratch);
+    /* dist: the gradient all-reduce on the device (NULL: the host path of mb_dist) */
+    mb_result (*allreduce_grads)(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+    /* lstm, the fused recurrence (NULL: none; docs/LSTM.md): the shared memory a block may
+     * opt into, and one launch of the a->n layers' forward or backward recurrence */
+    size_t (*lstm_fused_smem)(mb_device *dev);
+    mb_result (*lstm_fused)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
+                            unsigned blocks);
+} mb__backend;
+
+static const mb__backend *mb__cpu_backend(void); /* the end of this file */
 #ifdef MEGABATCH_CUDA
-static mb_result mb__cuda_open(mb_device *dev);
-static void mb__cuda_close(mb_device *dev);
-static mb_result mb__cuda_memory(mb_device *dev, size_t *total, size_t *free_bytes);
-static mb_result mb__cuda_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
-static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr);
-static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
-static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes);
-static mb_result mb__cuda_copy_2d(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src,
-                                  size_t spitch, size_t width, size_t rows);
-static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited);
-static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
-                                  size_t n);
-static mb_result mb__cuda_sync(mb_device *dev, int stream);
-static mb_result mb__cuda_set_tf32(mb_device *dev, int on);
-static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g);
-static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed,
-                                       uint64_t stream, float bound);
+static const mb__backend *mb__cuda_backend(void); /* the end of megabatch_cuda.cuh */
+#define MB__CUDA_BACKEND mb__cuda_backend()
+#else
+#define MB__CUDA_BACKEND NULL
 #endif
+
+/* The table of a backend; NULL when this build has none. */
+static const mb__backend *mb__backend_of(mb_backend backend) {
+    if (backend == MB_CPU) return mb__cpu_backend();
+    if (backend == MB_CUDA) return MB__CUDA_BACKEND;
+    return NULL;
+}
 
 typedef struct mb__alloc_rec { void *ptr; size_t bytes; mb_mem_kind kind; } mb__alloc_rec;
 
 struct mb_device {
+    const mb__backend *be;
     mb_device_config cfg;
     char name[256];
     int streams;
@@ -1387,6 +1455,7 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     const mb_logger *lg = &c.log;
     if (c.backend != MB_CPU && c.backend != MB_CUDA)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: unknown backend %d", (int)c.backend);
+    const mb__backend *be = mb__backend_of(c.backend);
     if (c.streams == 0) c.streams = 2;
     if (c.streams < 2 || c.streams > MB_MAX_STREAMS)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: streams = %d, must be 2..%d",
@@ -1394,22 +1463,16 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     if (c.threads < 0 || c.index < 0)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: threads = %d and index = %d must be >= 0",
                        c.threads, c.index);
-#ifndef MEGABATCH_CUDA
-    if (c.backend == MB_CUDA)
+    if (!be)
         return MB_FAIL(lg, MB_ERR_NO_DEVICE, "mb_device_open: this build has no CUDA backend "
                        "(include megabatch_cuda.cuh and compile that file with nvcc)");
-#endif
     mb_device *dev = (mb_device *)mb__host_calloc(1, sizeof *dev);
     if (!dev) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the device object");
+    dev->be = be;
     dev->cfg = c;
     dev->streams = c.streams;
     dev->tf32 = c.tf32 ? 1 : 0;
-    mb_result r = MB_OK;
-#ifdef MEGABATCH_CUDA
-    if (c.backend == MB_CUDA) r = mb__cuda_open(dev);
-    else
-#endif
-        r = mb__cpu_open(dev);
+    mb_result r = be->open(dev);
     if (r != MB_OK) { MB_FREE(dev); return r; }
     *out = dev;
     return MB_OK;
@@ -1420,16 +1483,8 @@ MBDEF void mb_device_close(mb_device *dev) {
     if (dev->nrecs)
         MB_LOG(&dev->cfg.log, MB_LOG_WARN, "mb_device_close: %zu allocation(s) still live, %zu device bytes",
                dev->nrecs, dev->stats.live[MB_MEM_DEVICE]);
-    for (size_t i = 0; i < dev->nrecs; i++) {
-#ifdef MEGABATCH_CUDA
-        if (dev->cfg.backend == MB_CUDA) { mb__cuda_free(dev, dev->recs[i].kind, dev->recs[i].ptr); continue; }
-#endif
-        MB_FREE(dev->recs[i].ptr);
-    }
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) mb__cuda_close(dev);
-#endif
-    mb__pool_close(dev);
+    for (size_t i = 0; i < dev->nrecs; i++) dev->be->dealloc(dev, dev->recs[i].kind, dev->recs[i].ptr);
+    dev->be->close(dev);
     MB_FREE(dev->recs);
     MB_FREE(dev);
 }
@@ -1446,26 +1501,14 @@ MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
 MBDEF int mb_device_tf32(const mb_device *dev) { return dev->tf32; }
 
 MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_set_tf32(dev, on));
-#endif
+    MB_TRY(dev->be->set_tf32(dev, on));
     dev->tf32 = on ? 1 : 0;
     return MB_OK;
 }
 
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
     size_t t = 0, f = 0;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_memory(dev, &t, &f));
-    else
-#endif
-    {
-        long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        if (pages <= 0 || avail < 0 || psz <= 0)
-            return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_memory: sysconf cannot tell host memory");
-        t = (size_t)pages * (size_t)psz;
-        f = (size_t)avail * (size_t)psz;
-    }
+    MB_TRY(dev->be->memory(dev, &t, &f));
     if (total) *total = t;
     if (free_bytes) *free_bytes = f;
     return MB_OK;
@@ -1516,18 +1559,9 @@ MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **
                        dev->deny[kind] ? "mb_device_deny_alloc" : "mb_device_fail_alloc");
     }
     void *p = NULL;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) MB_TRY(mb__cuda_alloc(dev, kind, bytes, &p));
-    else
-#endif
-    if (!(p = mb__host_alloc(bytes)))
-        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: %s allocation of %zu bytes failed",
-                       mb__kind_name(kind), bytes);
+    MB_TRY(dev->be->alloc(dev, kind, bytes, &p));
     if (!mb__track(dev, p, bytes, kind)) {
-#ifdef MEGABATCH_CUDA
-        if (dev->cfg.backend == MB_CUDA) mb__cuda_free(dev, kind, p); else
-#endif
-        MB_FREE(p);
+        dev->be->dealloc(dev, kind, p);
         return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: no host memory to track an allocation");
     }
     *out = p;
@@ -1542,10 +1576,7 @@ MBDEF void mb_free(mb_device *dev, void *ptr) {
         dev->recs[i] = dev->recs[--dev->nrecs];
         dev->stats.live[r.kind] -= r.bytes;
         dev->stats.count[r.kind]--;
-#ifdef MEGABATCH_CUDA
-        if (dev->cfg.backend == MB_CUDA) { mb__cuda_free(dev, r.kind, ptr); return; }
-#endif
-        MB_FREE(ptr);
+        dev->be->dealloc(dev, r.kind, ptr);
         return;
     }
     MB_ASSERT(!"mb_free: pointer not from mb_alloc on this device");
@@ -1562,11 +1593,7 @@ MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, 
     MB_TRY(mb__check_stream(dev, stream, "mb_copy"));
     if (bytes == 0) return MB_OK;
     if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy: NULL pointer for %zu bytes", bytes);
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy(dev, stream, dst, src, bytes);
-#endif
-    memmove(dst, src, bytes);
-    return MB_OK;
+    return dev->be->copy(dev, stream, dst, src, bytes);
 }
 
 MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
@@ -1577,22 +1604,14 @@ MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pit
     if (dst_pitch < width || src_pitch < width)
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: pitches %zu/%zu smaller than the width %zu",
                        dst_pitch, src_pitch, width);
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
-#endif
-    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
-    return MB_OK;
+    return dev->be->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
 }
 
 MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
     MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
     if (bytes == 0) return MB_OK;
     if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_zero(dev, stream, dst, bytes);
-#endif
-    memset(dst, 0, bytes);
-    return MB_OK;
+    return dev->be->zero(dev, stream, dst, bytes);
 }
 
 static float mb__load(const void *p, mb_dtype t, size_t i);
@@ -1607,29 +1626,76 @@ MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_t
     if (n == 0) return MB_OK;
     if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_convert: NULL pointer");
     if (dst_type == src_type) return mb_copy(dev, stream, dst, src, n * mb_dtype_size(dst_type));
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_convert(dev, stream, dst, dst_type, src, src_type, n);
-#endif
-    for (size_t i = 0; i < n; i++) mb__store(dst, dst_type, i, mb__load(src, src_type, i));
-    return MB_OK;
+    return dev->be->convert(dev, stream, dst, dst_type, src, src_type, n);
 }
 
 MBDEF mb_result mb_stream_wait(mb_device *dev, int waiter, int waited) {
     MB_TRY(mb__check_stream(dev, waiter, "mb_stream_wait"));
     MB_TRY(mb__check_stream(dev, waited, "mb_stream_wait"));
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA && waiter != waited) return mb__cuda_stream_wait(dev, waiter, waited);
-#endif
-    return MB_OK;
+    return waiter == waited ? MB_OK : dev->be->stream_wait(dev, waiter, waited);
 }
 
 MBDEF mb_result mb_sync(mb_device *dev, int stream) {
     if (stream != -1) MB_TRY(mb__check_stream(dev, stream, "mb_sync"));
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_sync(dev, stream);
-#endif
+    return dev->be->sync(dev, stream);
+}
+
+/* The CPU backend's device operations: host memory, synchronous copies, no streams. */
+static void mb__cpu_close(mb_device *dev) { mb__pool_close(dev); }
+
+static mb_result mb__cpu_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || avail < 0 || psz <= 0)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_memory: sysconf cannot tell host memory");
+    *total = (size_t)pages * (size_t)psz;
+    *free_bytes = (size_t)avail * (size_t)psz;
     return MB_OK;
 }
+
+static mb_result mb__cpu_set_tf32(mb_device *dev, int on) { (void)dev; (void)on; return MB_OK; }
+
+static mb_result mb__cpu_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out) {
+    if ((*out = mb__host_alloc(bytes))) return MB_OK;
+    return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: %s allocation of %zu bytes failed",
+                   mb__kind_name(kind), bytes);
+}
+
+static void mb__cpu_dealloc(mb_device *dev, mb_mem_kind kind, void *ptr) { (void)dev; (void)kind; MB_FREE(ptr); }
+
+static mb_result mb__cpu_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
+    (void)dev; (void)stream;
+    memmove(dst, src, bytes);
+    return MB_OK;
+}
+
+static mb_result mb__cpu_copy_2d(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t rows) {
+    (void)dev; (void)stream;
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return MB_OK;
+}
+
+static mb_result mb__cpu_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
+    (void)dev; (void)stream;
+    memset(dst, 0, bytes);
+    return MB_OK;
+}
+
+static mb_result mb__cpu_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
+                                 size_t n) {
+    (void)dev; (void)stream;
+    for (size_t i = 0; i < n; i++) mb__store(dst, dt, i, mb__load(src, st, i));
+    return MB_OK;
+}
+
+static mb_result mb__cpu_stream_wait(mb_device *dev, int waiter, int waited) {
+    (void)dev; (void)waiter; (void)waited;
+    return MB_OK;
+}
+
+static mb_result mb__cpu_sync(mb_device *dev, int stream) { (void)dev; (void)stream; return MB_OK; }
+
+static void mb__cpu_thread_init(mb_device *dev) { (void)dev; }
 
 // ---- gemm ----
 
@@ -1739,7 +1805,7 @@ static void mb__sgemm_split(mb_device *dev, int ta, int tb, int64_t m, int64_t n
     mb__pool_run(dev, (dev->threads < j.parts ? dev->threads : j.parts) - 1, mb__gemm_part, &j);
 }
 
-static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
+static mb_result mb__cpu_gemm_body(mb_device *dev, const mb_gemm_args *g) {
     int64_t batch = g->batch > 1 ? g->batch : 1;
     int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
     int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
@@ -1782,11 +1848,12 @@ static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
 MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g) {
     if (!dev || !g) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_gemm: NULL argument");
     MB_TRY(mb__gemm_check(dev, g));
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_gemm(dev, g);
-#endif
+    return dev->be->gemm(dev, g);
+}
+
+static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
     mb__fpenv e = mb__fp_enter(dev);
-    mb_result r = mb__cpu_gemm(dev, g);
+    mb_result r = mb__cpu_gemm_body(dev, g);
     mb__fp_leave(e);
     return r;
 }
@@ -1820,6 +1887,7 @@ MBDEF void mb_params_destroy(mb_params *p) {
 MBDEF mb_result mb_params_add(mb_params *p, const char *name, int rank, const int64_t *shape, float init_bound,
                               int *index) {
     const mb_logger *lg = p ? &p->dev->cfg.log : NULL;
+    if (index) *index = -1; /* on failure too */
     if (!p || !name || !shape) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_params_add: NULL argument");
     if (p->data) return MB_FAIL(lg, MB_ERR_STATE, "mb_params_add: '%s' added after mb_params_finalize", name);
     if (strlen(name) == 0 || strlen(name) >= MB_MAX_NAME)
@@ -1908,15 +1976,15 @@ MBDEF mb_result mb_params_init(mb_params *p, uint64_t seed) {
     MB_TRY(mb__params_ready(p, "mb_params_init"));
     for (int t = 0; t < p->n; t++) {
         const mb_param_info *in = &p->info[t];
-        float *dst = p->data + in->offset;
-#ifdef MEGABATCH_CUDA
-        if (p->dev->cfg.backend == MB_CUDA) {
-            MB_TRY(mb__cuda_fill_uniform(p->dev, dst, in->count, seed, (uint64_t)t, in->init_bound));
-            continue;
-        }
-#endif
-        for (size_t j = 0; j < in->count; j++) dst[j] = mb_rng_symmetric(seed, (uint64_t)t, j, in->init_bound);
+        MB_TRY(p->dev->be->fill_uniform(p->dev, p->data + in->offset, in->count, seed, (uint64_t)t, in->init_bound));
     }
+    return MB_OK;
+}
+
+static mb_result mb__cpu_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream,
+                                      float bound) {
+    (void)dev;
+    for (size_t j = 0; j < n; j++) dst[j] = mb_rng_symmetric(seed, stream, j, bound);
     return MB_OK;
 }
 
@@ -2676,9 +2744,6 @@ extern "C" {
 #endif
 #include <time.h>
 
-#ifdef MEGABATCH_CUDA
-static void mb__cuda_loader_thread_init(mb_device *dev);
-#endif
 
 static double mb__seconds(void) {
     struct timespec ts;
@@ -2949,9 +3014,7 @@ static void mb__ld_merge(mb_loader_stats *a, const mb_loader_stats *b) {
 #ifndef MEGABATCH_NO_THREADS
 static void *mb__ld_thread(void *arg) {
     mb_loader *ld = (mb_loader *)arg;
-#ifdef MEGABATCH_CUDA
-    if (ld->dev->cfg.backend == MB_CUDA) mb__cuda_loader_thread_init(ld->dev);
-#endif
+    ld->dev->be->thread_init(ld->dev);
     pthread_mutex_lock(&ld->mu);
     for (;;) {
         while (!ld->quit && ld->state != 1) pthread_cond_wait(&ld->cv, &ld->mu);
@@ -3420,11 +3483,6 @@ static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
     return 4 * Hp * Hp * es + R * 4 * Hp * es + R * 4 * Hp * 4 + R * Hp * 4;
 }
 
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
-                                     unsigned blocks);
-static size_t mb__cuda_smem_optin(mb_device *dev);
-#endif
 struct mb_lstm;
 static int mb__lstm_fused_on(const struct mb_lstm *l);
 static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
@@ -3436,18 +3494,6 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
 // ---- end fused LSTM: types ----
 
-#ifdef MEGABATCH_CUDA
-static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
-                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c,
-                                         float *h);
-static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
-                                         const float *c_prev, const float *c, const float *dh_rec,
-                                         const float *dout, float *dc, float *dg);
-static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
-                                     const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d);
-static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n);
-static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n);
-#endif
 
 enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
 
@@ -3548,27 +3594,19 @@ static int mb__lstm_avx2(void) { return __builtin_cpu_supports("avx2"); }
 static int mb__lstm_avx2(void) { return 0; }
 #endif
 
-static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
-                                    const float *c_prev, float *c, float *h) {
-    int64_t H = l->H;
-#ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA)
-        return mb__cuda_lstm_fwd_gates(l->dev, l->cfg.stream, B, H, g, b_ih, b_hh, c_prev, c, h);
-#endif
+static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
+                                        const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
+                                        int need_h) {
+    (void)dev; (void)stream;
     mb__lstm_fwd_row_fn row = mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
-    int need_h = h != l->hscr; /* a recompute's h equals the kept one: not computed on the CPU */
     for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
 
-/* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout. */
-static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const float *c_prev, const float *c,
-                                    const float *dh_rec, const float *dout, float *dc, float *dg) {
-    int64_t H = l->H;
-#ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA)
-        return mb__cuda_lstm_bwd_gates(l->dev, l->cfg.stream, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
-#endif
+static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
+                                        const float *c_prev, const float *c, const float *dh_rec, const float *dout,
+                                        float *dc, float *dg) {
+    (void)dev; (void)stream;
     mb__lstm_bwd_row_fn row = mb__lstm_avx2() ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
     for (int64_t b = 0; b < B; b++)
         row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
@@ -3576,37 +3614,52 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
     return MB_OK;
 }
 
-/* Rows of d floats: row (i, j) for i < n0, j < n1 goes from src + i*ss0 + j*ss1 to
- * dst + i*ds0 + j*ds1. With the strides swapped this is the batch-major <-> time-major
- * transpose, of a whole sequence or of one block of steps. */
-static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
-                                int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-#ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA)
-        return mb__cuda_lstm_copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
-#endif
-    (void)l;
+static mb_result mb__cpu_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src,
+                               int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    (void)dev; (void)stream;
     for (int64_t i = 0; i < n0; i++)
         for (int64_t j = 0; j < n1; j++) memcpy(dst + i * ds0 + j * ds1, src + i * ss0 + j * ss1, (size_t)d * sizeof(float));
     return MB_OK;
 }
 
-static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x */
-    (void)l;
-#ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_add(l->dev, l->cfg.stream, y, x, n);
-#endif
+static mb_result mb__cpu_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
+    (void)dev; (void)stream;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
     return MB_OK;
 }
 
-static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
-    (void)l;
-#ifdef MEGABATCH_CUDA
-    if (l->dev->cfg.backend == MB_CUDA) return mb__cuda_lstm_fill(l->dev, l->cfg.stream, y, v, n);
-#endif
+static mb_result mb__cpu_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
+    (void)dev; (void)stream;
     for (size_t i = 0; i < n; i++) y[i] = v;
     return MB_OK;
+}
+
+static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
+                                    const float *c_prev, float *c, float *h) {
+    /* a recompute's h (hscr) equals the kept one: the CPU skips it */
+    return l->dev->be->lstm_fwd_gates(l->dev, l->cfg.stream, B, l->H, g, b_ih, b_hh, c_prev, c, h, h != l->hscr);
+}
+
+/* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout. */
+static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const float *c_prev, const float *c,
+                                    const float *dh_rec, const float *dout, float *dc, float *dg) {
+    return l->dev->be->lstm_bwd_gates(l->dev, l->cfg.stream, B, l->H, a, c_prev, c, dh_rec, dout, dc, dg);
+}
+
+/* Rows of d floats: row (i, j) for i < n0, j < n1 goes from src + i*ss0 + j*ss1 to
+ * dst + i*ds0 + j*ds1. With the strides swapped this is the batch-major <-> time-major
+ * transpose, of a whole sequence or of one block of steps. */
+static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                                int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return l->dev->be->copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
+}
+
+static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x */
+    return l->dev->be->add(l->dev, l->cfg.stream, y, x, n);
+}
+
+static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
+    return l->dev->be->fill(l->dev, l->cfg.stream, y, v, n);
 }
 
 static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t n) {
@@ -4281,11 +4334,8 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
 /* The one place that decides: a GPU, full activation storage (no checkpointing), and W_hh of
  * this precision fits in a block's shared memory. Else the per-step cuBLAS path runs. */
 static int mb__lstm_fused_on(const mb_lstm *l) {
-    size_t need = mb__lstm_fused_smem(l->H, l->op), have = 0;
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-    if (l->dev->cfg.backend == MB_CUDA) have = mb__cuda_smem_optin(l->dev);
-#endif
-    return l->kmax == 0 && need <= have;
+    const mb__backend *be = l->dev->be;
+    return l->kmax == 0 && be->lstm_fused && mb__lstm_fused_smem(l->H, l->op) <= be->lstm_fused_smem(l->dev);
 }
 
 /* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
@@ -4345,11 +4395,7 @@ static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb
 
 static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
                                        unsigned *blocks) {
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-    MB_TRY(mb__cuda_lstm_fused(dev, stream, op, backward, a, *blocks));
-#else
-    (void)dev; (void)stream; (void)op; (void)backward;
-#endif
+    MB_TRY(dev->be->lstm_fused(dev, stream, op, backward, a, *blocks));
     a->n = 0;
     *blocks = 0;
     return MB_OK;
@@ -4451,28 +4497,6 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
 
 // ---- numerics ----
 
-typedef struct mb__adamw_hp mb__adamw_hp;
-typedef struct mb__adamw_dev mb__adamw_dev;
-typedef struct mb__scaler_hp mb__scaler_hp;
-#ifdef MEGABATCH_CUDA
-static mb_result mb__cuda_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols);
-static mb_result mb__cuda_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
-                                     int64_t cols);
-static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
-                              size_t n);
-static mb_result mb__cuda_copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
-                                 int64_t rows, int64_t cols);
-static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
-                                  float *y, size_t n);
-static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
-                               const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
-                               float *dpred);
-static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
-static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
-static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
-                                float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
-                                double *partials);
-#endif
 
 /* Finite check by bits (no dependence on isfinite being a macro or a function). */
 static inline MB__HD int mb__finite_f(float x) {
@@ -4531,10 +4555,7 @@ static mb_result mb__linear_check(const mb_linear *l, int stream, int64_t B, con
 }
 
 /* y (rows, cols) = b broadcast over rows. */
-static mb_result mb__fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_fill_rows(dev, stream, y, b, rows, cols);
-#endif
+static mb_result mb__cpu_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
     (void)dev;
     (void)stream;
     for (int64_t i = 0; i < rows; i++) memcpy(y + i * cols, b, (size_t)cols * sizeof(float));
@@ -4542,10 +4563,8 @@ static mb_result mb__fill_rows(mb_device *dev, int stream, float *y, const float
 }
 
 /* db (cols) += sum over rows of dy (rows, cols), each column summed in row order. */
-static mb_result mb__colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows, int64_t cols) {
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_colsum_add(dev, stream, db, dy, rows, cols);
-#endif
+static mb_result mb__cpu_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
+                                    int64_t cols) {
     (void)dev;
     (void)stream;
     for (int64_t j = 0; j < cols; j++) {
@@ -4559,7 +4578,7 @@ static mb_result mb__colsum_add(mb_device *dev, int stream, float *db, const flo
 MBDEF mb_result mb_linear_forward(const mb_linear *l, int stream, const float *x, int64_t B, float *y) {
     MB_TRY(mb__linear_check(l, stream, B, x, y, "mb_linear_forward"));
     mb_device *dev = l->params->dev;
-    MB_TRY(mb__fill_rows(dev, stream, y, mb_params_tensor(l->params, l->bias), B, l->out));
+    MB_TRY(dev->be->fill_rows(dev, stream, y, mb_params_tensor(l->params, l->bias), B, l->out));
     mb_gemm_args g;
     memset(&g, 0, sizeof g);
     g.trans_b = 1;                       /* y (B, out) += x (B, in) @ W^T, W (out, in) */
@@ -4586,7 +4605,7 @@ MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *
     g.c = mb_params_tensor_grad(l->params, l->weight); g.ldc = l->in;
     g.stream = stream;
     MB_TRY(mb_gemm(dev, &g));
-    MB_TRY(mb__colsum_add(dev, stream, mb_params_tensor_grad(l->params, l->bias), dy, B, l->out));
+    MB_TRY(dev->be->colsum_add(dev, stream, mb_params_tensor_grad(l->params, l->bias), dy, B, l->out));
     if (!dx) return MB_OK;
     memset(&g, 0, sizeof g);             /* dx (B, in) = dy (B, out) @ W (out, in) */
     g.m = B; g.n = l->in; g.k = l->out;
@@ -4636,11 +4655,7 @@ static mb_result mb__act_check(mb_device *dev, int stream, mb_act a, const void 
 MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n) {
     MB_TRY(mb__act_check(dev, stream, a, x, y, n, "mb_act_forward"));
     if (n == 0) return MB_OK;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_act(dev, stream, a, x, NULL, y, n);
-#endif
-    for (size_t i = 0; i < n; i++) y[i] = mb__act_f(a, x[i]);
-    return MB_OK;
+    return dev->be->act(dev, stream, a, x, NULL, y, n);
 }
 
 MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *dx,
@@ -4648,23 +4663,22 @@ MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const floa
     MB_TRY(mb__act_check(dev, stream, a, x, dx, n, "mb_act_backward"));
     if (n && !dy) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_act_backward: NULL dy");
     if (n == 0) return MB_OK;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_act(dev, stream, a, x, dy, dx, n);
-#endif
-    for (size_t i = 0; i < n; i++) dx[i] = mb__act_df(a, x[i]) * dy[i];
+    return dev->be->act(dev, stream, a, x, dy, dx, n);
+}
+
+static mb_result mb__cpu_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
+                             size_t n) {
+    (void)dev; (void)stream;
+    if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];
+    else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);
     return MB_OK;
 }
 
 /* Copy a (rows, cols) block between row-major matrices with leading dims ldd, lds. */
 static mb_result mb__copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
                             int64_t rows, int64_t cols) {
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_copy2d(dev, stream, dst, ldd, src, lds, rows, cols);
-#endif
-    (void)dev;
-    (void)stream;
-    for (int64_t i = 0; i < rows; i++) memcpy(dst + i * ldd, src + i * lds, (size_t)cols * sizeof(float));
-    return MB_OK;
+    return mb_copy_2d(dev, stream, dst, (size_t)ldd * sizeof(float), src, (size_t)lds * sizeof(float),
+                      (size_t)cols * sizeof(float), (size_t)rows);
 }
 
 static mb_result mb__concat_check(mb_device *dev, int stream, int n, const void *list, const int64_t *dims,
@@ -4686,7 +4700,7 @@ static mb_result mb__concat_check(mb_device *dev, int stream, int n, const void 
 
 MBDEF mb_result mb_concat_forward(mb_device *dev, int stream, int n, const float *const *xs, const int64_t *dims,
                                   int64_t B, float *y) {
-    int64_t total, col = 0;
+    int64_t total = 0, col = 0;
     MB_TRY(mb__concat_check(dev, stream, n, xs, dims, B, y, &total, "mb_concat_forward"));
     for (int i = 0; i < n; i++)
         if (!xs[i]) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_concat_forward: input %d is NULL", i);
@@ -4696,7 +4710,7 @@ MBDEF mb_result mb_concat_forward(mb_device *dev, int stream, int n, const float
 
 MBDEF mb_result mb_concat_backward(mb_device *dev, int stream, int n, const float *dy, const int64_t *dims,
                                    int64_t B, float *const *dxs) {
-    int64_t total, col = 0;
+    int64_t total = 0, col = 0;
     MB_TRY(mb__concat_check(dev, stream, n, dxs, dims, B, dy, &total, "mb_concat_backward"));
     for (int i = 0; i < n; col += dims[i], i++)
         if (dxs[i]) MB_TRY(mb__copy2d(dev, stream, dxs[i], dims[i], dy + col, total, B, dims[i]));
@@ -4716,9 +4730,12 @@ static mb_result mb__dropout(mb_device *dev, int stream, float p, uint64_t seed,
     if (n && (!x || !y)) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", what, n);
     if (n == 0) return MB_OK;
     if (p == 0.0f) return x == y ? MB_OK : mb_copy(dev, stream, y, x, n * sizeof(float));
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA) return mb__cuda_dropout(dev, stream, p, seed, step, x, y, n);
-#endif
+    return dev->be->dropout(dev, stream, p, seed, step, x, y, n);
+}
+
+static mb_result mb__cpu_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
+                                 float *y, size_t n) {
+    (void)dev; (void)stream;
     float ks = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) y[i] = mb__dropout_elem(p, ks, seed, step, i, x[i]);
     return MB_OK;
@@ -4771,14 +4788,17 @@ MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, c
     size_t n;
     if (!mb_size_mul((size_t)B, (size_t)K, &n)) return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_loss: B*K overflows");
     int huber = c.kind == MB_LOSS_HUBER;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA)
-        return mb__cuda_loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred);
-#endif
+    return dev->be->loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred);
+}
+
+static mb_result mb__cpu_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
+                              const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
+                              float *dpred) {
+    (void)dev; (void)stream;
     float coef = mb__loss_coef(scale, scale_dev, n), g;
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
-        sum += (double)mb__loss_elem(huber, c.huber_delta, pred[i], target[i], &g);
+        sum += (double)mb__loss_elem(huber, delta, pred[i], target[i], &g);
         if (dpred) dpred[i] = g * coef;
     }
     if (loss_out) *loss_out = (float)(sum / (double)n);
@@ -4877,25 +4897,29 @@ MBDEF mb_result mb_scaler_unscale(mb_scaler *s, float *grad, size_t n) {
     if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL scaler");
     if (n && !grad) return MB_FAIL(&s->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL gradients");
     if (n == 0) return MB_OK;
-#ifdef MEGABATCH_CUDA
-    if (s->dev->cfg.backend == MB_CUDA) return mb__cuda_unscale(s->dev, s->st, grad, n);
-#endif
-    float inv = (float)(1.0 / (double)s->st->scale);
+    return s->dev->be->unscale(s->dev, s->st, grad, n);
+}
+
+MBDEF mb_result mb_scaler_update(mb_scaler *s) {
+    if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_update: NULL scaler");
+    return s->dev->be->scaler_update(s->dev, s->st, &s->hp);
+}
+
+static mb_result mb__cpu_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
+    (void)dev;
+    float inv = (float)(1.0 / (double)st->scale);
     int32_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         bad |= !mb__finite_f(grad[i]);
         grad[i] *= inv;
     }
-    if (bad) s->st->found_inf = 1;
+    if (bad) st->found_inf = 1;
     return MB_OK;
 }
 
-MBDEF mb_result mb_scaler_update(mb_scaler *s) {
-    if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_update: NULL scaler");
-#ifdef MEGABATCH_CUDA
-    if (s->dev->cfg.backend == MB_CUDA) return mb__cuda_scaler_update(s->dev, s->st, &s->hp);
-#endif
-    mb__scaler_update_state(s->st, &s->hp);
+static mb_result mb__cpu_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp) {
+    (void)dev;
+    mb__scaler_update_state(st, hp);
     return MB_OK;
 }
 
@@ -5037,8 +5061,7 @@ MBDEF mb_result mb_adamw_create(mb_adamw **out, mb_params *p, const mb_adamw_con
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->m);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->v);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, sizeof dv, (void **)&o->dv);
-    if (r == MB_OK && dev->cfg.backend == MB_CUDA) r = mb_alloc(dev, MB_MEM_DEVICE, MB__NORM_BLOCKS * sizeof(double),
-                                                          (void **)&o->partials);
+    if (r == MB_OK && dev->be->adamw_scratch) r = mb_alloc(dev, MB_MEM_DEVICE, dev->be->adamw_scratch, (void **)&o->partials);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->m, bytes);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->v, bytes);
     if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv);
@@ -5074,17 +5097,20 @@ MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
     float *param = o->params->data;
     const float *grad = o->params->grad;
     size_t n = o->params->total;
-#ifdef MEGABATCH_CUDA
-    if (dev->cfg.backend == MB_CUDA)
-        return mb__cuda_adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
-#endif
+    return dev->be->adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
+}
+
+static mb_result mb__cpu_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
+                               float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
+                               double *scratch) {
+    (void)scratch;
     mb__fpenv fe = mb__fp_enter(dev); /* v = E[g^2] of tiny gradients: denormal */
     double sumsq = 0.0;
     for (size_t i = 0; i < n; i++) sumsq += (double)grad[i] * (double)grad[i];
-    if (!scaler) *found_inf = 0;   /* the own flag covers this call only */
-    mb__adamw_finalize(o->dv, sumsq, found_inf, &hp);
-    if (!o->dv->skipped)
-        for (size_t i = 0; i < n; i++) mb__adamw_elem(&hp, o->dv, o->decay[i / 64], &param[i], grad[i], &o->m[i], &o->v[i]);
+    if (found_inf == &dv->own_found_inf) *found_inf = 0; /* the own flag (no scaler) covers this call only */
+    mb__adamw_finalize(dv, sumsq, found_inf, hp);
+    if (!dv->skipped)
+        for (size_t i = 0; i < n; i++) mb__adamw_elem(hp, dv, decay[i / 64], &param[i], grad[i], &m[i], &v[i]);
     mb__fp_leave(fe);
     return MB_OK;
 }
@@ -6279,12 +6305,8 @@ struct mb_dist {
     int *scount, *sdisp, *rcount, *rdisp, *gcount, *gdisp; /* per-rank counts and offsets */
 #endif
     void *nccl;                /* MEGABATCH_NCCL: the ncclComm_t of CUDA params, made on first use */
+    void (*nccl_destroy)(mb_dist *d); /* set with nccl by the backend that made it */
 };
-#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
-/* megabatch_cuda.cuh, "cuda dist": gradients of CUDA params through NCCL on the device. */
-static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
-static void mb__nccl_destroy(mb_dist *d);
-#endif
 
 MBDEF int mb_dist_rank(const mb_dist *d) { return d ? d->rank : 0; }
 MBDEF int mb_dist_size(const mb_dist *d) { return d ? d->size : 1; }
@@ -6310,9 +6332,7 @@ static mb_result mb__mpi(const mb_dist *d, int rc, const char *what) {
 
 MBDEF void mb_dist_close(mb_dist *d) {
     if (!d) return;
-#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
-    mb__nccl_destroy(d);
-#endif
+    if (d->nccl_destroy) d->nccl_destroy(d);
 #ifdef MEGABATCH_MPI
     if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
     MB_FREE(d->scount); MB_FREE(d->sdisp); MB_FREE(d->rcount); MB_FREE(d->rdisp); MB_FREE(d->gcount); MB_FREE(d->gdisp);
@@ -6524,9 +6544,8 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
         if (!count) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
         return MB_OK; /* a world of one: the identity, bit for bit */
     }
-#if defined(MEGABATCH_MPI) && defined(MEGABATCH_NCCL) && defined(MEGABATCH_CUDA)
-    if (mb_params_device(p)->cfg.backend == MB_CUDA) return mb__nccl_allreduce(d, p, count, loss, total);
-#endif
+    const mb__backend *be = mb_params_device(p)->be;
+    if (be->allreduce_grads) return be->allreduce_grads(d, p, count, loss, total);
 #ifdef MEGABATCH_MPI
     size_t n = mb_params_total(p), payload = n + 1;
     if (payload / (size_t)d->size + 2 > (size_t)INT32_MAX / 2 || payload > (size_t)INT32_MAX - (size_t)d->size)
@@ -6550,6 +6569,35 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
 }
 
 // ---- end dist ----
+
+// ---- cpu backend ----
+// The CPU table: the mb__cpu_* functions of each module (see "the backend table").
+
+static const mb__backend *mb__cpu_backend(void) {
+    static const mb__backend be = {
+        /* name */ "cpu",
+        mb__cpu_open, mb__cpu_close, mb__cpu_memory, mb__cpu_set_tf32, mb__cpu_alloc, mb__cpu_dealloc,
+        /* copies and streams */
+        mb__cpu_copy, mb__cpu_copy_2d, mb__cpu_zero, mb__cpu_convert, mb__cpu_stream_wait, mb__cpu_sync,
+        mb__cpu_thread_init,
+        /* gemm, params */
+        mb__cpu_gemm, mb__cpu_fill_uniform,
+        /* lstm */
+        mb__cpu_lstm_fwd_gates, mb__cpu_lstm_bwd_gates, mb__cpu_copy3, mb__cpu_add, mb__cpu_fill,
+        /* layers, loss, amp */
+        mb__cpu_fill_rows, mb__cpu_colsum_add, mb__cpu_act, mb__cpu_dropout, mb__cpu_loss, mb__cpu_unscale,
+        mb__cpu_scaler_update,
+        /* optim: no scratch */
+        0, mb__cpu_adamw,
+        /* dist: the host path */
+        NULL,
+        /* lstm: no fused recurrence */
+        NULL, NULL,
+    };
+    return &be;
+}
+
+// ---- end cpu backend ----
 
 #ifdef __cplusplus
 }

@@ -24,9 +24,10 @@
 #include <cuda_fp16.h>
 
 // ---- cuda core ----
-// MB_CUDA_TRY: a failed CUDA runtime or cuBLAS call becomes a returned MB_ERR_CUDA (or
-// MB_ERR_OUT_OF_MEMORY) with the call, file, line and the CUDA message. Usable in any
-// function returning mb_result that has an `mb_device *dev` in scope.
+// MB_CUDA_TRY(dev, dev, call): a failed CUDA runtime or cuBLAS call becomes a returned
+// MB_ERR_CUDA (or MB_ERR_OUT_OF_MEMORY) with the call, file, line and the CUDA message,
+// logged through dev's logger. Usable in any function returning mb_result.
+// MB__RUN / MB__RUN_N: every kernel launch of the backend (through MB_LAUNCH).
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,9 +71,7 @@ static inline mb_result mb__cuda_check(mb_device *dev, cudaError_t e, const char
 static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const char *call, const char *file, int line) {
     return s == CUBLAS_STATUS_SUCCESS ? MB_OK : mb__cublas_fail(dev, s, call, file, line);
 }
-#define MB_CUDA_TRY(expr) MB_TRY(mb__cuda_check(dev, (expr), #expr, __FILE__, __LINE__))
-/* After a kernel launch: the launch error, if any. */
-#define MB_CUDA_LAUNCHED() MB_CUDA_TRY(cudaGetLastError())
+#define MB_CUDA_TRY(dev, expr) MB_TRY(mb__cuda_check((dev), (expr), #expr, __FILE__, __LINE__))
 
 /* Every kernel launch: MB_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...). A CPU
  * executor of this source (tests/cudasim) defines its own before including this header. */
@@ -81,6 +80,19 @@ static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const c
 #endif
 
 static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return (cudaStream_t)dev->stream[stream]; }
+
+/* The launch error of the kernel just launched (e.g. a bad configuration), as a result. */
+static mb_result mb__launched(mb_device *dev, const char *kernel, const char *file, int line) {
+    return mb__cuda_check(dev, cudaGetLastError(), kernel, file, line);
+}
+
+/* The one launch wrapper: MB__RUN(dev, stream, kernel, grid, block, args...) launches through
+ * MB_LAUNCH on a device stream index and evaluates to the launch's mb_result, so a backend
+ * operation is `return MB__RUN(...);`. MB__RUN_N(dev, stream, kernel, n, args...) is the same
+ * for a grid-stride kernel over n elements (256 threads a block). */
+#define MB__RUN(dev, stream, k, grid, block, ...) \
+    (MB_LAUNCH(k, grid, block, 0, mb__st((dev), (stream)))(__VA_ARGS__), mb__launched((dev), #k, __FILE__, __LINE__))
+#define MB__RUN_N(dev, stream, k, n, ...) MB__RUN(dev, stream, k, mb__grid((size_t)(n), 256), 256, __VA_ARGS__)
 
 MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream) {
     return (stream >= 0 && stream < dev->streams) ? mb__st(dev, stream) : (cudaStream_t)0;
@@ -94,6 +106,9 @@ static inline unsigned mb__grid(size_t n, unsigned block) {
 
 // ---- cuda device ----
 
+static void mb__cuda_close(mb_device *dev);
+static mb_result mb__cuda_set_tf32(mb_device *dev, int on);
+
 static mb_result mb__cuda_open(mb_device *dev) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -106,9 +121,9 @@ static mb_result mb__cuda_open(mb_device *dev) {
         return MB_FAIL(&dev->cfg.log, MB_ERR_NO_DEVICE, "mb_device_open: GPU %d requested, %d present",
                        dev->cfg.index, count);
     dev->cuda_index = dev->cfg.index;
-    MB_CUDA_TRY(cudaSetDevice(dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaSetDevice(dev->cuda_index));
     cudaDeviceProp prop;
-    MB_CUDA_TRY(cudaGetDeviceProperties(&prop, dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaGetDeviceProperties(&prop, dev->cuda_index));
     snprintf(dev->name, sizeof dev->name, "%.200s (sm_%d%d, %zu MiB)", prop.name, prop.major, prop.minor,
              prop.totalGlobalMem >> 20);
     mb_result r = MB_OK;
@@ -142,13 +157,13 @@ static void mb__cuda_close(mb_device *dev) {
 }
 
 static mb_result mb__cuda_set_tf32(mb_device *dev, int on) {
-    MB_CUDA_TRY(cublasSetMathMode((cublasHandle_t)dev->cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    MB_CUDA_TRY(dev, cublasSetMathMode((cublasHandle_t)dev->cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     return MB_OK;
 }
 
 static mb_result mb__cuda_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
-    MB_CUDA_TRY(cudaSetDevice(dev->cuda_index));
-    MB_CUDA_TRY(cudaMemGetInfo(free_bytes, total));
+    MB_CUDA_TRY(dev, cudaSetDevice(dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaMemGetInfo(free_bytes, total));
     return MB_OK;
 }
 
@@ -169,7 +184,7 @@ static mb_result mb__cuda_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, 
                    bytes, cudaGetErrorString(e));
 }
 
-static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr) {
+static void mb__cuda_dealloc(mb_device *dev, mb_mem_kind kind, void *ptr) {
     (void)dev;
     if (kind == MB_MEM_HOST) MB_FREE(ptr);
     else if (kind == MB_MEM_PINNED) cudaFreeHost(ptr);
@@ -177,31 +192,31 @@ static void mb__cuda_free(mb_device *dev, mb_mem_kind kind, void *ptr) {
 }
 
 static mb_result mb__cuda_copy(mb_device *dev, int stream, void *dst, const void *src, size_t bytes) {
-    MB_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, mb__st(dev, stream)));
+    MB_CUDA_TRY(dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, mb__st(dev, stream)));
     return MB_OK;
 }
 
 static mb_result mb__cuda_copy_2d(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src,
                                   size_t spitch, size_t width, size_t rows) {
-    MB_CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, mb__st(dev, stream)));
+    MB_CUDA_TRY(dev, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, mb__st(dev, stream)));
     return MB_OK;
 }
 
 static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
-    MB_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, mb__st(dev, stream)));
+    MB_CUDA_TRY(dev, cudaMemsetAsync(dst, 0, bytes, mb__st(dev, stream)));
     return MB_OK;
 }
 
 static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited) {
     cudaEvent_t ev = (cudaEvent_t)dev->event[waited];
-    MB_CUDA_TRY(cudaEventRecord(ev, mb__st(dev, waited)));
-    MB_CUDA_TRY(cudaStreamWaitEvent(mb__st(dev, waiter), ev, 0));
+    MB_CUDA_TRY(dev, cudaEventRecord(ev, mb__st(dev, waited)));
+    MB_CUDA_TRY(dev, cudaStreamWaitEvent(mb__st(dev, waiter), ev, 0));
     return MB_OK;
 }
 
 static mb_result mb__cuda_sync(mb_device *dev, int stream) {
-    if (stream < 0) MB_CUDA_TRY(cudaDeviceSynchronize());
-    else MB_CUDA_TRY(cudaStreamSynchronize(mb__st(dev, stream)));
+    if (stream < 0) MB_CUDA_TRY(dev, cudaDeviceSynchronize());
+    else MB_CUDA_TRY(dev, cudaStreamSynchronize(mb__st(dev, stream)));
     return MB_OK;
 }
 
@@ -216,9 +231,7 @@ __global__ void mb__k_convert(void *dst, mb_dtype dt, const void *src, mb_dtype 
 
 static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
                                   size_t n) {
-    MB_LAUNCH(mb__k_convert, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(dst, dt, src, st, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, stream, mb__k_convert, n, dst, dt, src, st, n);
 }
 
 // ---- cuda gemm ----
@@ -231,7 +244,7 @@ static cudaDataType_t mb__cuda_type(mb_dtype t) {
 
 static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
     cublasHandle_t h = (cublasHandle_t)dev->cublas;
-    MB_CUDA_TRY(cublasSetStream(h, mb__st(dev, g->stream)));
+    MB_CUDA_TRY(dev, cublasSetStream(h, mb__st(dev, g->stream)));
     if (g->m == 0 || g->n == 0) return MB_OK;
     cublasComputeType_t ct = (g->ab_type == MB_F32 && dev->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     float alpha = g->k == 0 ? 0.0f : g->alpha;
@@ -243,7 +256,7 @@ static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
     int lda = g->k == 0 ? (int)(g->trans_a ? g->m : 1) : (int)g->lda;
     int ldb = g->k == 0 ? (int)(g->trans_b ? 1 : g->n) : (int)g->ldb;
     mb_dtype abt = g->k == 0 ? g->c_type : g->ab_type;
-    MB_CUDA_TRY(cublasGemmStridedBatchedEx(
+    MB_CUDA_TRY(dev, cublasGemmStridedBatchedEx(
         h, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)g->n, (int)g->m, k,
         &alpha, b, mb__cuda_type(abt), ldb, g->stride_b, a, mb__cuda_type(abt), lda, g->stride_a, &g->beta, g->c,
         mb__cuda_type(g->c_type), (int)g->ldc, g->stride_c, (int)batch, ct, CUBLAS_GEMM_DEFAULT));
@@ -260,10 +273,7 @@ __global__ void mb__k_fill_uniform(float *dst, size_t n, uint64_t seed, uint64_t
 static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream,
                                        float bound) {
     if (n == 0) return MB_OK;
-    MB_LAUNCH(mb__k_fill_uniform, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(dst, n, seed, stream,
-        bound);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_fill_uniform, n, dst, n, seed, stream, bound);
 }
 
 // ---- cuda dataset ----
@@ -273,7 +283,7 @@ static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uin
 // ---- cuda loader ----
 // The reader thread issues copies on this device's streams: make it current there.
 
-static void mb__cuda_loader_thread_init(mb_device *dev) {
+static void mb__cuda_thread_init(mb_device *dev) {
     cudaSetDevice(dev->cuda_index);
     cudaGetLastError();
 }
@@ -322,40 +332,28 @@ __global__ void mb__k_lstm_fill(float *y, float v, size_t n) {
 
 static mb_result mb__cuda_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                          const float *b_ih, const float *b_hh, const float *c_prev, float *c,
-                                         float *h) {
-    MB_LAUNCH(mb__k_lstm_fwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, g, b_ih, b_hh,
-        c_prev, c, h);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+                                         float *h, int need_h) {
+    (void)need_h; /* h is always written: cheaper than a branch */
+    return MB__RUN_N(dev, stream, mb__k_lstm_fwd_gates, B * H, B, H, g, b_ih, b_hh, c_prev, c, h);
 }
 
 static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
                                          const float *c_prev, const float *c, const float *dh_rec,
                                          const float *dout, float *dc, float *dg) {
-    MB_LAUNCH(mb__k_lstm_bwd_gates, mb__grid((size_t)(B * H), 256), 256, 0, mb__st(dev, stream))(B, H, a, c_prev, c,
-        dh_rec, dout, dc, dg);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, stream, mb__k_lstm_bwd_gates, B * H, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
 }
 
-static mb_result mb__cuda_lstm_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1,
-                                     const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    MB_LAUNCH(mb__k_lstm_copy3, mb__grid((size_t)(n0 * n1 * d), 256), 256, 0, mb__st(dev, stream))(dst, ds0, ds1, src,
-        ss0, ss1, n0, n1, d);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+static mb_result mb__cuda_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src,
+                                int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return MB__RUN_N(dev, stream, mb__k_lstm_copy3, n0 * n1 * d, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
-static mb_result mb__cuda_lstm_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
-    MB_LAUNCH(mb__k_lstm_add, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, x, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+static mb_result mb__cuda_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
+    return MB__RUN_N(dev, stream, mb__k_lstm_add, n, y, x, n);
 }
 
-static mb_result mb__cuda_lstm_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
-    MB_LAUNCH(mb__k_lstm_fill, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, v, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
+    return MB__RUN_N(dev, stream, mb__k_lstm_fill, n, y, v, n);
 }
 
 // ---- cuda end lstm ----
@@ -534,10 +532,9 @@ template <class T> __global__ void mb__k_lstm_fused_bwd(mb__fused_args a) {
 template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,
                                                           const mb__fused_args *a, unsigned blocks, size_t smem) {
     void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
-    MB_CUDA_TRY(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
+    return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
 }
 
 /* One launch for the a->n descriptors (all of operand type op); blocks: their row tiles. */
@@ -577,10 +574,7 @@ __global__ void mb__k_fill_rows(float *y, const float *b, int64_t rows, int64_t 
 }
 
 static mb_result mb__cuda_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
-    size_t n = (size_t)rows * (size_t)cols;
-    MB_LAUNCH(mb__k_fill_rows, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(y, b, rows, cols);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, stream, mb__k_fill_rows, (size_t)rows * (size_t)cols, y, b, rows, cols);
 }
 
 /* One thread per column, rows summed in order (the CPU's order: same bits). */
@@ -594,9 +588,7 @@ __global__ void mb__k_colsum_add(float *db, const float *dy, int64_t rows, int64
 
 static mb_result mb__cuda_colsum_add(mb_device *dev, int stream, float *db, const float *dy, int64_t rows,
                                      int64_t cols) {
-    MB_LAUNCH(mb__k_colsum_add, mb__grid((size_t)cols, 128), 128, 0, mb__st(dev, stream))(db, dy, rows, cols);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN(dev, stream, mb__k_colsum_add, mb__grid((size_t)cols, 128), 128, db, dy, rows, cols);
 }
 
 /* dy NULL: out = f(x); else out = f'(x) dy. */
@@ -607,16 +599,7 @@ __global__ void mb__k_act(mb_act a, const float *x, const float *dy, float *out,
 
 static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
                               size_t n) {
-    MB_LAUNCH(mb__k_act, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(a, x, dy, out, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
-}
-
-static mb_result mb__cuda_copy2d(mb_device *dev, int stream, float *dst, int64_t ldd, const float *src, int64_t lds,
-                                 int64_t rows, int64_t cols) {
-    MB_CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)ldd * sizeof(float), src, (size_t)lds * sizeof(float),
-                                  (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDefault, mb__st(dev, stream)));
-    return MB_OK;
+    return MB__RUN_N(dev, stream, mb__k_act, n, a, x, dy, out, n);
 }
 
 __global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, const float *x, float *y, size_t n) {
@@ -626,9 +609,7 @@ __global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, c
 
 static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
                                   float *y, size_t n) {
-    MB_LAUNCH(mb__k_dropout, mb__grid(n, 256), 256, 0, mb__st(dev, stream))(p, 1.0f / (1.0f - p), seed, step, x, y, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, x, y, n);
 }
 
 // -- loss --
@@ -664,10 +645,8 @@ __global__ void mb__k_loss(int huber, float delta, const float *pred, const floa
 static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delta, const float *pred,
                                const float *target, size_t n, float scale, const float *scale_dev, float *loss_out,
                                float *dpred) {
-    MB_LAUNCH(mb__k_loss, 1, MB__RED_THREADS, 0, mb__st(dev, stream))(huber, delta, pred, target, n, scale, scale_dev,
-        loss_out, dpred);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN(dev, stream, mb__k_loss, 1, MB__RED_THREADS, huber, delta, pred, target, n, scale, scale_dev,
+                   loss_out, dpred);
 }
 
 // -- amp --
@@ -684,17 +663,13 @@ __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
 }
 
 static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
-    MB_LAUNCH(mb__k_unscale, mb__grid(n, 256), 256, 0, mb__st(dev, MB_STREAM_COMPUTE))(st, grad, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_unscale, n, st, grad, n);
 }
 
 __global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb__scaler_update_state(st, &hp); }
 
 static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp) {
-    MB_LAUNCH(mb__k_scaler_update, 1, 1, 0, mb__st(dev, MB_STREAM_COMPUTE))(st, *hp);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_scaler_update, 1, 1, st, *hp);
 }
 
 // -- optim --
@@ -732,15 +707,11 @@ __global__ void mb__k_adamw(mb__adamw_hp hp, const mb__adamw_dev *dvp, float *pa
 static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
                                 float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
                                 double *partials) {
-    cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
-    MB_LAUNCH(mb__k_sumsq_partial, MB__NORM_BLOCKS, MB__RED_THREADS, 0, st)(grad, n, partials);
-    MB_CUDA_LAUNCHED();
-    MB_LAUNCH(mb__k_adamw_finalize, 1, MB__RED_THREADS, 0, st)(partials, dv, found_inf, found_inf == &dv->own_found_inf,
-        *hp);
-    MB_CUDA_LAUNCHED();
-    MB_LAUNCH(mb__k_adamw, mb__grid(n, 256), 256, 0, st)(*hp, dv, param, grad, m, v, decay, n);
-    MB_CUDA_LAUNCHED();
-    return MB_OK;
+    const int C = MB_STREAM_COMPUTE;
+    MB_TRY(MB__RUN(dev, C, mb__k_sumsq_partial, MB__NORM_BLOCKS, MB__RED_THREADS, grad, n, partials));
+    MB_TRY(MB__RUN(dev, C, mb__k_adamw_finalize, 1, MB__RED_THREADS, partials, dv, found_inf,
+                   found_inf == &dv->own_found_inf, *hp));
+    return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
 
 // ---- cuda end numerics ----
@@ -767,21 +738,22 @@ __global__ void mb__k_dist_scale(float *g, float w, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) g[i] *= w;
 }
 
+static void mb__nccl_destroy(mb_dist *d) {
+    if (d->nccl) ncclCommDestroy((ncclComm_t)d->nccl);
+    d->nccl = NULL;
+}
+
 static mb_result mb__nccl_comm(mb_dist *d, mb_device *dev) {
     if (d->nccl) return MB_OK;
     ncclUniqueId id;
     if (d->rank == 0) MB_TRY(mb__nccl_check(d, ncclGetUniqueId(&id), "ncclGetUniqueId"));
     MB_TRY(mb__mpi(d, MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm), "mb_dist: MPI_Bcast of the NCCL id"));
-    MB_CUDA_TRY(cudaSetDevice(dev->cfg.index));
+    MB_CUDA_TRY(dev, cudaSetDevice(dev->cfg.index));
     ncclComm_t c;
     MB_TRY(mb__nccl_check(d, ncclCommInitRank(&c, d->size, id, d->rank), "ncclCommInitRank"));
     d->nccl = (void *)c;
+    d->nccl_destroy = mb__nccl_destroy;
     return MB_OK;
-}
-
-static void mb__nccl_destroy(mb_dist *d) {
-    if (d->nccl) ncclCommDestroy((ncclComm_t)d->nccl);
-    d->nccl = NULL;
 }
 
 static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total) {
@@ -791,19 +763,49 @@ static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, flo
     if (!(v[0] > 0)) return MB_FAIL(mb__dist_log(d), MB_ERR_INVALID_ARG, "mb_dist_allreduce_grads: no samples on any rank");
     MB_TRY(mb__nccl_comm(d, dev));
     size_t n = mb_params_total(p);
-    cudaStream_t st = mb__st(dev, MB_STREAM_COMPUTE);
-    MB_LAUNCH(mb__k_dist_scale, mb__grid(n, 256), 256, 0, st)(mb_params_grad(p), (float)((double)count / v[0]), n);
-    MB_CUDA_LAUNCHED();
+    MB_TRY(MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_dist_scale, n, mb_params_grad(p), (float)((double)count / v[0]), n));
     MB_TRY(mb__nccl_check(d, ncclAllReduce(mb_params_grad(p), mb_params_grad(p), n, ncclFloat, ncclSum,
-                                           (ncclComm_t)d->nccl, st), "ncclAllReduce"));
+                                           (ncclComm_t)d->nccl, mb__st(dev, MB_STREAM_COMPUTE)), "ncclAllReduce"));
     if (loss) *loss = (float)(v[1] / v[0]);
     if (total) *total = (int64_t)v[0];
     d->stats.reductions++;
     d->stats.bytes_sent += (uint64_t)(2.0 * (double)(d->size - 1) / d->size * (double)n * sizeof(float));
     return MB_OK;
 }
+#define MB__CUDA_ALLREDUCE mb__nccl_allreduce
+#else
+#define MB__CUDA_ALLREDUCE NULL
 #endif
 // ---- cuda end dist ----
+
+// ---- cuda backend ----
+// The CUDA table: the mb__cuda_* functions above (see "the backend table" in megabatch.h).
+
+static const mb__backend *mb__cuda_backend(void) {
+    static const mb__backend be = {
+        /* name */ "cuda",
+        mb__cuda_open, mb__cuda_close, mb__cuda_memory, mb__cuda_set_tf32, mb__cuda_alloc, mb__cuda_dealloc,
+        /* copies and streams */
+        mb__cuda_copy, mb__cuda_copy_2d, mb__cuda_zero, mb__cuda_convert, mb__cuda_stream_wait, mb__cuda_sync,
+        mb__cuda_thread_init,
+        /* gemm, params */
+        mb__cuda_gemm, mb__cuda_fill_uniform,
+        /* lstm */
+        mb__cuda_lstm_fwd_gates, mb__cuda_lstm_bwd_gates, mb__cuda_copy3, mb__cuda_add, mb__cuda_fill,
+        /* layers, loss, amp */
+        mb__cuda_fill_rows, mb__cuda_colsum_add, mb__cuda_act, mb__cuda_dropout, mb__cuda_loss, mb__cuda_unscale,
+        mb__cuda_scaler_update,
+        /* optim: the sum-of-squares partials */
+        MB__NORM_BLOCKS * sizeof(double), mb__cuda_adamw,
+        /* dist: NCCL when built with it */
+        MB__CUDA_ALLREDUCE,
+        /* lstm: the fused recurrence */
+        mb__cuda_smem_optin, mb__cuda_lstm_fused,
+    };
+    return &be;
+}
+
+// ---- cuda end backend ----
 
 #endif /* MEGABATCH_CUDA_IMPLEMENTATION_INCLUDED */
 #endif /* MEGABATCH_IMPLEMENTATION */
