@@ -1348,6 +1348,8 @@ typedef struct mb__adamw_hp mb__adamw_hp;
 typedef struct mb__adamw_dev mb__adamw_dev;
 typedef struct mb__scaler_hp mb__scaler_hp;
 typedef struct mb__gather mb__gather; /* // ---- series ---- */
+
+typedef struct mb__fused_args mb__fused_args;
 typedef struct mb__backend {
     const char *name;
     /* device: open fills dev->name, streams, handles; close releases them (dev->recs are freed first) */
@@ -1411,6 +1413,12 @@ typedef struct mb__backend {
 
     /* series: one batch of windows gathered from resident bars (// ---- series ----) */
     mb_result (*series_gather)(mb_device *dev, int stream, const struct mb__gather *g);
+
+    /* lstm, the fused recurrence (NULL: none; docs/LSTM.md): the shared memory a block may
+     * opt into, and one launch of the a->n layers' forward or backward recurrence */
+    size_t (*lstm_fused_smem)(mb_device *dev);
+    mb_result (*lstm_fused)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
+                            unsigned blocks);
 } mb__backend;
 
 static const mb__backend *mb__cpu_backend(void); /* the end of this file */
@@ -4133,11 +4141,6 @@ static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
     return 4 * Hp * Hp * es + R * 4 * Hp * es + R * 4 * Hp * 4 + R * Hp * 4;
 }
 
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
-                                     unsigned blocks);
-static size_t mb__cuda_smem_optin(mb_device *dev);
-#endif
 struct mb_lstm;
 static int mb__lstm_fused_on(const struct mb_lstm *l);
 static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
@@ -4148,6 +4151,8 @@ static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
 static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
 // ---- end fused LSTM: types ----
+
+
 
 enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
 
@@ -5005,11 +5010,8 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
 /* The one place that decides: a GPU, full activation storage (no checkpointing), and W_hh of
  * this precision fits in a block's shared memory. Else the per-step cuBLAS path runs. */
 static int mb__lstm_fused_on(const mb_lstm *l) {
-    size_t need = mb__lstm_fused_smem(l->H, l->op), have = 0;
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-    if (l->dev->cfg.backend == MB_CUDA) have = mb__cuda_smem_optin(l->dev);
-#endif
-    return l->kmax == 0 && need <= have;
+    const mb__backend *be = l->dev->be;
+    return l->kmax == 0 && be->lstm_fused && mb__lstm_fused_smem(l->H, l->op) <= be->lstm_fused_smem(l->dev);
 }
 
 /* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
@@ -5069,11 +5071,7 @@ static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb
 
 static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
                                        unsigned *blocks) {
-#ifdef MEGABATCH_CUDA /* TABLE: lstm_fused */
-    MB_TRY(mb__cuda_lstm_fused(dev, stream, op, backward, a, *blocks));
-#else
-    (void)dev; (void)stream; (void)op; (void)backward;
-#endif
+    MB_TRY(dev->be->lstm_fused(dev, stream, op, backward, a, *blocks));
     a->n = 0;
     *blocks = 0;
     return MB_OK;
@@ -7566,6 +7564,9 @@ static const mb__backend *mb__cpu_backend(void) {
 
         /* series */
         mb__cpu_series_gather,
+
+        /* lstm: no fused recurrence */
+        NULL, NULL,
     };
     return &be;
 }

@@ -545,7 +545,7 @@ template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int st
                                                           const mb__fused_args *a, unsigned blocks, size_t smem) {
     void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
     MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a);
+    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
     return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
 }
 
@@ -916,6 +916,9 @@ static const mb__backend *mb__cuda_backend(void) {
 
         /* series */
         mb__cuda_series_gather,
+
+        /* lstm: the fused recurrence */
+        mb__cuda_smem_optin, mb__cuda_lstm_fused,
     };
     return &be;
 }
