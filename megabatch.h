@@ -33,15 +33,18 @@
  *   params       all parameters in one flat buffer, all gradients in another
  *   dataset      HDF5 or in-memory samples, validated, read by ranges
  *   loader       chunk planning, reader thread, device batches
+ *   series       the series layout: bars once, windows gathered on the device
  *   lstm         multi-layer LSTM, forward and backward, checkpointed recompute
  *   layers       linear, activations, concat, dropout
  *   loss         MSE, Huber
  *   amp          the dynamic loss scaler
  *   optim        AdamW, global-norm clipping, LR schedules
  *   accum        gradient accumulation
+ *   step         a step without host syncs: scheduled AdamW, the device loss meter
  *   checkpoint   crash-safe checkpoint files
  *   export       safetensors files
  *   dist         data parallel over MPI (NCCL for CUDA params)
+ *   graph        capture a step once, replay it as one CUDA graph launch
  *   testing      test hooks (allocation-failure injection)
  *   cpu backend  (implementation only) the CPU backend table
  * megabatch_cuda.cuh follows the same order with `// ---- cuda name ----` banners.
@@ -1419,6 +1422,12 @@ typedef struct mb__backend {
     size_t (*lstm_fused_smem)(mb_device *dev);
     mb_result (*lstm_fused)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
                             unsigned blocks);
+    /* graph: stream capture and replay (NULL: no graphs; // ---- graph ----). end ends the
+     * capture and instantiates it into *exec (its operation count in *nodes) */
+    mb_result (*graph_begin)(mb_device *dev, int stream);
+    mb_result (*graph_end)(mb_device *dev, int stream, void **exec, size_t *nodes);
+    mb_result (*graph_launch)(mb_device *dev, int stream, void *exec);
+    void (*graph_destroy)(void *exec);
 } mb__backend;
 
 static const mb__backend *mb__cpu_backend(void); /* the end of this file */
@@ -4109,7 +4118,7 @@ static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t 
     *dc = dcv * f;
 }
 
-// ---- fused LSTM: types ----
+// -- the fused recurrence: types --
 // The persistent fused recurrence of megabatch_cuda.cuh (its section "fused LSTM"; the host
 // side is the section of that name at the end of this module). One descriptor per LSTM layer
 // in a launch, passed by value.
@@ -4150,7 +4159,6 @@ static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int k, const f
 static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
 static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
-// ---- end fused LSTM: types ----
 
 
 
@@ -5001,7 +5009,7 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
 MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 0); }
 MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 1); }
 
-// ---- fused LSTM ----
+// -- the fused recurrence --
 // Host side of the persistent fused recurrence (kernels: megabatch_cuda.cuh, "fused LSTM").
 // Per layer: the input projection of all T steps as one gemm into the gates, one launch for
 // the recurrence, and after the backward recurrence the weight gradients as one gemm each over
@@ -5167,7 +5175,6 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
     return MB_OK;
 }
 
-// ---- end fused LSTM ----
 
 // ---- end lstm ----
 
@@ -7415,13 +7422,6 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
 
 // ---- graph ----
 
-#ifdef MEGABATCH_CUDA /* TABLE: graph_begin, graph_end, graph_launch, graph_destroy (megabatch_cuda.cuh) */
-static mb_result mb__cuda_graph_begin(mb_device *dev, int stream);
-static mb_result mb__cuda_graph_end(mb_device *dev, int stream, void **exec, size_t *nodes);
-static mb_result mb__cuda_graph_launch(mb_device *dev, int stream, void *exec);
-static void mb__cuda_graph_destroy(void *exec);
-#endif
-
 struct mb_graph {
     mb_device *dev;
     int stream;   /* where it was captured, and is launched */
@@ -7429,7 +7429,7 @@ struct mb_graph {
     size_t nodes;
 };
 
-MBDEF int mb_graph_supported(const mb_device *dev) { return dev && dev->cfg.backend == MB_CUDA; }
+MBDEF int mb_graph_supported(const mb_device *dev) { return dev && dev->be->graph_begin; }
 
 MBDEF mb_result mb_graph_begin(mb_device *dev, int stream) {
     if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_begin: dev is NULL");
@@ -7440,9 +7440,7 @@ MBDEF mb_result mb_graph_begin(mb_device *dev, int stream) {
     if (dev->graph_stream >= 0)
         return MB_FAIL(&dev->cfg.log, MB_ERR_STATE, "mb_graph_begin: a capture on stream %d is under way",
                        dev->graph_stream);
-#ifdef MEGABATCH_CUDA /* TABLE: graph_begin */
-    MB_TRY(mb__cuda_graph_begin(dev, stream));
-#endif
+    MB_TRY(dev->be->graph_begin(dev, stream));
     dev->graph_stream = stream;
     return MB_OK;
 }
@@ -7457,11 +7455,9 @@ MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out) {
     mb_result r = g ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_graph_end: no host memory");
     void *exec = NULL;
     size_t nodes = 0;
-#ifdef MEGABATCH_CUDA /* TABLE: graph_end */
-    mb_result e = mb__cuda_graph_end(dev, stream, &exec, &nodes); /* ends the capture, even without g */
+    mb_result e = dev->be->graph_end(dev, stream, &exec, &nodes); /* ends the capture, even without g */
     if (r == MB_OK) r = e;
-    else if (exec) mb__cuda_graph_destroy(exec);
-#endif
+    else if (exec) dev->be->graph_destroy(exec);
     if (r != MB_OK) { MB_FREE(g); return r; }
     g->dev = dev;
     g->stream = stream;
@@ -7473,20 +7469,14 @@ MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out) {
 
 MBDEF mb_result mb_graph_launch(mb_graph *g) {
     if (!g) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_launch: g is NULL");
-#ifdef MEGABATCH_CUDA /* TABLE: graph_launch */
-    return mb__cuda_graph_launch(g->dev, g->stream, g->exec);
-#else
-    return MB_FAIL(&g->dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_graph_launch: no graphs in this build");
-#endif
+    return g->dev->be->graph_launch(g->dev, g->stream, g->exec); /* g exists: the backend has graphs */
 }
 
 MBDEF size_t mb_graph_nodes(const mb_graph *g) { return g ? g->nodes : 0; }
 
 MBDEF void mb_graph_destroy(mb_graph *g) {
     if (!g) return;
-#ifdef MEGABATCH_CUDA /* TABLE: graph_destroy */
-    mb__cuda_graph_destroy(g->exec);
-#endif
+    g->dev->be->graph_destroy(g->exec);
     MB_FREE(g);
 }
 
@@ -7567,6 +7557,8 @@ static const mb__backend *mb__cpu_backend(void) {
 
         /* lstm: no fused recurrence */
         NULL, NULL,
+        /* graph: none (every call completes when made) */
+        NULL, NULL, NULL, NULL,
     };
     return &be;
 }

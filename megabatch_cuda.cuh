@@ -302,6 +302,37 @@ static void mb__cuda_thread_init(mb_device *dev) {
 
 // ---- cuda end loader ----
 
+// ---- cuda series ----
+// The series gather (megabatch.h, "the gather operation"): one thread per es-byte element
+// of the batch's windows, then of its targets; mb__gather_row is the CPU loop's index math.
+
+template <typename E>
+__device__ void mb__series_gather_elems(const mb__gather &g) {
+    size_t rw = g.row / sizeof(E), tw = g.trow / sizeof(E), nf = (size_t)(g.count * g.t) * rw;
+    size_t n = nf + (size_t)g.count * tw;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (i < nf) {
+            size_t row = i / rw;
+            const E *src = (const E *)mb__gather_row(&g, (int64_t)(row / (size_t)g.t), (int64_t)(row % (size_t)g.t));
+            ((E *)g.dst_f)[i] = src[i % rw];
+        } else {
+            size_t j = i - nf, b = j / tw;
+            ((E *)g.dst_t)[j] = ((const E *)(g.targ + (size_t)g.idx[b] * g.trow))[j % tw];
+        }
+    }
+}
+
+__global__ void mb__k_series_gather(mb__gather g) {
+    if (g.es == 4) mb__series_gather_elems<uint32_t>(g);
+    else mb__series_gather_elems<uint16_t>(g);
+}
+
+static mb_result mb__cuda_series_gather(mb_device *dev, int stream, const mb__gather *g) {
+    size_t n = (size_t)g->count * ((size_t)g->t * g->row + g->trow) / (size_t)g->es;
+    return MB__RUN_N(dev, stream, mb__k_series_gather, n, *g);
+}
+// ---- cuda end series ----
+
 // ---- cuda lstm ----
 // The LSTM's elementwise kernels: fused gates (forward), gate gradients (backward), the
 // strided row copy (batch-major <-> time-major), add and fill. The math is mb__lstm_cell_fwd/bwd
@@ -368,9 +399,7 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
     return MB__RUN_N(dev, stream, mb__k_lstm_fill, n, y, v, n);
 }
 
-// ---- cuda end lstm ----
-
-// ---- fused LSTM ----
+// -- the fused recurrence --
 // The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
 // runs a layer of every LSTM given (blocks = (LSTM, tile of MB__FUSED_ROWS batch rows)); each
 // block keeps W_hh in shared memory for all T steps and per step computes the recurrent product
@@ -570,7 +599,7 @@ static size_t mb__cuda_smem_optin(mb_device *dev) {
     return (size_t)v;
 }
 
-// ---- end fused LSTM ----
+// ---- cuda end lstm ----
 
 // ---- cuda layers ----
 // Kernels of the numerics modules (layers, loss, amp, optim). Element math is shared with
@@ -857,37 +886,6 @@ static void mb__cuda_graph_destroy(void *exec) {
 
 // ---- cuda end graph ----
 
-// ---- cuda series ----
-// The series gather (megabatch.h, "the gather operation"): one thread per es-byte element
-// of the batch's windows, then of its targets; mb__gather_row is the CPU loop's index math.
-
-template <typename E>
-__device__ void mb__series_gather_elems(const mb__gather &g) {
-    size_t rw = g.row / sizeof(E), tw = g.trow / sizeof(E), nf = (size_t)(g.count * g.t) * rw;
-    size_t n = nf + (size_t)g.count * tw;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        if (i < nf) {
-            size_t row = i / rw;
-            const E *src = (const E *)mb__gather_row(&g, (int64_t)(row / (size_t)g.t), (int64_t)(row % (size_t)g.t));
-            ((E *)g.dst_f)[i] = src[i % rw];
-        } else {
-            size_t j = i - nf, b = j / tw;
-            ((E *)g.dst_t)[j] = ((const E *)(g.targ + (size_t)g.idx[b] * g.trow))[j % tw];
-        }
-    }
-}
-
-__global__ void mb__k_series_gather(mb__gather g) {
-    if (g.es == 4) mb__series_gather_elems<uint32_t>(g);
-    else mb__series_gather_elems<uint16_t>(g);
-}
-
-static mb_result mb__cuda_series_gather(mb_device *dev, int stream, const mb__gather *g) {
-    size_t n = (size_t)g->count * ((size_t)g->t * g->row + g->trow) / (size_t)g->es;
-    return MB__RUN_N(dev, stream, mb__k_series_gather, n, *g);
-}
-// ---- cuda end series ----
-
 // ---- cuda backend ----
 // The CUDA table: the mb__cuda_* functions above (see "the backend table" in megabatch.h).
 
@@ -919,6 +917,8 @@ static const mb__backend *mb__cuda_backend(void) {
 
         /* lstm: the fused recurrence */
         mb__cuda_smem_optin, mb__cuda_lstm_fused,
+        /* graph: stream capture */
+        mb__cuda_graph_begin, mb__cuda_graph_end, mb__cuda_graph_launch, mb__cuda_graph_destroy,
     };
     return &be;
 }
