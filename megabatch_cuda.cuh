@@ -470,7 +470,7 @@ __device__ inline void mb__fused_mm(const float *a, const float *bm, float *acc,
     }
 }
 /* bf16 / f16: tensor cores, one warp per 16-column tile of the output, f32 accumulation. */
-template <class T> __device__ void mb__fused_mm(const T *a, const T *bm, float *acc, int K, int N, int bt) {
+template <class T> __device__ void mb__fused_wmma(const T *a, const T *bm, float *acc, int K, int N, int bt) {
     using namespace nvcuda;
     for (int nt = (int)(threadIdx.x / 32); nt < N / 16; nt += (int)(blockDim.x / 32)) {
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
@@ -490,6 +490,24 @@ template <class T> __device__ void mb__fused_mm(const T *a, const T *bm, float *
         }
         wmma::store_matrix_sync(acc + nt * 16, c, (unsigned)N, wmma::mem_row_major);
     }
+}
+
+__device__ inline void mb__fused_mm(const __half *a, const __half *bm, float *acc, int K, int N, int bt) {
+    mb__fused_wmma(a, bm, acc, K, N, bt);
+}
+__device__ inline void mb__fused_mm(const __nv_bfloat16 *a, const __nv_bfloat16 *bm, float *acc, int K, int N, int bt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* no bf16 tensor cores before sm_80: FMA */
+    for (int e = threadIdx.x; e < MB__FUSED_ROWS * N; e += blockDim.x) {
+        int r = e / N, n = e % N;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++)
+            s = __fmaf_rn(__bfloat162float(a[r * K + k]),
+                          __bfloat162float(bt ? bm[(size_t)n * K + k] : bm[(size_t)k * N + n]), s);
+        acc[e] = s;
+    }
+#else
+    mb__fused_wmma(a, bm, acc, K, N, bt);
+#endif
 }
 
 /* A block's start: its descriptor, shared memory and rows [r0, r0 + nr); W_hh loaded. */
