@@ -57,7 +57,7 @@ SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 TEST_SRCS    := $(wildcard tests/test_*.c)
 TEST_BINS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS)) $(BUILD)/tests/test_gemm_nocblas
 ASAN_BINS    := $(patsubst tests/%.c,$(BUILD)/asan/%,$(TEST_SRCS))
-TSAN_SRCS    := $(wildcard tests/test_loader*.c) tests/test_lstm_many.c tests/test_dist_shard.c
+TSAN_SRCS    := $(wildcard tests/test_loader*.c) tests/test_lstm_many.c tests/test_dist_shard.c tests/test_series.c
 TSAN_BINS    := $(patsubst tests/%.c,$(BUILD)/tsan/%,$(TSAN_SRCS))
 CUDA_SRCS    := $(wildcard tests/cuda/test_*.cu)
 CUDA_BINS    := $(patsubst tests/cuda/%.cu,$(BUILD)/cuda/%,$(CUDA_SRCS))

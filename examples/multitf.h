@@ -187,7 +187,9 @@ MTF_API void mtf_meta_free(mtf_meta_text *t) { free(t->mean); free(t->std); }
 MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) {
     hid_t file = H5Fopen(h5path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file < 0) return;
-    hid_t feat = H5Dopen2(file, "features", H5P_DEFAULT), targ = H5Dopen2(file, "targets", H5P_DEFAULT);
+    /* the statistics sit on `features` (window layout) or on `ends` (series layout) */
+    const char *holder = H5Lexists(file, "features", H5P_DEFAULT) > 0 ? "features" : "ends";
+    hid_t feat = H5Dopen2(file, holder, H5P_DEFAULT), targ = H5Dopen2(file, "targets", H5P_DEFAULT);
     const char *names[2] = {"feature_mean", "feature_std"};
     float *dst[2] = {s->mean, s->std};
     int ok = feat >= 0 && s->F <= MTF_MAX_F;

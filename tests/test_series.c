@@ -430,7 +430,7 @@ static long file_size(const char *p) {
 static int train_summary(const char *dir, const char *tag, char *out, size_t cap) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/%s_tr.h5 --val %s/%s_va.h5 --epochs 2 --batch 16 "
-             "--hidden 4 --head 8 2>&1", dir, tag, dir, tag);
+             "--hidden 4 --head 8 --export %s/%s.safetensors 2>&1", dir, tag, dir, tag, dir, tag);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[1024];
@@ -461,6 +461,9 @@ static void test_prepare_and_train_same_losses(void **state) {
     printf("    %s", sum[1]);
     assert_non_null(strstr(sum[0], "summary: epochs=2"));
     assert_string_equal(sum[0], sum[1]); /* the same losses, every epoch, to the printed digit */
+    /* the same weights file: the same weights and the normalisation read from either layout */
+    snprintf(cmd, sizeof cmd, "cmp -s %s/w.safetensors %s/s.safetensors", dir, dir);
+    assert_int_equal(system(cmd), 0);
     long w = file_size(tu_path(dir, "w_tr.h5")), s = file_size(tu_path(dir, "s_tr.h5"));
     printf("    train file: window %ld bytes, series %ld bytes (%.0fx smaller)\n", w, s, (double)w / (double)s);
     assert_true(s > 0 && w > 20 * s);
