@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i++) {
         mb_lstm_config lc;
         memset(&lc, 0, sizeof lc);
-        char pre[8];
+        char pre[16];
         snprintf(pre, sizeof pre, "e%d.", i);
         lc.input_size = F; lc.hidden_size = H; lc.checkpoint = ck; lc.max_steps = Ts[i]; lc.max_batch = B;
         lc.prefix = pre; lc.stream = 2 + i; lc.precision = prec;
