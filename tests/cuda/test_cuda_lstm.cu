@@ -132,10 +132,12 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     float *a[O_N], *b[O_N];
     size_t n[O_N];
     mb_dtype prec = (mb_dtype)tu_int(0, 2);
-    run_on(gpu, &s, s.T, 0, prec, &in, a, n); /* one segment (full storage runs the fused recurrence:
-                                                  test_cuda_lstm_fused.cu) */
-    int ks[] = {1, 2, 7, 0};
-    for (int i = 0; i < 4; i++) {
+    /* one segment against shorter ones; full storage (k = -1, and k = 0 on the GPU when memory
+     * allows) runs the fused recurrence, whose weight gradients sum in another order:
+     * test_cuda_lstm_fused.cu */
+    run_on(gpu, &s, s.T, 0, prec, &in, a, n);
+    int ks[] = {1, 2, 7};
+    for (int i = 0; i < 3; i++) {
         run_on(gpu, &s, ks[i], 0, prec, &in, b, n);
         for (int k = 0; k < O_N; k++) {
             if (memcmp(a[k], b[k], n[k] * sizeof(float)) != 0) fail_msg("k=%d: %s differs from k=T", ks[i], onames[k]);
