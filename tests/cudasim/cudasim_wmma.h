@@ -90,13 +90,13 @@ inline void mma_sync(fragment<accumulator, M, N, K, TC> &d, const fragment<matri
     converged("wmma::mma_sync");
     const bool t32 = std::is_same<TA, precision::tf32>::value;
     fragment<accumulator, M, N, K, TC> out;
+    float af[M * K], bf[K * N]; /* the operands in f32 once, not once per product (f16 is slow to convert) */
+    for (int i = 0; i < M * K; i++) af[i] = t32 ? __float_to_tf32(to_f32(a.x[i])) : to_f32(a.x[i]);
+    for (int i = 0; i < K * N; i++) bf[i] = t32 ? __float_to_tf32(to_f32(b.x[i])) : to_f32(b.x[i]);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float acc = to_f32(c.x[i * N + j]);
-            for (int k = 0; k < K; k++) {
-                float x = to_f32(a.x[i * K + k]), y = to_f32(b.x[k * N + j]);
-                acc += (t32 ? __float_to_tf32(x) : x) * (t32 ? __float_to_tf32(y) : y);
-            }
+            for (int k = 0; k < K; k++) acc += af[i * K + k] * bf[k * N + j];
             out.x[i * N + j] = from_f32<typename fragment<accumulator, M, N, K, TC>::element_type>(acc);
         }
     d = out;
