@@ -40,7 +40,7 @@ for c in "2 16" "3 11"; do
     CUDASIM_DEVICES=$np mpi $np -x CUDASIM_DEVICES "$B/sim-mpi/train_multitf_cuda" $TRAIN --batch $b --metrics "$dir/dp.csv" \
         > "$dir/dp.log" 2>&1
     rc=$?
-    if [ $rc = 0 ] && [ "$(grep -c '^summary:' "$dir/dp.log")" = 1 ] && grep -q "world=$np\$" "$dir/dp.log" &&
+    if [ $rc = 0 ] && [ "$(grep -c '^summary:' "$dir/dp.log")" = 1 ] && grep -Eq "world=$np( |\$)" "$dir/dp.log" &&
        [ "$(grep -c '^cudasim: [0-9]* NCCL all-reduces' "$dir/dp.log")" = $np ] && same_curve "$dir/one.csv" "$dir/dp.csv"; then
         ok "sim np $np x batch $b == 1 x batch $g: $(grep -c '^step,' "$dir/dp.csv") batch losses, 2 epochs within 1e-4"
     else cat "$dir/one.log" "$dir/dp.log"; bad "sim np $np x batch $b vs 1 x batch $g (exit $rc)"; fi
