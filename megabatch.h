@@ -889,27 +889,32 @@ MBDEF mb_result mb_adamw_last_lr(mb_adamw *o, float *lr);
 
 /* A meter holds `slots` running sums on the device, each two doubles {sum, weight}: mb_loss adds
  * mean loss * B and B into the slot in mb_loss_config.acc; a caller's kernel may add its own.
- *   every N steps:  mb_meter_poll(m, &ready); if (ready) { mb_meter_value(...); mb_meter_read(...); }
- *   epoch end:      mb_meter_read(m, stream, 1); mb_meter_wait(m); mb_meter_value(...)
+ *   after each step: mb_meter_read(m, stream, 0); then, while mb_meter_next(m, 0, &landed)
+ *                    lands one, mb_meter_value(...) is the sums as they were after its step
+ *   epoch end:       mb_meter_read(m, stream, 1); mb_meter_wait(m); mb_meter_value(...)
  * mb_meter_read queues, after the work queued so far on the stream, a copy of every slot into
  * pinned memory and an event (and with reset = 1 zeroes the slots behind the copy): the host
- * goes on at once. mb_meter_poll never waits; mb_meter_wait waits (one host sync). One read is in
- * flight at a time. On the CPU backend a read completes at once. */
+ * goes on at once. Up to `depth` reads are in flight; they land in the order they were queued.
+ * mb_meter_next never waits unless asked; mb_meter_wait waits (one host sync). On the CPU
+ * backend a read lands at once. */
 typedef struct mb_meter mb_meter;
-MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots); /* slots >= 1, zeroed */
-MBDEF void mb_meter_destroy(mb_meter *m);                                   /* NULL is fine */
+/* slots >= 1 sums, zeroed; depth 1..4096 reads in flight at most */
+MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots, int depth);
+MBDEF void mb_meter_destroy(mb_meter *m); /* NULL is fine; reads in flight land first */
 /* Device memory of a slot: {sum, weight} (for mb_loss_config.acc); NULL for a bad slot. */
 MBDEF double *mb_meter_slot(mb_meter *m, int slot);
-/* Start a read (MB_ERR_STATE while the previous one is in flight). */
+/* Queue a read (MB_ERR_STATE while `depth` reads are in flight). */
 MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset);
-/* *ready = 1 when no read is in flight: the last one has landed (or none was started). */
-MBDEF mb_result mb_meter_poll(mb_meter *m, int *ready);
-/* Wait for the read in flight, if any (a host sync). */
+/* The oldest read in flight: *landed = 1 when it has landed (wait = 1: after waiting for it, a
+ * host sync), and mb_meter_value now gives it; *landed = 0 when it has not, or none is in flight. */
+MBDEF mb_result mb_meter_next(mb_meter *m, int wait, int *landed);
+/* Land every read in flight, waiting for them (a host sync when any is in flight). */
 MBDEF mb_result mb_meter_wait(mb_meter *m);
 /* The last landed read of a slot: sum and weight (0, 0 before the first); mean = sum / weight. */
 MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double *weight);
-/* Reads landed so far (a progress bar shows a value only once it has one). */
+/* Reads landed so far, and reads in flight now. */
 MBDEF int64_t mb_meter_reads(const mb_meter *m);
+MBDEF int mb_meter_pending(const mb_meter *m);
 
 // ---- end step ----
 
@@ -5981,42 +5986,49 @@ static mb_result mb__cpu_event_done(mb_device *dev, void *ev, int wait, int *don
 
 struct mb_meter {
     mb_device *dev;
-    int slots;
+    int slots, depth;
     double *sums;     /* device: slots x {sum, weight} */
-    double *pinned;   /* pinned: the read in flight */
+    double *pinned;   /* pinned: depth reads of slots x {sum, weight}, a ring */
     double *last;     /* host: the last landed read */
-    void *ev;         /* recorded after the read's copy */
-    int pending;      /* a read is in flight */
+    void **ev;        /* per ring entry: recorded after its read's copy */
+    int head, pending; /* the oldest read in flight; reads in flight */
     int64_t reads;    /* reads landed */
 };
 
 MBDEF void mb_meter_destroy(mb_meter *m) {
     if (!m) return;
-    if (m->pending) mb_meter_wait(m); /* the copy must land before its buffer goes */
-    if (m->ev) m->dev->be->event_destroy(m->ev);
+    if (m->pending) mb_meter_wait(m); /* the copies must land before their buffers go */
+    for (int i = 0; m->ev && i < m->depth; i++)
+        if (m->ev[i]) m->dev->be->event_destroy(m->ev[i]);
     mb_free(m->dev, m->sums);
     mb_free(m->dev, m->pinned);
+    MB_FREE(m->ev);
     MB_FREE(m->last);
     MB_FREE(m);
 }
 
-MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots) {
+MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots, int depth) {
     if (!out || !dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_create: NULL argument");
     *out = NULL;
     if (slots < 1 || slots > 1 << 20)
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_create: slots = %d, want 1..2^20", slots);
+    if (depth < 1 || depth > 4096)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_create: depth = %d, want 1..4096", depth);
     mb_meter *m = (mb_meter *)mb__host_calloc(1, sizeof *m);
     size_t bytes = (size_t)slots * 2 * sizeof(double);
     if (m) m->last = (double *)mb__host_calloc((size_t)slots * 2, sizeof(double));
-    if (!m || !m->last) {
+    if (m) m->ev = (void **)mb__host_calloc((size_t)depth, sizeof(void *));
+    if (!m || !m->last || !m->ev) {
+        if (m) { MB_FREE(m->last); MB_FREE(m->ev); }
         MB_FREE(m);
         return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_meter_create: no host memory");
     }
     m->dev = dev;
     m->slots = slots;
+    m->depth = depth;
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&m->sums);
-    if (r == MB_OK) r = mb_alloc(dev, MB_MEM_PINNED, bytes, (void **)&m->pinned);
-    if (r == MB_OK) r = dev->be->event_create(dev, &m->ev);
+    if (r == MB_OK) r = mb_alloc(dev, MB_MEM_PINNED, bytes * (size_t)depth, (void **)&m->pinned);
+    for (int i = 0; r == MB_OK && i < depth; i++) r = dev->be->event_create(dev, &m->ev[i]);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, m->sums, bytes);
     if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
     if (r != MB_OK) { mb_meter_destroy(m); return r; }
@@ -6031,37 +6043,37 @@ MBDEF double *mb_meter_slot(mb_meter *m, int slot) {
 MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset) {
     if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_read: NULL meter");
     MB_TRY(mb__check_stream(m->dev, stream, "mb_meter_read"));
-    if (m->pending)
-        return MB_FAIL(&m->dev->cfg.log, MB_ERR_STATE, "mb_meter_read: the previous read is still in flight "
-                       "(mb_meter_poll or mb_meter_wait first)");
-    size_t bytes = (size_t)m->slots * 2 * sizeof(double);
-    MB_TRY(mb_copy(m->dev, stream, m->pinned, m->sums, bytes));
-    MB_TRY(m->dev->be->event_record(m->dev, stream, m->ev));
+    if (m->pending == m->depth)
+        return MB_FAIL(&m->dev->cfg.log, MB_ERR_STATE, "mb_meter_read: %d reads are in flight, the meter's depth "
+                       "(mb_meter_next or mb_meter_wait first)", m->depth);
+    size_t n = (size_t)m->slots * 2, bytes = n * sizeof(double);
+    int i = (m->head + m->pending) % m->depth;
+    MB_TRY(mb_copy(m->dev, stream, m->pinned + (size_t)i * n, m->sums, bytes));
+    MB_TRY(m->dev->be->event_record(m->dev, stream, m->ev[i]));
     if (reset) MB_TRY(mb_zero(m->dev, stream, m->sums, bytes));
-    m->pending = 1;
+    m->pending++;
     return MB_OK;
 }
 
-static mb_result mb__meter_land(mb_meter *m, int wait, int *ready) {
-    int done = 1;
-    if (m->pending) MB_TRY(m->dev->be->event_done(m->dev, m->ev, wait, &done));
-    if (m->pending && done) {
-        memcpy(m->last, m->pinned, (size_t)m->slots * 2 * sizeof(double));
-        m->pending = 0;
-        m->reads++;
-    }
-    if (ready) *ready = !m->pending;
+MBDEF mb_result mb_meter_next(mb_meter *m, int wait, int *landed) {
+    if (!m || !landed) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_next: NULL argument");
+    int done = 0;
+    if (m->pending) MB_TRY(m->dev->be->event_done(m->dev, m->ev[m->head], wait, &done));
+    *landed = done;
+    if (!done) return MB_OK;
+    size_t n = (size_t)m->slots * 2;
+    memcpy(m->last, m->pinned + (size_t)m->head * n, n * sizeof(double));
+    m->head = (m->head + 1) % m->depth;
+    m->pending--;
+    m->reads++;
     return MB_OK;
-}
-
-MBDEF mb_result mb_meter_poll(mb_meter *m, int *ready) {
-    if (!m || !ready) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_poll: NULL argument");
-    return mb__meter_land(m, 0, ready);
 }
 
 MBDEF mb_result mb_meter_wait(mb_meter *m) {
     if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_wait: NULL meter");
-    return mb__meter_land(m, 1, NULL);
+    int landed;
+    while (m->pending) MB_TRY(mb_meter_next(m, 1, &landed));
+    return MB_OK;
 }
 
 MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double *weight) {
@@ -6074,6 +6086,7 @@ MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double 
 }
 
 MBDEF int64_t mb_meter_reads(const mb_meter *m) { return m ? m->reads : 0; }
+MBDEF int mb_meter_pending(const mb_meter *m) { return m ? m->pending : 0; }
 
 // ---- end step ----
 

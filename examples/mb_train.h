@@ -181,9 +181,22 @@ MBT_API mb_result mbt_metrics_open(FILE **out, const char *path, int resume, con
     return f ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", path, strerror(errno));
 }
 
-MBT_API void mbt_metrics_step(FILE *f, const mbt_run *rs, float loss, float lr, double samples_per_s) {
-    if (f) fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,\n", (long long)rs->epoch, (long long)rs->batches,
-                   (long long)rs->step, (double)loss, (double)lr, samples_per_s);
+/* A step row of the metrics: what the loop knew when it queued the step; its loss comes when
+ * the device's read of it lands (train_multitf's meter), or at once. */
+typedef struct mbt_step_row {
+    int64_t epoch, batch, step;
+    float lr;
+    double samples_per_s;
+} mbt_step_row;
+
+MBT_API mbt_step_row mbt_step_row_of(const mbt_run *rs, float lr, double samples_per_s) {
+    mbt_step_row row = {rs->epoch, rs->batches, rs->step, lr, samples_per_s};
+    return row;
+}
+
+MBT_API void mbt_metrics_step(FILE *f, const mbt_step_row *row, float loss) {
+    if (f) fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,\n", (long long)row->epoch, (long long)row->batch,
+                   (long long)row->step, (double)loss, (double)row->lr, row->samples_per_s);
 }
 
 MBT_API void mbt_metrics_epoch(FILE *f, const mbt_run *rs, double samples_per_s, size_t device_bytes) {

@@ -102,7 +102,7 @@ static int parse_options(int argc, char **argv, options *o) {
 // training adds: the loss, the f16 loss scaler, zeros (the baseline's prediction), the meter
 // the losses sum into on the device, and what the graph step needs (section "the training step").
 
-enum { MAX_SEG = 5 };
+enum { MAX_SEG = 5, METER_DEPTH = 64 };
 
 typedef struct model {
     mtf_model net;
@@ -111,9 +111,10 @@ typedef struct model {
     float *zeros, *loss; /* (B, K) zeros; one device float */
     mb_dist *dist;       /* data parallel: a world of one without MPI */
     mb_meter *meter;     /* device sums: 0 training loss, 1 validation loss, 2 baseline */
-    int64_t reads_seen;  /* meter reads taken so far */
+    mbt_step_row rows[METER_DEPTH]; /* the steps whose meter reads are in flight, oldest first */
+    int rows_head;       /* the oldest's index in rows */
     double seen_sum, seen_w; /* slot 0 as last read: the training loss since the last fold */
-    double last_loss;    /* the last training loss read: mean over the batches since the read before */
+    double last_loss;    /* the loss of the last step whose read landed */
     int graphs, warm;    /* the step runs as CUDA graphs; a step of this process ran (the warm-up) */
     mb_graph *graph[8];  /* by (window start, optimizer step, short batch) */
     float *xb, *yb;      /* the batch copied into fixed device buffers, which the graphs read */
@@ -133,7 +134,7 @@ static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *m
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, zeros, (void **)&m->zeros));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, sizeof(float), (void **)&m->loss));
     if (o->precision == MB_F16) MB_TRY(mb_scaler_create(&m->scaler, dev, NULL)); /* GradScaler defaults */
-    MB_TRY(mb_meter_create(&m->meter, dev, 3));
+    MB_TRY(mb_meter_create(&m->meter, dev, 3, METER_DEPTH));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->t * meta->f) * sizeof(float), (void **)&m->xb));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->k) * sizeof(float), (void **)&m->yb));
     return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, zeros);
@@ -181,7 +182,6 @@ static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseli
     double v[2][2];
     MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1)); /* none in flight: the epoch's fold read the rest */
     MB_TRY(mb_meter_wait(m->meter));
-    m->reads_seen = mb_meter_reads(m->meter);
     for (int i = 0; i < 2; i++) MB_TRY(mb_meter_value(m->meter, 1 + i, &v[i][0], &v[i][1]));
     *loss = v[0][1] > 0 ? v[0][0] / v[0][1] : 0;
     *baseline = v[1][1] > 0 ? v[1][0] / v[1][1] : 0;
@@ -336,8 +336,8 @@ static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *s
 // ---- the training step ----
 // A step queues its work and never waits for the device (issue 15): the loss adds into the
 // meter on the device, the learning rate comes from the schedule on the device, and the loop
-// reads the meter whenever its last read has landed (pinned memory + an event: a poll, no
-// wait). So nothing of a step changes from batch to batch but the batch itself: on the GPU the
+// queues a read of the meter after each step and takes the reads that landed (pinned memory +
+// an event: a poll, no wait), so each step's metrics row is exact, written a little late. So nothing of a step changes from batch to batch but the batch itself: on the GPU the
 // batch is copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
 // unscale, clip, AdamW, scaler) is captured once as a CUDA graph and replayed, one graph
 // launch per batch. Variants (window start, optimizer step, short last batch) each get their
@@ -385,39 +385,49 @@ static mb_result run_step(model *m, step_args *a, const mb_batch *b, int warm) {
 }
 
 /* Meter slot 0 sums the training loss on the device since the last fold (epoch start or
- * checkpoint); reads in between do not reset it, so the sums are the same whenever reads land
- * (a resumed run's epoch sum is the uninterrupted run's, bitwise). A landed read: its mean over
- * the batches since the read before is the loss shown. */
-static void meter_landed(model *m) {
-    if (mb_meter_reads(m->meter) == m->reads_seen) return;
-    m->reads_seen = mb_meter_reads(m->meter);
+ * checkpoint); a read is queued after every step, without reset, so a step's loss is the growth
+ * of the sums between its read and the one before, and the epoch's sums are the same whenever
+ * reads land (a resumed run's epoch sum is the uninterrupted run's, bitwise). The steps whose
+ * reads are in flight wait in m->rows for their metrics row. */
+
+/* Take the oldest read in flight if it landed (wait = 1: wait for it): its step's loss is
+ * shown and written to the metrics. */
+static mb_result meter_take(model *m, FILE *csv, int wait, int *landed) {
+    MB_TRY(mb_meter_next(m->meter, wait, landed));
+    if (!*landed) return MB_OK;
+    const mbt_step_row *row = &m->rows[m->rows_head];
+    m->rows_head = (m->rows_head + 1) % METER_DEPTH;
     double sum = 0, w = 0;
-    if (mb_meter_value(m->meter, 0, &sum, &w) != MB_OK || w <= m->seen_w) return;
-    m->last_loss = (sum - m->seen_sum) / (w - m->seen_w);
+    MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
+    if (w > m->seen_w) m->last_loss = (sum - m->seen_sum) / (w - m->seen_w);
     m->seen_sum = sum;
     m->seen_w = w;
-}
-
-/* After each batch: start a read when none is in flight, take one that landed. No wait. */
-static mb_result meter_poll(model *m) {
-    int ready = 0;
-    MB_TRY(mb_meter_poll(m->meter, &ready));
-    meter_landed(m);
-    if (ready) MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 0));
-    MB_TRY(mb_meter_poll(m->meter, &ready)); /* the CPU: landed already */
-    meter_landed(m);
+    mbt_metrics_step(csv, row, (float)m->last_loss);
     return MB_OK;
 }
 
-/* Fold everything queued so far into the epoch's sums and restart the device's (waits: epoch
- * ends and checkpoints only). */
-static mb_result meter_fold(model *m, mbt_run *rs) {
-    MB_TRY(mb_meter_wait(m->meter));
-    meter_landed(m);
+/* After each step: queue its read, take every read that landed. No wait, unless METER_DEPTH
+ * reads are in flight: a host that far ahead waits for the oldest (the device still has the
+ * steps after it queued, so it never idles). */
+static mb_result meter_step(model *m, FILE *csv, mbt_step_row row) {
+    int landed = 1;
+    if (mb_meter_pending(m->meter) == METER_DEPTH) MB_TRY(meter_take(m, csv, 1, &landed));
+    m->rows[(m->rows_head + mb_meter_pending(m->meter)) % METER_DEPTH] = row;
+    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 0));
+    while (landed) MB_TRY(meter_take(m, csv, 0, &landed));
+    return MB_OK;
+}
+
+/* Take every step's read (waits), then fold the sums into the epoch's and restart the device's
+ * (epoch ends and checkpoints only). */
+static mb_result meter_fold(model *m, FILE *csv, mbt_run *rs) {
+    int landed;
+    while (mb_meter_pending(m->meter)) MB_TRY(meter_take(m, csv, 1, &landed));
     MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1));
     MB_TRY(mb_meter_wait(m->meter));
-    meter_landed(m);
-    rs->epoch_loss_sum += m->seen_sum; /* (the samples: counted per batch, mbt_run_batch) */
+    double sum = 0, w = 0;
+    MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
+    rs->epoch_loss_sum += sum; /* (the samples: counted per batch, mbt_run_batch) */
     m->seen_sum = m->seen_w = 0;
     return MB_OK;
 }
@@ -494,10 +504,7 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
             if (stepped) MB_TRY(optimizer_step(m, t->opt, &t->sched));
             m->last_loss = l;
             mbt_run_batch(rs, l, n);
-        } else {
-            MB_TRY(meter_poll(m));
-            mbt_run_batch(rs, 0.0, n); /* the loss sums: folded from the meter (meter_fold) */
-        }
+        } else mbt_run_batch(rs, 0.0, n); /* the loss sums: folded from the meter (meter_fold) */
         if (stepped) rs->step++;
         if (!warm) { /* the warm-up step is not counted: wait for it once, count from here */
             MB_TRY(mb_sync(t->dev, -1));
@@ -505,17 +512,19 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
             m->warm = 1;
         } else counted++;
         double sps = mbt_rate(rs->samples - samples0, mbt_now() - t0);
-        if (m->reads_seen || dp) mbt_metrics_step(t->csv, rs, (float)m->last_loss, lr, sps); /* once one landed */
+        mbt_step_row row = mbt_step_row_of(rs, lr, sps);
+        if (dp) mbt_metrics_step(t->csv, &row, (float)m->last_loss);
+        else MB_TRY(meter_step(m, t->csv, row)); /* the row is written when the step's loss lands */
         pb->loss = m->last_loss;
         mbt_progress_draw(pb, t->dev, rs, total, sps, 0);
         if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0 && t->lead) {
             rs->pos = mb_loader_position(t->tr);
-            MB_TRY(meter_fold(m, rs)); /* the epoch's loss so far, in the checkpoint */
+            MB_TRY(meter_fold(m, t->csv, rs)); /* the epoch's loss so far, in the checkpoint */
             MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
         }
     }
     double syncs = counters_now().syncs;
-    if (!dp) MB_TRY(meter_fold(m, rs)); /* the device is idle after it: every counted launch has run */
+    if (!dp) MB_TRY(meter_fold(m, t->csv, rs)); /* the device is idle after it: every counted launch has run */
     counters_add(c0, counters_now(), syncs, counted);
     pb->loss = m->last_loss;
     mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);

@@ -27,54 +27,70 @@ static double sc_mean_loss(uint64_t seed, int huber, size_t n) {
     return s / (double)n;
 }
 
-/* Poll a meter until its read lands (bounded: 20 s), counting the polls. */
-static int sc_poll_until_ready(mb_meter *m) {
-    int ready = 0, polls = 0;
-    for (; polls < 20000 && !ready; polls++) {
-        tu_ok(mb_meter_poll(m, &ready));
-        if (!ready) {
+/* Poll a meter until its oldest read in flight lands (bounded: 20 s), counting the polls. */
+static int sc_next_until_landed(mb_meter *m) {
+    int landed = 0, polls = 0;
+    for (; polls < 20000 && !landed; polls++) {
+        tu_ok(mb_meter_next(m, 0, &landed));
+        if (!landed) {
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
         }
     }
-    if (!ready) fail_msg("mb_meter_poll: the read did not land in 20 s");
+    if (!landed) fail_msg("mb_meter_next: the read did not land in 20 s");
     return polls;
 }
 
-/* mb_loss adds mean * B and B into its meter slot, rounds times; a read with reset returns the
- * sums and zeroes them; a second read while one is in flight is refused; poll lands it. */
+/* The landed read's slot: sum and weight against `times` rounds of `want` over B samples. */
+static void sc_meter_expect(mb_meter *m, int slot, double want, int64_t B, int64_t times, const char *what) {
+    double sum = 0, w = 0, t = (double)times;
+    tu_ok(mb_meter_value(m, slot, &sum, &w));
+    if (fabs(sum - want * t) > 1e-12 * fabs(want * t) + 1e-300 || w != (double)(B * times))
+        fail_msg("meter %s: slot %d sum %.17g weight %g, want %.17g and %lld", what, slot, sum, w, want * t,
+                 (long long)(B * times));
+}
+
+/* mb_loss adds mean * B and B into its meter slot, rounds times, with a read queued after each
+ * of the first `depth`: they land in order, each with the sums after its round; one more read
+ * while depth are in flight is refused; a read with reset returns the sums and zeroes them. */
 static void sc_meter_loss(mb_device *dev, uint64_t seed) {
-    int64_t B = tu_int(1, 300), K = tu_int(1, 5), rounds = tu_int(1, 6);
+    int64_t B = tu_int(1, 300), K = tu_int(1, 5), rounds = tu_int(1, 6), depth = tu_int(1, 4);
     int huber = tu_int(0, 1);
     size_t n = (size_t)(B * K);
     float *pred = sc_upload_rand(dev, n, seed, 1, 2.0f), *tgt = sc_upload_rand(dev, n, seed, 2, 2.0f);
     mb_meter *m;
-    tu_ok(mb_meter_create(&m, dev, 3));
+    tu_ok(mb_meter_create(&m, dev, 3, (int)depth));
     mb_loss_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.kind = huber ? MB_LOSS_HUBER : MB_LOSS_MSE;
     cfg.acc = mb_meter_slot(m, 1);
-    for (int r = 0; r < rounds; r++)
+    int64_t queued = 0;
+    for (int r = 0; r < rounds; r++) {
         tu_ok(mb_loss(dev, MB_STREAM_COMPUTE, &cfg, pred, tgt, B, K, 1.0f, NULL, NULL, NULL)); /* acc alone */
+        if (queued < depth) {
+            tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0));
+            queued++;
+        }
+    }
+    assert_int_equal(mb_meter_pending(m), queued);
+    if (queued == depth) tu_assert_error(mb_meter_read(m, MB_STREAM_COMPUTE, 0), MB_ERR_STATE, "in flight");
+    double want = sc_mean_loss(seed, huber, n) * (double)B;
+    for (int64_t i = 1; i <= queued; i++) { /* in the order queued */
+        sc_next_until_landed(m);
+        sc_meter_expect(m, 1, want, B, i, "queued read");
+    }
     tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 1));
-    tu_assert_error(mb_meter_read(m, MB_STREAM_COMPUTE, 0), MB_ERR_STATE, "in flight");
     tu_ok(mb_meter_wait(m));
-    double want = sc_mean_loss(seed, huber, n) * (double)B, sum = 0, w = 0;
-    tu_ok(mb_meter_value(m, 1, &sum, &w));
-    if (fabs(sum - want * (double)rounds) > 1e-12 * fabs(want * (double)rounds) + 1e-300 || w != (double)(B * rounds))
-        fail_msg("meter slot 1: sum %.17g weight %g, want %.17g and %lld", sum, w, want * (double)rounds,
-                 (long long)(B * rounds));
-    tu_ok(mb_meter_value(m, 0, &sum, &w));
-    assert_true(sum == 0.0 && w == 0.0);
-    assert_int_equal(mb_meter_reads(m), 1);
+    sc_meter_expect(m, 1, want, B, rounds, "read with reset");
+    sc_meter_expect(m, 0, 0.0, 0, 0, "unused slot");
+    assert_int_equal(mb_meter_reads(m), queued + 1);
     /* after the reset, one more batch; a read without reset; the host polls */
     tu_ok(mb_loss(dev, MB_STREAM_COMPUTE, &cfg, pred, tgt, B, K, 1.0f, NULL, NULL, NULL));
     tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0));
-    sc_poll_until_ready(m);
-    tu_ok(mb_meter_value(m, 1, &sum, &w));
-    if (fabs(sum - want) > 1e-12 * fabs(want) || w != (double)B)
-        fail_msg("meter after reset: sum %.17g weight %g, want %.17g and %lld", sum, w, want, (long long)B);
-    assert_int_equal(mb_meter_reads(m), 2);
+    sc_next_until_landed(m);
+    sc_meter_expect(m, 1, want, B, 1, "after reset");
+    assert_int_equal(mb_meter_reads(m), queued + 2);
+    assert_int_equal(mb_meter_pending(m), 0);
     mb_meter_destroy(m);
     mb_free(dev, pred);
     mb_free(dev, tgt);
@@ -83,21 +99,25 @@ static void sc_meter_loss(mb_device *dev, uint64_t seed) {
 static void sc_meter_bad_input(mb_device *dev) {
     mb_meter *m = NULL;
     double s, w;
-    int ready = 0;
-    tu_assert_error(mb_meter_create(&m, dev, 0), MB_ERR_INVALID_ARG, "slots");
-    tu_assert_error(mb_meter_create(NULL, dev, 1), MB_ERR_INVALID_ARG, "NULL");
-    tu_ok(mb_meter_create(&m, dev, 2));
+    int landed = 1;
+    tu_assert_error(mb_meter_create(&m, dev, 0, 1), MB_ERR_INVALID_ARG, "slots");
+    tu_assert_error(mb_meter_create(&m, dev, 1, 0), MB_ERR_INVALID_ARG, "depth");
+    tu_assert_error(mb_meter_create(&m, dev, 1, 4097), MB_ERR_INVALID_ARG, "depth");
+    tu_assert_error(mb_meter_create(NULL, dev, 1, 1), MB_ERR_INVALID_ARG, "NULL");
+    tu_ok(mb_meter_create(&m, dev, 2, 2));
     assert_null(mb_meter_slot(m, 2));
     assert_null(mb_meter_slot(m, -1));
     assert_null(mb_meter_slot(NULL, 0));
     tu_assert_error(mb_meter_value(m, 2, &s, &w), MB_ERR_INVALID_ARG, "slot 2");
     tu_assert_error(mb_meter_read(m, 99, 0), MB_ERR_INVALID_ARG, "stream");
-    tu_assert_error(mb_meter_poll(m, NULL), MB_ERR_INVALID_ARG, "NULL");
-    tu_ok(mb_meter_poll(m, &ready)); /* nothing in flight: ready */
-    assert_int_equal(ready, 1);
+    tu_assert_error(mb_meter_next(m, 0, NULL), MB_ERR_INVALID_ARG, "NULL");
+    tu_ok(mb_meter_next(m, 1, &landed)); /* nothing in flight: nothing lands, nothing waits */
+    assert_int_equal(landed, 0);
     tu_ok(mb_meter_wait(m));
     assert_int_equal(mb_meter_reads(m), 0);
-    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0)); /* destroyed with a read in flight: it lands first */
+    assert_int_equal(mb_meter_pending(NULL), 0);
+    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 0)); /* destroyed with reads in flight: they land first */
+    tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 1));
     mb_meter_destroy(m);
     mb_meter_destroy(NULL);
 }

@@ -16,14 +16,14 @@ static void test_cuda_meter_loss(void **state) {
     mb_device_close(g);
 }
 
-/* Losses into the meter and polled reads: not one host sync (the simulator counts them). */
+/* Losses into the meter and polled reads (mb_meter_next without wait): not one host sync (the simulator counts them). */
 static void test_cuda_meter_no_sync(void **state) {
     (void)state;
     mb_device *g = tu_open_cuda_or_skip(0);
     uint64_t seed = tu_next();
     float *pred = sc_upload_rand(g, 256, seed, 1, 2.0f), *tgt = sc_upload_rand(g, 256, seed, 2, 2.0f);
     mb_meter *m;
-    tu_ok(mb_meter_create(&m, g, 1));
+    tu_ok(mb_meter_create(&m, g, 1, 1));
     mb_loss_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.acc = mb_meter_slot(m, 0);
@@ -33,7 +33,7 @@ static void test_cuda_meter_no_sync(void **state) {
     for (int r = 0; r < 3; r++) {
         for (int i = 0; i < 5; i++) tu_ok(mb_loss(g, MB_STREAM_COMPUTE, &cfg, pred, tgt, 64, 4, 1.0f, NULL, NULL, NULL));
         tu_ok(mb_meter_read(m, MB_STREAM_COMPUTE, 1));
-        sc_poll_until_ready(m);
+        sc_next_until_landed(m);
     }
 #ifdef CUDASIM
     cudasim::stats st = cudasim::get_stats();
@@ -161,7 +161,7 @@ static void sc_step_run(mb_device *g, int graph, uint64_t seed, int steps, float
     tu_ok(mb_params_init(t.p, seed));
     tu_ok(mb_adamw_create(&t.opt, t.p, NULL));
     tu_ok(mb_scaler_create(&t.sc, g, NULL));
-    tu_ok(mb_meter_create(&t.meter, g, 1));
+    tu_ok(mb_meter_create(&t.meter, g, 1, 1));
     t.sched.kind = MB_LR_WARMUP_COSINE; t.sched.lr = 1e-2f; t.sched.total_steps = steps; t.sched.warmup_steps = 2;
     size_t nx = (size_t)(t.B * t.in), ny = (size_t)(t.B * t.out);
     tu_ok(mb_alloc(g, MB_MEM_DEVICE, nx * 4, (void **)&t.x));
