@@ -240,7 +240,9 @@ MBT_API mb_result mbt_plot_write(const char *path, const char *metrics, const ch
 // ---- checkpoints ----
 // One file (crash-safe: mb_ckpt_write): params, AdamW (m, v, steps), the f16 scaler, any
 // state of the model's own (a hook), the run state and the options that shape the run (a
-// resume with other options is refused).
+// resume with other options is refused). Saved inside an accumulation window (an epoch's end
+// when its batches are not a multiple of --accum), it also holds the gradients summed so far
+// ("grads"), so the resumed window sums the same micro-batches.
 
 typedef struct mbt_ckpt {
     mb_device *dev;
@@ -263,6 +265,8 @@ MBT_API mb_result mbt_ckpt_fill(mb_ckpt_writer *w, const mbt_ckpt *c, const mbt_
     MB_TRY(mb_ckpt_add_adamw(w, c->opt));
     if (c->scaler) MB_TRY(mb_ckpt_add_scaler(w, c->scaler));
     if (c->save_state) MB_TRY(c->save_state(w, c->ctx));
+    if (!mb_accum_window_start(&rs->acc))
+        MB_TRY(mb_ckpt_add(w, "grads", mb_params_grad(c->params), mb_params_total(c->params) * sizeof(float)));
     MB_TRY(mb_ckpt_add(w, "run", &st, sizeof st));
     MB_TRY(mb_ckpt_add(w, "options", c->options, c->options_bytes));
     return mb_ckpt_write(w, c->path);
@@ -280,15 +284,23 @@ MBT_API mb_result mbt_ckpt_save(const mbt_ckpt *c, const mbt_run *rs, FILE *metr
 
 MBT_API mb_result mbt_ckpt_get(mb_ckpt_reader *rd, const mbt_ckpt *c, mbt_run *rs) {
     char saved[4096];
+    mbt_run st;
     if (c->options_bytes > sizeof saved) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "options too large");
     MB_TRY(mb_ckpt_get(rd, "options", saved, c->options_bytes));
     if (memcmp(saved, c->options, c->options_bytes) != 0)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", c->path);
+    MB_TRY(mb_ckpt_get(rd, "run", &st, sizeof st));
+    int mid = !mb_accum_window_start(&st.acc);
+    if (mid && !mb_ckpt_has(rd, "grads", NULL)) /* written mid-window by a build before "grads" */
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s was saved inside an accumulation window without its gradients "
+                       "(an older build): resume from a checkpoint at a window's end, or start again", c->path);
     MB_TRY(mb_ckpt_load_params(rd, c->params));
     MB_TRY(mb_ckpt_load_adamw(rd, c->opt));
     if (c->scaler) MB_TRY(mb_ckpt_load_scaler(rd, c->scaler));
     if (c->load_state) MB_TRY(c->load_state(rd, c->ctx));
-    return mb_ckpt_get(rd, "run", rs, sizeof *rs);
+    if (mid) MB_TRY(mb_ckpt_get(rd, "grads", mb_params_grad(c->params), mb_params_total(c->params) * sizeof(float)));
+    *rs = st;
+    return MB_OK;
 }
 
 MBT_API mb_result mbt_ckpt_load(const mbt_ckpt *c, mbt_run *rs) {

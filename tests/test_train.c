@@ -4,6 +4,7 @@
  * of the loss curves, resumes bit for bit, and bad flags or data exit 2 with one `error:`
  * line. */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
+#define MEGABATCH_IMPLEMENTATION /* the checkpoint API, for the mid-window case */
 #include "megabatch.h"
 #include "testutil.h"
 #include <sys/wait.h>
@@ -290,6 +291,58 @@ static void test_mixed_precision(void **state) {
     }
 }
 
+/* A checkpoint inside an accumulation window (--accum 5 over epochs of 12 batches: epoch 1 ends
+ * 2 micro-batches into its third window) keeps the gradients summed so far, so a run resumed
+ * there ends bitwise equal to an uninterrupted one (f16 with --carry: the scaler and the carried
+ * state too; --ckpt-every 3 is ignored inside windows). The same checkpoint without its
+ * "grads" section (as an older build wrote it) is refused with a clear error. */
+static void test_resume_mid_window(void **state) {
+    (void)state;
+    char cmd[1400], line[1024], full[128], part[128], old[128];
+    const char *opts = TINY " --accum 5 --precision f16 --carry --schedule constant --warmup 0";
+    snprintf(full, sizeof full, "%s/mid-full.ckpt", dir);
+    snprintf(part, sizeof part, "%s/mid-part.ckpt", dir);
+    snprintf(old, sizeof old, "%s/mid-old.ckpt", dir);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 %s --ckpt %s --metrics %s.csv 2>&1",
+             dir, dir, opts, full, full);
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 %s --ckpt %s --metrics %s.csv "
+             "--epochs 1 2>&1", dir, dir, opts, part, part);
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    /* the epoch-1 checkpoint, copied without "grads" (every other section as it is) */
+    mb_ckpt_reader *r;
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_open(&r, NULL, part));
+    assert_true(mb_ckpt_has(r, "grads", NULL));
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    const char *names[] = {"params.layout", "params", "adamw.m", "adamw.v", "adamw.steps", "scaler", "run", "options"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        size_t n = 0;
+        assert_true(mb_ckpt_has(r, names[i], &n));
+        void *buf = malloc(n ? n : 1);
+        assert_non_null(buf);
+        tu_ok(mb_ckpt_get(r, names[i], buf, n));
+        tu_ok(mb_ckpt_add(w, names[i], buf, n));
+        free(buf);
+    }
+    mb_ckpt_close(r);
+    tu_ok(mb_ckpt_write(w, old));
+    mb_ckpt_writer_destroy(w);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 %s --ckpt %s --resume 2>&1",
+             dir, dir, opts, old);
+    assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+    if (!strstr(line, "inside an accumulation window without its gradients")) fail_msg("got '%s'", line);
+    /* the real one resumes bitwise */
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 %s --ckpt %s --metrics %s.csv "
+             "--resume 2>&1", dir, dir, opts, part, part);
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    assert_true(files_equal(full, part));
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s.csv", full);
+    snprintf(b, sizeof b, "%s.csv", part);
+    if (!metrics_equal(a, b)) fail_msg("the resumed run's metrics %s differ from %s", b, a);
+}
+
 /* The picture's edge cases: one epoch of few batches; then a hand-made metrics file (NaN
  * and Inf losses, all values equal, rows after the checkpoint, a line cut short) kept by
  * --resume of a finished run as far as the checkpoint covers it, and drawn. */
@@ -363,6 +416,7 @@ int main(void) {
         cmocka_unit_test(test_bad_flags_and_data),
         cmocka_unit_test(test_kill_and_resume_bitwise),
         cmocka_unit_test(test_mixed_precision),
+        cmocka_unit_test(test_resume_mid_window),
         cmocka_unit_test(test_plot_edge_cases),
         cmocka_unit_test(test_hostile_files),
     };
