@@ -605,7 +605,8 @@ typedef struct mb_lstm_config {
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
     int checkpoint;      /* steps between kept cell states: 0 = auto (CPU: ceil(sqrt(T)) rounded up
                             to a multiple of grad_block; CUDA: full storage when it takes at most a
-                            quarter of the free device memory, else as the CPU), -1 = off (full
+                            quarter of the free device memory (with the fused
+                            recurrence's workspace), else as the CPU), -1 = off (full
                             storage of gates and cells), k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
@@ -4155,6 +4156,21 @@ static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
     return 4 * Hp * Hp * es + R * 4 * Hp * es + R * 4 * Hp * 4 + R * Hp * 4;
 }
 
+/* The fused recurrence can run here: the backend has it and W_hh of this precision fits in a
+ * block's shared memory. */
+static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op) {
+    return dev->be->lstm_fused && mb__lstm_fused_smem(H, op) <= dev->be->lstm_fused_smem(dev);
+}
+
+/* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps
+ * (T*B, F), gate gradients (T*B, 4H), T*B ones, and in bf16/f16 the operand copies of the
+ * first two. SIZE_MAX on overflow. */
+static size_t mb__lstm_fused_bytes(int64_t B, int64_t T, int64_t F, int64_t H, mb_dtype op) {
+    size_t rows, out, w = (size_t)F + 4 * (size_t)H, es = op == MB_F32 ? 0 : mb_dtype_size(op);
+    if (!mb_size_mul((size_t)B, (size_t)T, &rows)) return SIZE_MAX;
+    return mb_size_mul(rows, (w + 1) * sizeof(float) + w * es, &out) ? out : SIZE_MAX;
+}
+
 struct mb_lstm;
 static int mb__lstm_fused_on(const struct mb_lstm *l);
 static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
@@ -4549,17 +4565,20 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
 
 /* ---- the GPU's checkpoint default ----
  * checkpoint = 0 on a CUDA device: full storage (no recompute, the fastest backward) when the
- * LSTM's full activations at max_batch x max_steps take at most a quarter of the device's free
- * memory at creation (room for the other encoders, the head and the optimizer); checkpointing
+ * LSTM's full activations at max_batch x max_steps, with the fused recurrence's workspace where
+ * it runs, take at most a quarter of the device's free memory at creation (room for the other
+ * encoders, the head and the optimizer); checkpointing
  * only when memory is short. The CPU keeps ceil(sqrt(T)) (its caches favour the small working
  * set). Gradients are bitwise the same either way. */
 static int mb__lstm_full_fits_in(size_t full_bytes, size_t free_bytes) { return full_bytes <= free_bytes / 4; }
 
 static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
-    size_t full = 0, total = 0, free_bytes = 0;
+    size_t full = 0, total = 0, free_bytes = 0, ws = 0;
     if (mb_lstm_memory(cfg, cfg->max_batch, cfg->max_steps, &full, NULL) != MB_OK) { mb_clear_error(); return 0; }
     if (mb_device_memory(dev, &total, &free_bytes) != MB_OK) { mb_clear_error(); return 0; }
-    return mb__lstm_full_fits_in(full, free_bytes);
+    if (mb__lstm_fused_fits(dev, cfg->hidden_size, cfg->precision))
+        ws = mb__lstm_fused_bytes(cfg->max_batch, cfg->max_steps, cfg->input_size, cfg->hidden_size, cfg->precision);
+    return mb_size_add(full, ws, &full) && mb__lstm_full_fits_in(full, free_bytes);
 }
 
 MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_config *cfg) {
@@ -5022,13 +5041,11 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
 
 /* The one place that decides: a GPU, full activation storage (no checkpointing), and W_hh of
  * this precision fits in a block's shared memory. Else the per-step cuBLAS path runs. */
-static int mb__lstm_fused_on(const mb_lstm *l) {
-    const mb__backend *be = l->dev->be;
-    return l->kmax == 0 && be->lstm_fused && mb__lstm_fused_smem(l->H, l->op) <= be->lstm_fused_smem(l->dev);
-}
+static int mb__lstm_fused_on(const mb_lstm *l) { return l->kmax == 0 && mb__lstm_fused_fits(l->dev, l->H, l->op); }
 
 /* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
- * steps (T*B, 4H) with theirs, and T*B ones for the bias gradients. */
+ * steps (T*B, 4H) with theirs, and T*B ones for the bias gradients: mb__lstm_fused_bytes,
+ * which the GPU's full-storage default counts. */
 static mb_result mb__lstm_fused_alloc(mb_lstm *l) {
     size_t rows = (size_t)(l->maxT * l->maxB), es = mb_dtype_size(l->op);
     MB_TRY(mb__lstm_alloc(l, &l->xall, rows * (size_t)l->F));

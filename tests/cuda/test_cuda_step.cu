@@ -93,6 +93,43 @@ static void test_cuda_checkpoint_default(void **state) {
     mb_device_close(g);
 }
 
+/* The full-storage decision counts the fused recurrence's workspace: mb__lstm_fused_bytes is
+ * what mb__lstm_fused_alloc takes (the tracked live device bytes), in f32 and bf16, at odd
+ * shapes; and the decision adds it to the activations. */
+static void test_cuda_fused_workspace_counted(void **state) {
+    (void)state;
+    mb_device *g = tu_open_cuda_or_skip(0);
+    for (int i = 0; i < 2; i++) {
+        mb_dtype op = i ? MB_BF16 : MB_F32;
+        mb_params *p;
+        tu_ok(mb_params_create(&p, g));
+        mb_lstm_config c;
+        memset(&c, 0, sizeof c);
+        c.input_size = tu_int(1, 9); c.hidden_size = tu_int(1, 40); c.max_steps = tu_int(1, 50);
+        c.max_batch = tu_int(1, 20); c.layers = tu_int(1, 2); c.precision = op;
+        mb_lstm *l;
+        tu_ok(mb_lstm_create(&l, p, &c));
+        assert_true(l->fused);
+        size_t before = mb_device_mem_stats(g).live[MB_MEM_DEVICE];
+        mb__lstm_fused_free(l);
+        size_t freed = mb_device_mem_stats(g).live[MB_MEM_DEVICE];
+        tu_ok(mb__lstm_fused_alloc(l));
+        size_t want = mb__lstm_fused_bytes(c.max_batch, c.max_steps, c.input_size, c.hidden_size, op);
+        if (before - freed != want || mb_device_mem_stats(g).live[MB_MEM_DEVICE] != before)
+            fail_msg("%s B %lld T %lld F %lld H %lld: the workspace takes %zu bytes, counted %zu", mb_dtype_name(op),
+                     (long long)c.max_batch, (long long)c.max_steps, (long long)c.input_size,
+                     (long long)c.hidden_size, before - freed, want);
+        size_t full = 0, total = 0, free_bytes = 0;
+        tu_ok(mb_lstm_memory(&c, c.max_batch, c.max_steps, &full, NULL));
+        tu_ok(mb_device_memory(g, &total, &free_bytes));
+        assert_int_equal(mb__lstm_full_fits(g, &c), mb__lstm_full_fits_in(full + want, free_bytes));
+        mb_lstm_destroy(l);
+        mb_params_destroy(p);
+    }
+    assert_int_equal(mb__lstm_fused_bytes(INT64_MAX, 2, 1, 1, MB_F32), SIZE_MAX); /* overflow: never fits */
+    mb_device_close(g);
+}
+
 /* The same gemm on two streams at once: each stream's own handle, the same bits. */
 static void test_cuda_gemm_per_stream_handles(void **state) {
     (void)state;
@@ -215,6 +252,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_meter_no_sync),
         cmocka_unit_test(test_cuda_scheduled_adamw),
         cmocka_unit_test(test_cuda_checkpoint_default),
+        cmocka_unit_test(test_cuda_fused_workspace_counted),
         cmocka_unit_test(test_cuda_gemm_per_stream_handles),
         cmocka_unit_test(test_cuda_step_graph_replay),
     };
