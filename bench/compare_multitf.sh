@@ -10,7 +10,7 @@
 #
 # CPU: both sides flush denormals (FTZ+DAZ: megabatch's default, torch.set_flush_denormal)
 # and use --threads threads (default 1); --no-ftz turns flushing off on both sides
-# (megabatch: train_multitf --no-ftz, which the example must support). R rounds (default
+# (megabatch: train_multitf --no-ftz). R rounds (default
 # 1) alternate megabatch and the peers (reversed order on even rounds); the table gives
 # medians (min-max) of samples/s and of the per-round ratio megabatch / peer, and the
 # load average before and after.

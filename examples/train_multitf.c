@@ -46,6 +46,7 @@ typedef struct options { /* its bytes (but paths and run-only flags) are in each
     mb_dtype precision;
     uint64_t seed;
     int world;          /* data parallel: ranks (set by trainer_open; part of a checkpoint's shape) */
+    int no_ftz;         /* --no-ftz: the CPU keeps denormals (in the padding after world: old files match) */
 } options;
 
 static const char usage[] =
@@ -58,6 +59,7 @@ static const char usage[] =
     "            --warmup STEPS [20]  --accum N [1]  --clip X [1.0]  --weight-decay X [0.01]\n"
     "            --precision f32|bf16|f16 [f32; bf16 on the GPU]  --seed S [1]  --max-batches N [0: all]\n"
     "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
+    "            --no-ftz (the CPU keeps denormals; default: flushed to zero, FTZ+DAZ; no effect on the GPU)\n"
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
@@ -80,7 +82,8 @@ static int parse_options(int argc, char **argv, options *o) {
         {"--ckpt", MBA_STR, &o->ckpt, 0, 0, NULL}, {"--ckpt-every", MBA_I64, &o->ckpt_every, 0, 1e12, NULL},
         {"--export", MBA_STR, &o->export_path, 0, 0, NULL}, {"--init", MBA_STR, &o->init, 0, 0, NULL},
         {"--carry", MBA_SET, &o->carry, 0, 0, NULL}, {"--quiet", MBA_SET, &o->quiet, 0, 0, NULL},
-        {"--resume", MBA_SET, &o->resume, 0, 0, NULL}, {"--epochs", MBA_INT, &o->epochs, 1, 1e6, NULL},
+        {"--resume", MBA_SET, &o->resume, 0, 0, NULL}, {"--no-ftz", MBA_SET, &o->no_ftz, 0, 0, NULL},
+        {"--epochs", MBA_INT, &o->epochs, 1, 1e6, NULL},
         {"--batch", MBA_I64, &o->batch, 1, 1e6, NULL}, {"--hidden", MBA_I64, &o->hidden, 1, 1e5, NULL},
         {"--head", MBA_I64, &o->head, 1, 1e5, NULL}, {"--layers", MBA_INT, &o->layers, 1, 16, NULL},
         {"--accum", MBA_INT, &o->accum, 1, 1e4, NULL}, {"--threads", MBA_INT, &o->threads, 0, 1024, NULL},
@@ -282,6 +285,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
     dc.backend = BACKEND; dc.streams = 2 + MAX_SEG; dc.threads = o->threads; /* encoder s on stream 2 + s */
+    dc.keep_denormals = o->no_ftz;
     dc.log.fn = mbt_log_warnings; dc.log.max = MB_LOG_WARN;
     dc.index = mb_dist_local_rank(t->dist); /* CUDA: one GPU per rank of this machine */
     MB_TRY(mb_device_open(&t->dev, &dc));

@@ -343,6 +343,22 @@ static void test_resume_mid_window(void **state) {
     if (!metrics_equal(a, b)) fail_msg("the resumed run's metrics %s differ from %s", b, a);
 }
 
+/* --no-ftz: the device keeps denormals (its line says so), and the setting is part of a
+ * checkpoint's options: a resume that changes it is refused. */
+static void test_no_ftz(void **state) {
+    (void)state;
+    char cmd[1024], line[1024], ck[128];
+    snprintf(ck, sizeof ck, "%s/ftz.ckpt", dir);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --batch 32 --hidden 8 --head 16 "
+             "--epochs 1 --max-batches 2 --no-ftz --ckpt %s 2>&1", dir, dir, ck);
+    assert_int_equal(run_cmd(cmd, "device:", line, sizeof line), 0);
+    if (!strstr(line, "denormals kept")) fail_msg("--no-ftz: device line '%s'", line);
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --batch 32 --hidden 8 --head 16 "
+             "--epochs 2 --max-batches 2 --ckpt %s --resume 2>&1", dir, dir, ck);
+    assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+    assert_non_null(strstr(line, "other model or training options"));
+}
+
 /* The picture's edge cases: one epoch of few batches; then a hand-made metrics file (NaN
  * and Inf losses, all values equal, rows after the checkpoint, a line cut short) kept by
  * --resume of a finished run as far as the checkpoint covers it, and drawn. */
@@ -417,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_kill_and_resume_bitwise),
         cmocka_unit_test(test_mixed_precision),
         cmocka_unit_test(test_resume_mid_window),
+        cmocka_unit_test(test_no_ftz),
         cmocka_unit_test(test_plot_edge_cases),
         cmocka_unit_test(test_hostile_files),
     };
