@@ -12,6 +12,9 @@
 
 static mb_dist *g_dist;
 
+/* Every rank opens the GPU of its local rank, and the ranks agree before any collective:
+ * when one has no GPU all skip (a rank skipping alone would leave the others waiting in
+ * the all-reduce); another failure fails that rank, and the others skip. */
 static mb_device *open_gpu_or_skip(void) {
     mb_device_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -19,12 +22,21 @@ static mb_device *open_gpu_or_skip(void) {
     cfg.index = mb_dist_local_rank(g_dist);
     mb_device *dev = NULL;
     mb_result r = mb_device_open(&dev, &cfg);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", r == MB_OK ? "" : mb_last_error());
+    double missing = r == MB_OK ? 0 : 1;
+    tu_ok(mb_dist_sum(g_dist, &missing, 1));
     if (r == MB_ERR_NO_DEVICE) {
         assert_null(dev);
-        assert_non_null(strstr(mb_last_error(), "GPU"));
+        assert_non_null(strstr(why, "GPU"));
         skip();
     }
-    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
+    if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", why);
+    if (missing > 0) {
+        printf("rank %d: %g other rank(s) have no GPU: skipped with them\n", mb_dist_rank(g_dist), missing);
+        mb_device_close(dev);
+        skip();
+    }
     return dev;
 }
 

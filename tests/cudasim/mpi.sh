@@ -4,7 +4,7 @@
 #   - build/sim-mpi/nccl (tests/cudasim/nccl.cu) under -np 2 and -np 3: the simulator's NCCL;
 #   - build/sim-mpi/test_cuda_dist under mpirun -np 2 and -np 3: the NCCL all-reduce against
 #     the host-computed reference, broadcast, the ranks bitwise in sync after an AdamW step
-#     (every rank passes; none skips);
+#     (every rank passes; none skips); with 2 ranks and 1 GPU, both skip (none hangs);
 #   - build/sim-mpi/train_multitf_cuda, np 2 x batch 16 and np 3 x batch 11 (uneven shards)
 #     against the same build in 1 process x batch 32 / 33: per-batch and epoch losses within
 #     1e-4 relative (DIST.md's CPU tolerance), one summary line with world=N, and the ranks'
@@ -30,6 +30,12 @@ for np in 2 3; do # the simulator's NCCL itself; jittered streams, so that a mis
         ok "test_cuda_dist -np $np (seeds printed, rank 0's is used: $(grep -o 'MB_TEST_SEED=[0-9]*' "$dir/t$np.log" | tr '\n' ' '))"
     else cat "$dir/t$np.log"; bad "test_cuda_dist -np $np"; fi
 done
+
+# one GPU for two ranks (rank 1 has none): both skip together, none waits for ever in the all-reduce
+if CUDASIM_DEVICES=1 timeout 120 "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x CUDASIM_DEVICES \
+       "$B/sim-mpi/test_cuda_dist" >"$dir/t1.log" 2>&1 && [ "$(grep -c '^\[  SKIPPED \] 1 test(s)' "$dir/t1.log")" = 2 ]; then
+    ok "test_cuda_dist -np 2 with 1 GPU: both ranks skip together"
+else cat "$dir/t1.log"; bad "test_cuda_dist -np 2 with 1 GPU (a rank alone skipping hangs the other)"; fi
 
 "$B/prepare" --synthetic --bars 30000 --features 4 --stride 30 --quiet --out-train "$dir/train.h5" --out-val "$dir/val.h5" ||
     { bad prepare; echo "sim-mpi: $pass passed, $fail failed"; exit 1; }
