@@ -22,16 +22,6 @@ enum { N = 53, T = 4, F = 3, K = 2, ROW = T * F };
 static float g_feat[N * ROW], g_targ[N * K];
 static const char *g_file;
 
-static mb_device *cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-static void close_checked(mb_device *dev) {
-    mb_mem_stats s = mb_device_mem_stats(dev);
-    for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(s.live[k], 0);
-    mb_device_close(dev);
-}
 static mb_loader_config config(int64_t batch, size_t chunk_samples, size_t slab_samples) {
     mb_loader_config c;
     memset(&c, 0, sizeof c);
@@ -169,7 +159,7 @@ static void test_epoch_matches_source(void **state) {
         for (int si = 0; si < 4; si++)
             for (int bi = 0; bi < 4; bi++)
                 for (int dl = 0; dl < 2; dl++) {
-                    mb_device *dev = cpu();
+                    mb_device *dev = tu_open_cpu();
                     mb_dataset *ds;
                     if (memory) tu_ok(mb_dataset_open_memory(&ds, g_feat, g_targ, N, T, F, K, NULL));
                     else ds = open_file();
@@ -200,12 +190,12 @@ static void test_epoch_matches_source(void **state) {
                     assert_true(st.chunk_loads >= (p->buffers == 1 ? 1 : 2 * p->chunks));
                     mb_loader_close(ld);
                     mb_dataset_close(ds);
-                    close_checked(dev);
+                    tu_close_checked(dev);
                 }
 }
 
 static void shuffled_epochs(uint64_t seed, size_t chunk, int64_t out[3][N]) {
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_dataset *ds = open_file();
     mb_loader_config c = config(4, chunk, 3);
     c.shuffle = 1;
@@ -221,7 +211,7 @@ static void shuffled_epochs(uint64_t seed, size_t chunk, int64_t out[3][N]) {
     }
     mb_loader_close(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static int same(const int64_t *a, const int64_t *b) { return memcmp(a, b, N * sizeof *a) == 0; }
@@ -253,7 +243,7 @@ static void test_shuffle_seeded_permutation(void **state) {
 }
 
 static void resume_case(int shuffle, size_t chunk, int64_t batch, int stop) {
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_dataset *ds = open_file(), *ds2 = open_file();
     mb_loader_config c = config(batch, chunk, 2);
     c.shuffle = shuffle;
@@ -289,7 +279,7 @@ static void resume_case(int shuffle, size_t chunk, int64_t batch, int stop) {
     mb_loader_close(b);
     mb_dataset_close(ds);
     mb_dataset_close(ds2);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static void test_resume_mid_epoch(void **state) {
@@ -304,7 +294,7 @@ static void test_resume_mid_epoch(void **state) {
 
 static void test_set_position_bad(void **state) {
     (void)state;
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_dataset *ds = open_file();
     mb_loader_config c = config(4, 12, 2);
     mb_loader *ld;
@@ -318,12 +308,12 @@ static void test_set_position_bad(void **state) {
     tu_ok(mb_loader_set_position(ld, p));
     mb_loader_close(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static void test_open_bad_input(void **state) {
     (void)state;
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_dataset *ds = open_file();
     mb_loader *ld = NULL;
     mb_loader_config c = config(0, 12, 2);
@@ -335,7 +325,7 @@ static void test_open_bad_input(void **state) {
     tu_assert_error(mb_loader_open(&ld, dev, NULL, &c), MB_ERR_INVALID_ARG, "NULL argument");
     assert_null(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 /* Epoch ids through a loader, for comparing failure paths with the normal one. */
@@ -382,7 +372,7 @@ static void test_pinned_failure_falls_back(void **state) {
     epoch_of(dev, &c, got);
     assert_memory_equal(ref, got, sizeof ref);
     assert_non_null(strstr(g_log, "staging through pageable"));
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 /* One epoch that may fail: MB_OK with every row equal to its source row and the ids in
@@ -426,7 +416,7 @@ static uint64_t fail_nth(mb_device *dev, int kind, uint64_t nth) {
 static void test_every_allocation_fails_in_turn(void **state) {
     (void)state;
     int64_t ref[N], got[N], rows;
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_loader_config c = config(4, 12, 5);
     c.shuffle = 1;
     epoch_of(dev, &c, ref);
@@ -463,7 +453,7 @@ static void test_every_allocation_fails_in_turn(void **state) {
     assert_memory_equal(got, ref, sizeof ref);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static void test_device_failure_retries_smaller(void **state) {
@@ -490,7 +480,7 @@ static void test_device_failure_retries_smaller(void **state) {
     tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_OUT_OF_MEMORY, "below one batch of 8 samples");
     assert_null(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static void test_nan_through_loader(void **state) {
@@ -501,7 +491,7 @@ static void test_nan_through_loader(void **state) {
     feat[30 * ROW + 1] = NAN;
     const char *p = fx_path("nan_loader.h5");
     fx_write(p, feat, targ, N, T, F, K, NULL);
-    mb_device *dev = cpu();
+    mb_device *dev = tu_open_cpu();
     mb_dataset *ds;
     tu_ok(mb_dataset_open_file(&ds, p, NULL));
     mb_loader_config c = config(4, 12, 5);
@@ -531,7 +521,7 @@ static void test_nan_through_loader(void **state) {
     assert_int_equal(rows, N - 1);
     mb_loader_close(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 /* Half-precision chunks: g_feat / g_targ converted with mb_f32_to_bf16 / f16. */
@@ -579,7 +569,7 @@ static void test_half_epoch_matches_source(void **state) {
             for (int si = 0; si < 3; si++)
                 for (int bi = 0; bi < 3; bi++)
                     for (int sh = 0; sh < 2; sh++) {
-                        mb_device *dev = cpu();
+                        mb_device *dev = tu_open_cpu();
                         mb_dataset *ds = open_file();
                         mb_loader_config c = config(batches[bi], chunks[ci], slabs[si]);
                         c.shuffle = sh;
@@ -600,7 +590,7 @@ static void test_half_epoch_matches_source(void **state) {
                         }
                         mb_loader_close(ld);
                         mb_dataset_close(ds);
-                        close_checked(dev);
+                        tu_close_checked(dev);
                     }
     }
 }
@@ -634,7 +624,7 @@ static void test_half_stage_failure(void **state) {
     tu_assert_error(mb_loader_open(&ld, dev, ds, &c), MB_ERR_OUT_OF_MEMORY, "f16 conversion stage of one sample");
     assert_null(ld);
     mb_dataset_close(ds);
-    close_checked(dev);
+    tu_close_checked(dev);
 }
 
 static int teardown_all(void **state) {

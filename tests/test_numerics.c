@@ -7,12 +7,6 @@
 #include "megabatch.h"
 #include "testutil.h"
 
-static mb_device *open_cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-
 /* weight (3, 4) + bias (3): indices 0 and 1 */
 static mb_params *make_wb(mb_device *dev) {
     mb_params *p;
@@ -26,7 +20,7 @@ static mb_params *make_wb(mb_device *dev) {
 
 static void test_adamw_hand_computed(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_params *p = make_wb(dev);
     float *w = mb_params_tensor(p, 0), *b = mb_params_tensor(p, 1);
     float *gw = mb_params_tensor_grad(p, 0), *gb = mb_params_tensor_grad(p, 1);
@@ -63,7 +57,7 @@ static void test_adamw_hand_computed(void **state) {
 
 static void test_clip_hand_computed(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_params *p = make_wb(dev);
     mb_adamw_config c = mb_adamw_config_default();
     c.max_grad_norm = 1.0f;
@@ -100,7 +94,7 @@ static void test_adamw_torch_golden(void **state) {
     const char *path = "tests/golden/adamw_golden.txt";
     FILE *f = fopen(path, "r");
     if (!f) fail_msg("cannot open %s (run the tests from the repository root)", path);
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int scenarios;
     assert_int_equal(fscanf(f, "%d", &scenarios), 1);
     assert_int_equal(scenarios, 2);
@@ -209,7 +203,7 @@ static float scale_of(mb_scaler *s) {
 /* PyTorch's test_grad_scaling_update_scale: growth 2, backoff 0.25, interval 2. */
 static void test_scaler_torch_sequence(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_scaler *s = make_scaler(dev, 4.0f, 2.0f, 0.25f, 2);
     float g[3] = {4.0f, -8.0f, 2.0f};
     int taken = -1;
@@ -250,7 +244,7 @@ static void test_scaler_torch_sequence(void **state) {
 
 static void test_scaler_inf_nan_anywhere(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_scaler *s = make_scaler(dev, 1024.0f, 2.0f, 0.5f, 100);
     enum { N = 67 };
     float g[N];
@@ -276,7 +270,7 @@ static void test_scaler_inf_nan_anywhere(void **state) {
 
 static void test_scaler_limits(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_scaler_config c;
     memset(&c, 0, sizeof c);
     c.init_scale = 1e38f; c.growth_factor = 1e10f; c.growth_interval = 1;
@@ -350,7 +344,7 @@ static void scaled_run(mb_device *dev, int S, int inf_at, int skip_at, float *pa
 
 static void test_skipped_step_bitwise(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     enum { S = 7, K = 3, NMAX = 128 };
     float pa[NMAX], ma[NMAX], va[NMAX], pb[NMAX], mb_[NMAX], vb[NMAX], sa, sb;
     int64_t ta, tb;
@@ -371,7 +365,7 @@ static void test_skipped_step_bitwise(void **state) {
 
 static void test_corruption_after_unscale(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_params *p = make_wb(dev);
     tu_ok(mb_params_init(p, 3));
     size_t n = mb_params_total(p);
@@ -448,7 +442,7 @@ static void accum_run(mb_device *dev, int K, int B, const float *x, const float 
 
 static void test_accumulation_equivalence(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int K = tu_int(2, 4), B = tu_int(1, 16);
     float x[64 * 5], t[64 * 3], g1[128], gk[128], p1[128], pk[128], p0[128];
     tu_fill(x, (size_t)(K * B * 5), -1, 1);
@@ -506,7 +500,7 @@ static void test_accum_counter_and_resume(void **state) {
 
 static void test_optim_bad_input(void **state) {
     (void)state;
-    mb_device *dev = open_cpu(), *dev2 = open_cpu();
+    mb_device *dev = tu_open_cpu(), *dev2 = tu_open_cpu();
     mb_params *p = make_wb(dev), *raw;
     mb_adamw *o;
     tu_ok(mb_params_create(&raw, dev));
@@ -551,7 +545,7 @@ static void test_optim_bad_input(void **state) {
 
 static void test_scaler_bad_input(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_scaler *s;
     mb_scaler_config c;
     memset(&c, 0, sizeof c);

@@ -6,15 +6,9 @@
 #include "megabatch.h"
 #include "testutil.h"
 
-static mb_device *open_cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-
 static void test_linear_forward_backward(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int64_t B = tu_int(1, 9), in = tu_int(1, 13), out = tu_int(1, 7);
     mb_params *p;
     mb_linear l;
@@ -73,7 +67,7 @@ static void test_linear_forward_backward(void **state) {
 /* Finite differences of the linear layer's L = sum(r * y) with respect to W, b and x. */
 static void test_linear_finite_differences(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int64_t B = 3, in = 4, out = 2;
     mb_params *p;
     mb_linear l;
@@ -118,7 +112,7 @@ static double act_ref(mb_act a, double x) {
 
 static void test_activations(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     enum { N = 257 };
     float x[N], y[N], dy[N], dx[N], ref[N];
     for (int a = MB_ACT_IDENTITY; a <= MB_ACT_TANH; a++) {
@@ -146,7 +140,7 @@ static void test_activations(void **state) {
 
 static void test_concat_split(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int n = tu_int(1, 5);
     int64_t B = tu_int(1, 6), dims[5], total = 0;
     float *xs[5], *back[5];
@@ -175,7 +169,7 @@ static void test_concat_split(void **state) {
 
 static void test_dropout(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     enum { N = 20000 };
     float *x = tu_alloc_f32(N), *y = tu_alloc_f32(N), *y2 = tu_alloc_f32(N), *dx = tu_alloc_f32(N);
     tu_fill(x, N, 0.5f, 1.5f);   /* never zero: a zero output means dropped */
@@ -215,7 +209,7 @@ static double loss_ref(int huber, double delta, const float *p, const float *t, 
 
 static void test_losses(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     int64_t B = tu_int(1, 8), K = tu_int(1, 6);
     int n = (int)(B * K);
     float *pred = tu_alloc_f32((size_t)n), *tgt = tu_alloc_f32((size_t)n), *d = tu_alloc_f32((size_t)n);
@@ -260,7 +254,7 @@ static void test_losses(void **state) {
 
 static void test_layers_bad_input(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_params *p;
     mb_linear l;
     float buf[64] = {0}, loss;

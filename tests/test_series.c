@@ -68,16 +68,6 @@ static void gen_random(gen *g) {
     gen_make(g, tu_int(1, 5), tu_int(1, 60), tu_int(1, 5), tu_int(1, 3));
 }
 
-static mb_device *cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-static void close_checked(mb_device *dev) {
-    mb_mem_stats s = mb_device_mem_stats(dev);
-    for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(s.live[k], 0);
-    mb_device_close(dev);
-}
 
 static void test_reads_match_windows(void **state) {
     (void)state;
@@ -127,7 +117,7 @@ static void test_batches_match_window_layout(void **state) {
         gen g;
         gen_random(&g);
         mb_series d = gen_desc(&g);
-        mb_device *dev = cpu();
+        mb_device *dev = tu_open_cpu();
         mb_dataset *ds = NULL, *dw = NULL;
         tu_ok(mb_dataset_open_series(&ds, &d, NULL));
         tu_ok(mb_dataset_open_memory(&dw, g.windows, g.targ, g.n, g.t, g.f, g.k, NULL));
@@ -157,7 +147,7 @@ static void test_batches_match_window_layout(void **state) {
         assert_true(st.bytes_copied > 0);
         mb_loader_close(ls); mb_loader_close(lw);
         mb_dataset_close(ds); mb_dataset_close(dw);
-        close_checked(dev);
+        tu_close_checked(dev);
         gen_free(&g);
     }
 }
@@ -170,7 +160,7 @@ static void test_fallbacks(void **state) {
         gen g;
         gen_make(&g, tu_int(1, 4), tu_int(8, 60), tu_int(1, 4), tu_int(1, 3));
         mb_series d = gen_desc(&g);
-        mb_device *dev = cpu();
+        mb_device *dev = tu_open_cpu();
         mb_dataset *ds = NULL, *dw = NULL;
         tu_ok(mb_dataset_open_series(&ds, &d, NULL));
         tu_ok(mb_dataset_open_memory(&dw, g.windows, g.targ, g.n, g.t, g.f, g.k, NULL));
@@ -214,7 +204,7 @@ static void test_fallbacks(void **state) {
         assert_int_equal(r, MB_ERR_NONFINITE);
         mb_loader_close(ls);
         mb_dataset_close(ds);
-        close_checked(dev);
+        tu_close_checked(dev);
         gen_free(&g);
     }
 }

@@ -6,29 +6,23 @@
 #include "megabatch.h"
 #include "step_cases.h"
 
-static mb_device *open_cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-
 static void test_meter_loss(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     for (int i = 0; i < 4; i++) sc_meter_loss(dev, tu_next());
     mb_device_close(dev);
 }
 
 static void test_meter_bad_input(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     sc_meter_bad_input(dev);
     mb_device_close(dev);
 }
 
 static void test_scheduled_adamw(void **state) {
     (void)state;
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     size_t n;
     for (int k = MB_LR_CONSTANT; k <= MB_LR_ONE_CYCLE; k++) {
         float *out = tu_alloc_f32(40 * 51);
@@ -45,7 +39,7 @@ static void test_checkpoint_default(void **state) {
     assert_true(mb__lstm_full_fits_in(100, 400));
     assert_false(mb__lstm_full_fits_in(101, 400));
     assert_false(mb__lstm_full_fits_in(1, 3));
-    mb_device *dev = open_cpu();
+    mb_device *dev = tu_open_cpu();
     mb_params *p;
     tu_ok(mb_params_create(&p, dev));
     mb_lstm_config c;

@@ -116,6 +116,43 @@ static inline double tu_rel_norm_err(const float *got, const float *ref, size_t 
         if (tu_r_ != MB_OK) fail_msg("%s failed: %s: %s", #call, mb_result_string(tu_r_), mb_last_error()); \
     } while (0)
 
+/* The CPU device with its defaults. */
+static inline mb_device *tu_open_cpu(void) {
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    return dev;
+}
+
+/* Close a device after checking that nothing allocated on it is still live. */
+static inline void tu_close_checked(mb_device *dev) {
+    mb_mem_stats s = mb_device_mem_stats(dev);
+    for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(s.live[k], 0);
+    mb_device_close(dev);
+}
+
+/* Two epochs of a loader's batches into out, features then targets, batch after batch, each
+ * copied on the compute stream as a training step would use it (then closes the loader and
+ * its dataset). row: feature elements per sample, k: targets per sample, in the loader's
+ * dtype (es bytes each). Returns the bytes written (at most cap). */
+static inline size_t tu_drain_two_epochs(mb_device *dev, mb_loader *ld, mb_dataset *ds, size_t row, size_t k,
+                                         size_t es, char *out, size_t cap) {
+    size_t used = 0;
+    mb_batch b;
+    for (int e = 0; e < 2;) {
+        tu_ok(mb_loader_next(ld, &b));
+        if (b.end_of_epoch) { e++; continue; }
+        size_t nf = (size_t)b.count * row * es, nk = (size_t)b.count * k * es;
+        assert_true(used + nf + nk <= cap);
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used, b.features, nf));
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used + nf, b.targets, nk));
+        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+        used += nf + nk;
+    }
+    mb_loader_close(ld);
+    mb_dataset_close(ds);
+    return used;
+}
+
 #ifdef MEGABATCH_CUDA
 /* Open the GPU (4 streams) or skip the calling test, after checking that a machine
  * without one gives MB_ERR_NO_DEVICE with a message naming CUDA. */

@@ -13,27 +13,11 @@ static float g_feat[N * ROW], g_targ[N * K];
 /* Two epochs of batches as host bytes (features then targets, batch after batch, in
  * the loader dtype); returns bytes. */
 static size_t collect(mb_device *dev, const mb_loader_config *c, char *out, size_t cap) {
-    size_t s = mb_dtype_size(c->dtype);
     mb_dataset *ds;
     tu_ok(mb_dataset_open_memory(&ds, g_feat, g_targ, N, T, F, K, NULL));
     mb_loader *ld;
     tu_ok(mb_loader_open(&ld, dev, ds, c));
-    size_t used = 0;
-    mb_batch b;
-    for (int e = 0; e < 2;) {
-        tu_ok(mb_loader_next(ld, &b));
-        if (b.end_of_epoch) { e++; continue; }
-        size_t nf = (size_t)b.count * ROW * s, nk = (size_t)b.count * K * s;
-        assert_true(used + nf + nk <= cap);
-        /* the batch is used on the compute stream, as a training step would */
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used, b.features, nf));
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used + nf, b.targets, nk));
-        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
-        used += nf + nk;
-    }
-    mb_loader_close(ld);
-    mb_dataset_close(ds);
-    return used;
+    return tu_drain_two_epochs(dev, ld, ds, ROW, K, mb_dtype_size(c->dtype), out, cap);
 }
 
 static void compare_with_cpu(mb_device *gpu, mb_loader_config c) {

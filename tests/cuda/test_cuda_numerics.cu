@@ -7,12 +7,6 @@
 #include "testutil.h"
 
 
-static mb_device *open_cpu(void) {
-    mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    return dev;
-}
-
 /* A device copy of n host floats. */
 static float *up(mb_device *g, const float *h, size_t n) {
     float *d = NULL;
@@ -27,7 +21,7 @@ static void down(mb_device *g, float *h, const float *d, size_t n) {
 
 static void test_cuda_linear(void **state) {
     (void)state;
-    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = tu_open_cpu();
     int64_t B = tu_int(1, 70), in = tu_int(1, 90), out = tu_int(1, 40);
     mb_params *pg, *pc;
     mb_linear lg, lc;
@@ -67,7 +61,7 @@ static void test_cuda_linear(void **state) {
 
 static void test_cuda_activations_concat_dropout(void **state) {
     (void)state;
-    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = tu_open_cpu();
     size_t n = (size_t)tu_int(1, 300000);
     float *x = tu_alloc_f32(n), *dy = tu_alloc_f32(n), *y = tu_alloc_f32(n), *h = tu_alloc_f32(n);
     tu_fill(x, n, -6, 6);
@@ -130,7 +124,7 @@ static void test_cuda_activations_concat_dropout(void **state) {
 
 static void test_cuda_losses(void **state) {
     (void)state;
-    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = tu_open_cpu();
     int64_t B = tu_int(1, 300), K = tu_int(1, 40);
     size_t n = (size_t)(B * K);
     float *pr = tu_alloc_f32(n), *t = tu_alloc_f32(n), *d = tu_alloc_f32(n), *h = tu_alloc_f32(n);
@@ -157,7 +151,7 @@ static void test_cuda_losses(void **state) {
 
 static void test_cuda_unscale_and_update(void **state) {
     (void)state;
-    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = tu_open_cpu();
     size_t n = (size_t)tu_int(1000, 2000000);
     float *x = tu_alloc_f32(n), *h = tu_alloc_f32(n);
     mb_scaler_config cfg;
@@ -210,7 +204,7 @@ static mb_params *make_params(mb_device *dev, int64_t rows, int64_t cols) {
 
 static void test_cuda_adamw(void **state) {
     (void)state;
-    mb_device *g = tu_open_cuda_or_skip(0), *c = open_cpu();
+    mb_device *g = tu_open_cuda_or_skip(0), *c = tu_open_cpu();
     int64_t rows = tu_int(1, 300), cols = tu_int(1, 700);
     for (int use_scaler = 0; use_scaler <= 1; use_scaler++) {
         mb_params *pg = make_params(g, rows, cols), *pc = make_params(c, rows, cols);

@@ -113,21 +113,7 @@ static size_t collect(mb_device *dev, const gen *g, const mb_loader_config *c, c
     mb_loader *ld;
     tu_ok(mb_loader_open(&ld, dev, ds, c));
     assert_non_null(ld->ser);
-    size_t used = 0, s = mb_dtype_size(c->dtype);
-    mb_batch b;
-    for (int e = 0; e < 2;) {
-        tu_ok(mb_loader_next(ld, &b));
-        if (b.end_of_epoch) { e++; continue; }
-        size_t nf = (size_t)(b.count * g->t * g->f) * s, nk = (size_t)(b.count * g->k) * s;
-        assert_true(used + nf + nk <= cap);
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used, b.features, nf));
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used + nf, b.targets, nk));
-        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
-        used += nf + nk;
-    }
-    mb_loader_close(ld);
-    mb_dataset_close(ds);
-    return used;
+    return tu_drain_two_epochs(dev, ld, ds, (size_t)(g->t * g->f), (size_t)g->k, mb_dtype_size(c->dtype), out, cap);
 }
 
 static void test_cuda_series_loader_matches_cpu(void **state) {

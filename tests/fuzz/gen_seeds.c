@@ -42,16 +42,23 @@ static hid_t dset(hid_t file, const char *name, hid_t type, int rank, const hsiz
     return d;
 }
 
-static int write_seed(const char *dir, const seed *s) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, s->name);
+/* Create dir/name (its path into path) with no timestamps, the root group's included (the same
+ * input gives the same bytes); latest: the newest file format. Negative on failure. */
+static hid_t create_file(const char *dir, const char *name, int latest, char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s", dir, name);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (s->latest) H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    if (latest) H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
-    H5Pset_obj_track_times(fcpl, 0); /* the root group too */
+    H5Pset_obj_track_times(fcpl, 0);
     hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
     H5Pclose(fapl);
     H5Pclose(fcpl);
+    return file;
+}
+
+static int write_seed(const char *dir, const seed *s) {
+    char path[512];
+    hid_t file = create_file(dir, s->name, s->latest, path, sizeof path);
     if (file < 0) return 1;
     float feat[8 * 6 * 3], targ[8 * 3];
     for (int i = 0; i < s->n * s->t * s->f; i++) feat[i] = (float)(i / (s->t * s->f)) + 0.25f * (float)(i % 7);
@@ -102,11 +109,7 @@ static int write_seed(const char *dir, const seed *s) {
  * (scaleoffset), an absurd chunk, `segments` as floats, `segment_names` as an integer. */
 static int write_extra(const char *dir, const char *name, const char *kind) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
-    H5Pset_obj_track_times(fcpl, 0);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
-    H5Pclose(fcpl);
+    hid_t file = create_file(dir, name, 0, path, sizeof path);
     if (file < 0) return 1;
     enum { N = 4, T = 2, F = 2, K = 1 };
     float feat[N * T * F], targ[N * K];
@@ -153,11 +156,7 @@ static int write_extra(const char *dir, const char *name, const char *kind) {
  * deflate), "nan" (a NaN in a bar), "bad_index" (past the last bar), "decreasing". */
 static int write_series(const char *dir, const char *name, const char *kind) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
-    H5Pset_obj_track_times(fcpl, 0);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
-    H5Pclose(fcpl);
+    hid_t file = create_file(dir, name, 0, path, sizeof path);
     if (file < 0) return 1;
     float b0[16], b1[8], targ[5];
     long long ends[10] = {2, 1, 3, 1, 4, 2, 6, 2, 7, 3};
