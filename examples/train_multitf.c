@@ -105,7 +105,7 @@ static int parse_options(int argc, char **argv, options *o) {
 // training adds: the loss, the f16 loss scaler, zeros (the baseline's prediction), the meter
 // the losses sum into on the device, and what the graph step needs (section "the training step").
 
-enum { MAX_SEG = 5, METER_DEPTH = 64 };
+enum { MAX_SEG = 5, METER_DEPTH = 64, DP_ROWS = 256 };
 
 typedef struct model {
     mtf_model net;
@@ -118,6 +118,9 @@ typedef struct model {
     int rows_head;       /* the oldest's index in rows */
     double seen_sum, seen_w; /* slot 0 as last read: the training loss since the last fold */
     double last_loss;    /* the loss of the last step whose read landed */
+    int dp_n;            /* several ranks: steps landed since the last fold, their rows and this */
+    mbt_step_row dp_rows[DP_ROWS]; /* rank's {loss sum, samples}, summed over the ranks at the fold */
+    double dp_sums[2 * DP_ROWS + 1];
     int graphs, warm;    /* the step runs as CUDA graphs; a step of this process ran (the warm-up) */
     mb_graph *graph[8];  /* by (window start, optimizer step, short batch) */
     float *xb, *yb;      /* the batch copied into fixed device buffers, which the graphs read */
@@ -194,18 +197,14 @@ static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseli
 // ---- data parallel ----
 // Under mpirun (build/train_multitf_mpi) each rank's training loader reads its shard of
 // every global batch (mb_loader_config.shard_*); rank 0's weights are broadcast at the
-// start; per batch one all-reduce averages the gradients over all ranks' samples (the
-// batch loss rides along) before the optimizer step, so clipping and the f16 skip see
-// the same bits on every rank; after each epoch the ranks check they are bitwise in sync.
+// start; per batch one all-reduce averages the gradients over all ranks' samples before
+// the optimizer step, so clipping and the f16 skip see the same bits on every rank (with
+// NCCL on the device: no host sync). Each rank's batch losses go into its meter; at each
+// fold (epoch end, checkpoint, every DP_ROWS steps) the ranks sum them (meter_fold), and
+// rank 0 writes the steps' rows. After each epoch the ranks check they are bitwise in sync.
 // Rank 0 alone prints, writes metrics, the picture and checkpoints (which every rank
 // reads on --resume). Validation runs whole on every rank. Refused with several ranks:
 // --accum > 1 and --carry. docs/DIST.md.
-
-/* The batch's gradients (and loss) averaged over the ranks, weighted by their samples. */
-static mb_result data_parallel_reduce(model *m, int64_t count, float *loss, int64_t *total) {
-    MB_TRY(mb_fetch_scalar(m->net.dev, MB_STREAM_COMPUTE, m->loss, loss)); /* the host reduces: the batch is done */
-    return mb_dist_allreduce_grads(m->dist, m->net.params, count, loss, total);
-}
 
 static mb_result data_parallel_in_sync(model *m) {
     int same = 1;
@@ -347,7 +346,8 @@ static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *s
 // launch per batch. Variants (window start, optimizer step, short last batch) each get their
 // graph. The first step of a run runs plain (the warm-up the capture needs). Plain launches
 // instead, said once: the CPU (mb_graph_run runs the calls directly), --carry (the encoders'
-// state path changes between batches), several ranks (the all-reduce waits on the host).
+// state path changes between batches), several ranks (each all-reduce first sums the ranks'
+// sample counts on the host).
 
 typedef struct step_args {
     model *m;
@@ -369,8 +369,10 @@ static mb_result train_step(void *user) {
 }
 
 static void graphs_choose(model *m, const options *o) {
-    const char *off = !mb_graph_supported(m->net.dev) ? NULL : o->carry ? "--carry (the encoders' state changes the step)"
-                      : mb_dist_size(m->dist) > 1 ? "several ranks (the all-reduce waits on the host)" : NULL;
+    const char *off = !mb_graph_supported(m->net.dev) ? NULL
+                      : o->carry ? "--carry (the encoders' state changes the step)"
+                      : mb_dist_size(m->dist) > 1 ? "several ranks (each all-reduce first sums the sample counts on the host)"
+                                                  : NULL;
     m->graphs = mb_graph_supported(m->net.dev) && !off;
     if (off && !o->quiet && mb_dist_rank(m->dist) == 0) fprintf(stderr, "note: CUDA graphs off: %s; plain launches\n", off);
 }
@@ -404,9 +406,14 @@ static mb_result meter_take(model *m, FILE *csv, int wait, int *landed) {
     double sum = 0, w = 0;
     MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
     if (w > m->seen_w) m->last_loss = (sum - m->seen_sum) / (w - m->seen_w);
+    if (mb_dist_size(m->dist) > 1) { /* several ranks: this rank's share, summed at the fold */
+        m->dp_rows[m->dp_n] = *row;
+        m->dp_sums[2 * m->dp_n] = sum - m->seen_sum;
+        m->dp_sums[2 * m->dp_n + 1] = w - m->seen_w;
+        m->dp_n++;
+    } else mbt_metrics_step(csv, row, (float)m->last_loss);
     m->seen_sum = sum;
     m->seen_w = w;
-    mbt_metrics_step(csv, row, (float)m->last_loss);
     return MB_OK;
 }
 
@@ -422,8 +429,23 @@ static mb_result meter_step(model *m, FILE *csv, mbt_step_row row) {
     return MB_OK;
 }
 
+/* Several ranks: the landed steps' losses and the fold's sum, summed over the ranks in rank
+ * order (every rank folds at the same step, with the same steps landed); rank 0 writes the rows. */
+static mb_result meter_fold_ranks(model *m, FILE *csv, double *sum) {
+    int n = m->dp_n;
+    m->dp_sums[2 * n] = *sum;
+    MB_TRY(mb_dist_sum(m->dist, m->dp_sums, 2 * n + 1));
+    for (int i = 0; i < n; i++) {
+        m->last_loss = m->dp_sums[2 * i] / m->dp_sums[2 * i + 1];
+        mbt_metrics_step(csv, &m->dp_rows[i], (float)m->last_loss);
+    }
+    *sum = m->dp_sums[2 * n];
+    m->dp_n = 0;
+    return MB_OK;
+}
+
 /* Take every step's read (waits), then fold the sums into the epoch's and restart the device's
- * (epoch ends and checkpoints only). */
+ * (epoch ends, checkpoints, and with several ranks every DP_ROWS steps: on every rank). */
 static mb_result meter_fold(model *m, FILE *csv, mbt_run *rs) {
     int landed;
     while (mb_meter_pending(m->meter)) MB_TRY(meter_take(m, csv, 1, &landed));
@@ -431,6 +453,7 @@ static mb_result meter_fold(model *m, FILE *csv, mbt_run *rs) {
     MB_TRY(mb_meter_wait(m->meter));
     double sum = 0, w = 0;
     MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
+    if (mb_dist_size(m->dist) > 1) MB_TRY(meter_fold_ranks(m, csv, &sum));
     rs->epoch_loss_sum += sum; /* (the samples: counted per batch, mbt_run_batch) */
     m->seen_sum = m->seen_w = 0;
     return MB_OK;
@@ -499,16 +522,14 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
         int warm = m->warm, start = mb_accum_window_start(&rs->acc);
         int stepped = mb_accum_tick(&rs->acc);
         step_args a = {m, t->opt, &t->sched, (const float *)b.features, (const float *)b.targets, b.count,
-                       mb_accum_loss_scale(&rs->acc), start, stepped && !dp, dp ? -1 : 0};
+                       mb_accum_loss_scale(&rs->acc), start, stepped && !dp, 0};
         MB_TRY(run_step(m, &a, &b, warm));
         int64_t n = b.count; /* samples of the batch, over all ranks */
-        if (dp) { /* the gradients and the loss averaged over the ranks (waits on the host), then the step */
-            float l;
-            MB_TRY(data_parallel_reduce(m, b.count, &l, &n));
+        if (dp) { /* the gradients averaged over the ranks' samples, then the step */
+            MB_TRY(mb_dist_allreduce_grads(m->dist, m->net.params, b.count, NULL, &n));
             if (stepped) MB_TRY(optimizer_step(m, t->opt, &t->sched));
-            m->last_loss = l;
-            mbt_run_batch(rs, l, n);
-        } else mbt_run_batch(rs, 0.0, n); /* the loss sums: folded from the meter (meter_fold) */
+        }
+        mbt_run_batch(rs, 0.0, n); /* the loss sums: folded from the meter (meter_fold) */
         if (stepped) rs->step++;
         if (!warm) { /* the warm-up step is not counted: wait for it once, count from here */
             MB_TRY(mb_sync(t->dev, -1));
@@ -516,19 +537,19 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
             m->warm = 1;
         } else counted++;
         double sps = mbt_rate(rs->samples - samples0, mbt_now() - t0);
-        mbt_step_row row = mbt_step_row_of(rs, lr, sps);
-        if (dp) mbt_metrics_step(t->csv, &row, (float)m->last_loss);
-        else MB_TRY(meter_step(m, t->csv, row)); /* the row is written when the step's loss lands */
+        MB_TRY(meter_step(m, t->csv, mbt_step_row_of(rs, lr, sps))); /* its row: when its loss lands */
         pb->loss = m->last_loss;
         mbt_progress_draw(pb, t->dev, rs, total, sps, 0);
-        if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0 && t->lead) {
+        if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
             rs->pos = mb_loader_position(t->tr);
             MB_TRY(meter_fold(m, t->csv, rs)); /* the epoch's loss so far, in the checkpoint */
-            MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
+            if (t->lead) MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
+        } else if (dp && rs->epoch_batches % DP_ROWS == 0) { /* folds at most DP_ROWS steps apart, */
+            MB_TRY(meter_fold(m, t->csv, rs));                /* at the same step on every rank */
         }
     }
     double syncs = counters_now().syncs;
-    if (!dp) MB_TRY(meter_fold(m, t->csv, rs)); /* the device is idle after it: every counted launch has run */
+    MB_TRY(meter_fold(m, t->csv, rs)); /* the device is idle after it: every counted launch has run */
     counters_add(c0, counters_now(), syncs, counted);
     pb->loss = m->last_loss;
     mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);

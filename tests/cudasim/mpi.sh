@@ -7,8 +7,9 @@
 #     (every rank passes; none skips); with 2 ranks and 1 GPU, both skip (none hangs);
 #   - build/sim-mpi/train_multitf_cuda, np 2 x batch 16 and np 3 x batch 11 (uneven shards)
 #     against the same build in 1 process x batch 32 / 33: per-batch and epoch losses within
-#     1e-4 relative (DIST.md's CPU tolerance), one summary line with world=N, and the ranks'
-#     in-sync check after every epoch (the run fails when it fails).
+#     1e-4 relative (DIST.md's CPU tolerance), one summary line with world=N and
+#     syncs_per_step=0.00, and the ranks' in-sync check after every epoch (the run fails when
+#     it fails).
 # Each rank takes the simulated GPU of its local rank (CUDASIM_DEVICES=np). Skips, saying so,
 # without mpirun or the sim-mpi builds. Closes with "sim-mpi: N passed, N failed".
 B=${BUILD:-build}
@@ -47,8 +48,9 @@ for c in "2 16" "3 11"; do
         > "$dir/dp.log" 2>&1
     rc=$?
     if [ $rc = 0 ] && [ "$(grep -c '^summary:' "$dir/dp.log")" = 1 ] && grep -Eq "world=$np( |\$)" "$dir/dp.log" &&
-       [ "$(grep -c '^cudasim: [0-9]* NCCL all-reduces' "$dir/dp.log")" = $np ] && same_curve "$dir/one.csv" "$dir/dp.csv"; then
-        ok "sim np $np x batch $b == 1 x batch $g: $(grep -c '^step,' "$dir/dp.csv") batch losses, 2 epochs within 1e-4"
+       [ "$(grep -c '^cudasim: [0-9]* NCCL all-reduces' "$dir/dp.log")" = $np ] && same_curve "$dir/one.csv" "$dir/dp.csv" &&
+       grep -q '^summary:.* syncs_per_step=0.00' "$dir/dp.log"; then
+        ok "sim np $np x batch $b == 1 x batch $g: $(grep -c '^step,' "$dir/dp.csv") batch losses, 2 epochs within 1e-4, no host sync per step"
     else cat "$dir/one.log" "$dir/dp.log"; bad "sim np $np x batch $b vs 1 x batch $g (exit $rc)"; fi
 done
 echo "sim-mpi: $pass passed, $fail failed"

@@ -5,6 +5,8 @@
 #     per-batch losses, epoch losses and steps as 1 process x batch 32 / 33 (relative
 #     difference <= 1e-4; the reduction is bitwise only across ranks, see DIST.md);
 #   - one summary line (rank 0 prints), world=N in it; the ranks' in-sync check passes;
+#   - np 2 x batch 1 == 1 x batch 2 over more than 256 steps (the ranks' losses summed
+#     mid-epoch too);
 #   - resume on the same world size (constant schedule: its length depends on --epochs):
 #     1 epoch + --resume to 2 ends with the checkpoint
 #     file of an uninterrupted 2-epoch run, byte for byte (written by rank 0 only);
@@ -39,6 +41,14 @@ for c in "2 16" "3 11"; do
         ok "np $np x batch $b == 1 x batch $g: $(grep -c '^step,' "$dir/dp.csv") batch losses, 2 epochs within 1e-4"
     else cat "$dir/one.log" "$dir/dp.log"; bad "np $np x batch $b vs 1 x batch $g (exit $rc)"; fi
 done
+
+# batch 1 a rank: more than 256 steps in the epoch, so the ranks also sum their losses mid-epoch
+"$B/train_multitf" $TRAIN --epochs 1 --batch 2 --metrics "$dir/one.csv" > "$dir/one.log" 2>&1
+mpi 2 "$B/train_multitf_mpi" $TRAIN --epochs 1 --batch 1 --metrics "$dir/dp.csv" > "$dir/dp.log" 2>&1
+rc=$? steps=$(grep -c '^step,' "$dir/dp.csv")
+if [ $rc = 0 ] && [ "$steps" -gt 256 ] && same_curve "$dir/one.csv" "$dir/dp.csv"; then
+    ok "np 2 x batch 1 == 1 x batch 2: $steps batch losses (summed over the ranks at step 256 and at the end) within 1e-4"
+else cat "$dir/one.log" "$dir/dp.log"; bad "np 2 x batch 1 vs 1 x batch 2 (exit $rc, $steps steps)"; fi
 
 mpi 2 "$B/train_multitf_mpi" $TRAIN --schedule constant --epochs 2 --batch 16 --ckpt "$dir/full.ckpt" > "$dir/full.log" 2>&1 &&
 mpi 2 "$B/train_multitf_mpi" $TRAIN --schedule constant --epochs 1 --batch 16 --ckpt "$dir/part.ckpt" > "$dir/p1.log" 2>&1 &&
