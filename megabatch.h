@@ -604,10 +604,10 @@ typedef struct mb_lstm_config {
     int layers;          /* stacked layers; 0 = 1 */
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
     int checkpoint;      /* steps between kept cell states: 0 = auto (CPU: ceil(sqrt(T)) rounded up
-                            to a multiple of grad_block; CUDA: full storage when it takes at most a
-                            quarter of the free device memory (with the fused
-                            recurrence's workspace), else as the CPU), -1 = off (full
-                            storage of gates and cells), k >= 1 = every k steps */
+                            to a multiple of grad_block; CUDA: full storage when it, with the fused
+                            recurrence's workspace, takes at most a quarter of the free device
+                            memory, else as the CPU), -1 = off (full storage of gates and cells),
+                            k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
     int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
@@ -869,7 +869,6 @@ MBDEF float mb_accum_loss_scale(const mb_accum *a);      /* 1/n */
 MBDEF int mb_accum_window_start(const mb_accum *a);      /* 1 before the first micro-batch of a window */
 /* Count one finished micro-batch; 1 when it completes the window (step now). */
 MBDEF int mb_accum_tick(mb_accum *a);
-
 
 // ---- step ----
 // A training step with nothing in it that changes from step to step, and no host sync (issue
@@ -1715,7 +1714,6 @@ MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
     return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
 }
 MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
-
 
 MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
     MB_TRY(dev->be->set_tf32(dev, on));
@@ -2963,7 +2961,6 @@ extern "C" {
 #endif
 #include <time.h>
 
-
 /* Series mode (// ---- series ---- below): bars resident on the device, windows gathered per batch. */
 static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
                              size_t free_bytes);
@@ -4180,9 +4177,6 @@ static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int k, const f
 static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
 static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
-
-
-
 enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
 
 typedef struct mb__lstm_layer {
@@ -4567,9 +4561,9 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
  * checkpoint = 0 on a CUDA device: full storage (no recompute, the fastest backward) when the
  * LSTM's full activations at max_batch x max_steps, with the fused recurrence's workspace where
  * it runs, take at most a quarter of the device's free memory at creation (room for the other
- * encoders, the head and the optimizer); checkpointing
- * only when memory is short. The CPU keeps ceil(sqrt(T)) (its caches favour the small working
- * set). Gradients are bitwise the same either way. */
+ * encoders, the head and the optimizer); checkpointing only when memory is short. The CPU keeps
+ * ceil(sqrt(T)) (its caches favour the small working set). Gradients are bitwise the same
+ * either way. */
 static int mb__lstm_full_fits_in(size_t full_bytes, size_t free_bytes) { return full_bytes <= free_bytes / 4; }
 
 static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
@@ -5196,7 +5190,6 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
     for (int i = 0; !backward && i < n; i++) MB_TRY(mb__lstm_forward_end(ls[i], calls[i].out_seq, calls[i].h_last));
     return MB_OK;
 }
-
 
 // ---- end lstm ----
 
@@ -5937,7 +5930,6 @@ MBDEF int mb_accum_tick(mb_accum *a) {
     a->windows++;
     return 1;
 }
-
 
 // ---- step ----
 // What a training step needs so that nothing of it changes from step to step (issue 15): the

@@ -118,8 +118,10 @@ typedef struct model {
     int rows_head;       /* the oldest's index in rows */
     double seen_sum, seen_w; /* slot 0 as last read: the training loss since the last fold */
     double last_loss;    /* the loss of the last step whose read landed */
-    int dp_n;            /* several ranks: steps landed since the last fold, their rows and this */
-    mbt_step_row dp_rows[DP_ROWS]; /* rank's {loss sum, samples}, summed over the ranks at the fold */
+    /* several ranks: the dp_n steps landed since the last fold, their rows and this rank's
+     * {loss sum, samples} of each, summed over the ranks at the fold (with the fold's sum) */
+    int dp_n;
+    mbt_step_row dp_rows[DP_ROWS];
     double dp_sums[2 * DP_ROWS + 1];
     int graphs, warm;    /* the step runs as CUDA graphs; a step of this process ran (the warm-up) */
     mb_graph *graph[8];  /* by (window start, optimizer step, short batch) */
@@ -340,8 +342,9 @@ static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *s
 // A step queues its work and never waits for the device (issue 15): the loss adds into the
 // meter on the device, the learning rate comes from the schedule on the device, and the loop
 // queues a read of the meter after each step and takes the reads that landed (pinned memory +
-// an event: a poll, no wait), so each step's metrics row is exact, written a little late. So nothing of a step changes from batch to batch but the batch itself: on the GPU the
-// batch is copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
+// an event: a poll, no wait), so each step's metrics row is exact, written a little late. So
+// nothing of a step changes from batch to batch but the batch itself: on the GPU the batch is
+// copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
 // unscale, clip, AdamW, scaler) is captured once as a CUDA graph and replayed, one graph
 // launch per batch. Variants (window start, optimizer step, short last batch) each get their
 // graph. The first step of a run runs plain (the warm-up the capture needs). Plain launches
