@@ -50,10 +50,17 @@ extern thread_local uint3 threadIdx, blockIdx;
 extern thread_local dim3 blockDim, gridDim;
 enum { warpSize = 32 };
 
-void __syncthreads();
-int __syncthreads_or(int pred);
-int __syncthreads_and(int pred);
-int __syncthreads_count(int pred);
+/* A barrier is known by its place in the source (a static in a lambda at the call site), not by
+ * its return address: a compiler that duplicates the code around a __syncthreads (g++ -O2 does,
+ * around a loop's warp-uniform branch) still calls the same barrier. */
+namespace cudasim {
+int barrier_at(int pred, int op, const void *site);
+}
+#define CUDASIM_SITE ([] { static const char site = 0; return (const void *)&site; }())
+#define __syncthreads() ((void)cudasim::barrier_at(1, 0, CUDASIM_SITE))
+#define __syncthreads_or(pred) cudasim::barrier_at((pred), 0, CUDASIM_SITE)
+#define __syncthreads_and(pred) cudasim::barrier_at((pred), 1, CUDASIM_SITE)
+#define __syncthreads_count(pred) cudasim::barrier_at((pred), 2, CUDASIM_SITE)
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 long long clock64();
 
@@ -163,6 +170,7 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & cudasim::live_lanes()); }
 #include "cudasim_wmma.h"
+#include "cudasim_pipeline.h"
 
 // ---- launch: MB_LAUNCH(k, grid, block, smem, stream)(args...) ----
 namespace cudasim {
@@ -626,6 +634,8 @@ static void fctx_make(fctx *c, char *stack, size_t size, void (*entry)()) {
 CUDASIM_NO_TSAN static void fctx_swap(fctx *from, fctx *to) { cudasim_swap(&from->sp, to->sp); }
 #endif
 
+#include "cudasim_pipeline.h" /* its implementation part: pipe_state */
+
 // ---- kernel execution: blocks in order, the threads of a block as fibers ----
 enum { F_READY = 0, F_BARRIER = 1, F_DONE = 2, F_WARP = 3 };
 /* Fiber bookkeeping: all fibers of a block run on one OS thread, so relaxed loads and stores
@@ -650,6 +660,7 @@ struct fiber {
     std::atomic<uint64_t> wval{0};               /* its value for a warp collective */
     std::atomic<unsigned> wmask{0};
     std::atomic<const std::atomic<uint64_t> *> wres{nullptr}; /* the warp's values, when resolved */
+    pipe_state pipe;                             /* its cp.async copies (cudasim_pipeline.h) */
 };
 struct block_run {
     fctx sched;
@@ -955,10 +966,16 @@ static void install_fault_handler() {
 
 static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body);
 static thread_local char *dyn_smem; /* this launch's dynamic shared memory: exactly its size (ASan) */
+static thread_local size_t tl_dyn_bytes;
 static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t smem, const task &body) {
-    std::unique_ptr<char[]> dyn(new char[smem ? smem : 1]);
+    /* a GPU's shared memory window is 1024-byte aligned; exactly smem bytes, so ASan sees overruns */
+    struct aligned_delete {
+        void operator()(char *p) const { operator delete[](p, std::align_val_t(1024)); }
+    };
+    std::unique_ptr<char[], aligned_delete> dyn(new (std::align_val_t(1024)) char[smem ? smem : 1]);
     memset(dyn.get(), 0xFF, smem); /* uninitialised, as on a GPU: NaN bytes */
     dyn_smem = dyn.get();
+    tl_dyn_bytes = smem;
     install_fault_handler();
     sigjmp_buf jb;
     if (sigsetjmp(jb, 1) == 0) {
@@ -1185,10 +1202,9 @@ static const char *err_string(cudaError_t e) {
 } // namespace cudasim
 
 /* not inlined: the return address names the barrier (divergence check) */
-__attribute__((noinline)) CUDASIM_NO_TSAN void __syncthreads() { cudasim::barrier(1, 0, __builtin_return_address(0)); }
-__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_or(int p) { return cudasim::barrier(p, 0, __builtin_return_address(0)); }
-__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_and(int p) { return cudasim::barrier(p, 1, __builtin_return_address(0)); }
-__attribute__((noinline)) CUDASIM_NO_TSAN int __syncthreads_count(int p) { return cudasim::barrier(p, 2, __builtin_return_address(0)); }
+__attribute__((noinline)) CUDASIM_NO_TSAN int cudasim::barrier_at(int p, int op, const void *site) {
+    return cudasim::barrier(p, op, site);
+}
 
 namespace cudasim {
 void *dynamic_shared() {
@@ -1199,6 +1215,32 @@ void device_error(const char *what) {
     block_run *b = cur_block;
     fatal("kernel %s: %s", b ? b->name : "(none)", what);
 }
+/* cp.async (cudasim_pipeline.h): the issuing thread's state; a block run without fibers runs
+ * one thread at a time, so one state per OS thread, emptied when the next thread starts. */
+static pipe_state &my_pipe() {
+    if (cur_fiber) return cur_fiber->pipe;
+    static thread_local pipe_state direct;
+    static thread_local uint3 who = make_uint3(~0u, ~0u, ~0u), where;
+    if (who.x != threadIdx.x || who.y != threadIdx.y || who.z != threadIdx.z || where.x != blockIdx.x ||
+        where.y != blockIdx.y || where.z != blockIdx.z)
+        direct = pipe_state();
+    who = threadIdx;
+    where = blockIdx;
+    return direct;
+}
+void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
+    if (!cur_block) fatal("__pipeline_memcpy_async called outside a kernel");
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if ((n != 4 && n != 8 && n != 16) || zfill > n) device_error("__pipeline_memcpy_async: size is not 4, 8 or 16 bytes");
+    if (((uintptr_t)d | (uintptr_t)s) & (n - 1)) device_error("__pipeline_memcpy_async: an address is not aligned to the size");
+    if (d < dyn_smem || d + n > dyn_smem + tl_dyn_bytes)
+        device_error("__pipeline_memcpy_async: the destination is not in the launch's dynamic shared memory");
+    if (s + n > dyn_smem && s < dyn_smem + tl_dyn_bytes) device_error("__pipeline_memcpy_async: the source is shared memory");
+    my_pipe().open.push_back(pipe_copy{(char *)dst, s, n, zfill});
+}
+void pipeline_commit() { my_pipe().commit(); }
+void pipeline_wait(size_t prior) { my_pipe().wait(prior); }
+
 unsigned lane_id() {
     if (cur_fiber) return cur_fiber->lin % 32;
     return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;

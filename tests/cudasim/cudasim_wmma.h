@@ -2,7 +2,8 @@
  * by cudasim.h. NVIDIA's <mma.h> is device code; this replaces it (its include guard is set).
  * A fragment's element layout is unspecified on a GPU, so here every lane holds the whole tile
  * (num_elements = rows x cols, row-major): element-wise code over x[0..num_elements) behaves as
- * on a GPU. Every operation is a warp collective (all 32 lanes, converged). A store writes each
+ * on a GPU. Every operation is a warp collective (all 32 lanes, converged); loads and stores
+ * check a GPU's pointer alignment and stride rules. A store writes each
  * element from one lane only (element i from lane i % 32): reading another lane's stored elements
  * needs a __syncwarp, as on a GPU (TSan reports the race otherwise). mma_sync multiplies in f32
  * (TF32-rounded inputs for precision::tf32), sums over k in order, and rounds to the
@@ -53,6 +54,13 @@ template <> inline __nv_bfloat16 from_f32(float v) { return __float2bfloat16_rn(
 
 inline void converged(const char *op) { cudasim::warp_collective(0xffffffffu, 0, op); }
 
+/* The pointer and stride rules of a GPU's wmma loads and stores: the tile's first element
+ * 256-bit aligned, the stride a multiple of 16 bytes. */
+template <class P> inline void check_tile(const P *p, unsigned ldm) {
+    if ((uintptr_t)p % 32) cudasim::device_error("wmma load/store: the pointer is not 256-bit aligned");
+    if ((size_t)ldm * sizeof(P) % 16) cudasim::device_error("wmma load/store: ldm is not a multiple of 16 bytes");
+}
+
 template <class Use, int M, int N, int K, class T, class L, class V>
 inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, const V &v) {
     using F = fragment<Use, M, N, K, T, L>;
@@ -68,17 +76,20 @@ template <class Use, int M, int N, int K, class T, class L, class P>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const P *p, unsigned ldm) {
     static_assert(!std::is_same<Use, accumulator>::value, "an accumulator load takes a layout_t");
     converged("wmma::load_matrix_sync");
+    check_tile(p, ldm);
     load_tile(f, p, ldm, std::is_same<L, row_major>::value);
 }
 template <int M, int N, int K, class T, class P>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, T> &f, const P *p, unsigned ldm, layout_t l) {
     converged("wmma::load_matrix_sync");
+    check_tile(p, ldm);
     load_tile(f, p, ldm, l == mem_row_major);
 }
 template <int M, int N, int K, class T, class P>
 inline void store_matrix_sync(P *p, const fragment<accumulator, M, N, K, T> &f, unsigned ldm, layout_t l) {
     using F = fragment<accumulator, M, N, K, T>;
     converged("wmma::store_matrix_sync");
+    check_tile(p, ldm);
     for (int i = (int)cudasim::lane_id(); i < F::num_elements; i += 32) {
         int r = i / F::cols, c = i % F::cols;
         p[l == mem_row_major ? (size_t)r * ldm + c : (size_t)c * ldm + r] = f.x[i];
