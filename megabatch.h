@@ -4122,11 +4122,13 @@ static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t 
 }
 
 // -- the fused recurrence: types --
-// The persistent fused recurrence of megabatch_cuda.cuh (its section "fused LSTM"; the host
-// side is the section of that name at the end of this module). One descriptor per LSTM layer
-// in a launch, passed by value.
+// The persistent fused recurrence of megabatch_cuda.cuh (its section "the fused recurrence";
+// the host side is the section of that name at the end of this module). One descriptor per
+// LSTM layer in a launch, passed by value. A block owns 16 batch rows of one LSTM, and its warp
+// w the hidden units 16w .. 16w+15 of those rows, all four gates: Hp/16 warps, Hp = H rounded
+// up to 16.
 
-enum { MB__FUSED_ROWS = 16, MB__FUSED_MAX = 16, MB__FUSED_THREADS = 256 }; /* rows per block, layers per launch */
+enum { MB__FUSED_ROWS = 16, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
 
 typedef struct mb__fused_desc {
     float *g;              /* (T, B, 4H) gates: x W_ih^T in, activated out (forward) */
@@ -4146,17 +4148,47 @@ typedef struct mb__fused_args {
     mb__fused_desc d[MB__FUSED_MAX];
 } mb__fused_args;
 
-/* Shared memory of a block at hidden size H (padded to Hp, a multiple of 16): W_hh (4Hp x Hp),
- * the operand tile (16 x 4Hp), the f32 product (16 x 4Hp) and dc (16 x Hp). */
-static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
-    size_t Hp = (size_t)(H + 15) / 16 * 16, es = mb_dtype_size(op), R = MB__FUSED_ROWS;
-    return 4 * Hp * Hp * es + R * 4 * Hp * es + R * 4 * Hp * 4 + R * Hp * 4;
+/* A block's shared memory at hidden size H (byte offsets; megabatch_cuda.cuh carves it so):
+ * W_hh (4Hp, Hp) in the operand type at 0; two operand tiles (forward h (16, Hp), backward dg
+ * (16, 4Hp)) in the operand type at `tiles`; then per warp, `warp` bytes from `warps`: its step
+ * inputs staged in f32 (16 rows x `seg` segments of its 16 units: forward the 4 input gates,
+ * backward the 4 activated gates, c_{t-1} and dout) and a 16 x 16 f32 scratch tile. Regions
+ * 128-byte aligned. bytes: the total; 0 when H is out of range. */
+typedef struct mb__fused_layout {
+    size_t tiles, warps, warp, bytes;
+    int Hp, seg;
+} mb__fused_layout;
+
+static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward) {
+    mb__fused_layout y = {0, 0, 0, 0, 0, 0};
+    if (H < 1 || H > 4096) return y;
+    size_t Hp = (size_t)(H + 15) / 16 * 16, R = MB__FUSED_ROWS;
+    y.Hp = (int)Hp;
+    y.seg = backward ? 6 : 4;
+    y.tiles = (4 * Hp * Hp * es + 127) / 128 * 128;
+    y.warps = y.tiles + (2 * R * (backward ? 4 * Hp : Hp) * es + 127) / 128 * 128;
+    y.warp = (R * 16 * (size_t)y.seg + 16 * 16) * sizeof(float);
+    y.bytes = y.warps + Hp / 16 * y.warp;
+    return y;
 }
 
-/* The fused recurrence can run here: the backend has it and W_hh of this precision fits in a
- * block's shared memory. */
+/* Threads of a block at hidden size H: a warp per 16 hidden units. At most 256 (8 warps): a
+ * block may then use all 255 registers a thread can have. */
+enum { MB__FUSED_THREADS_MAX = 256 };
+static unsigned mb__lstm_fused_threads(int64_t H) { return (unsigned)((H + 15) / 16 * 32); }
+
+/* Shared memory of a block at hidden size H, the larger of forward and backward. */
+static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
+    size_t f = mb__fused_layout_of(H, mb_dtype_size(op), 0).bytes, b = mb__fused_layout_of(H, mb_dtype_size(op), 1).bytes;
+    return f > b ? f : b;
+}
+
+/* The fused recurrence can run here: the backend has it, a block has at most
+ * MB__FUSED_THREADS_MAX threads, and its shared memory fits a block's. */
 static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op) {
-    return dev->be->lstm_fused && mb__lstm_fused_smem(H, op) <= dev->be->lstm_fused_smem(dev);
+    size_t smem = mb__lstm_fused_smem(H, op);
+    return dev->be->lstm_fused && H >= 1 && mb__lstm_fused_threads(H) <= MB__FUSED_THREADS_MAX && smem &&
+           smem <= dev->be->lstm_fused_smem(dev);
 }
 
 /* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps

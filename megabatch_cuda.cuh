@@ -401,40 +401,165 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 
 // -- the fused recurrence --
 // The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
-// runs a layer of every LSTM given (blocks = (LSTM, tile of MB__FUSED_ROWS batch rows)); each
-// block keeps W_hh in shared memory for all T steps and per step computes the recurrent product
-// (wmma tensor cores for bf16/f16, explicit FMA for f32), the gates and the cell update with the
-// shared mb__lstm_cell_fwd/bwd. Batch rows are independent, so blocks never wait on each other.
+// runs a layer of every LSTM given: blocks = (LSTM, tile of 16 batch rows), batch rows being
+// independent, no block waits for another. Warp w of a block owns hidden units 16w..16w+15 of
+// its rows, all four gates (megabatch.h, mb__fused_layout_of), and keeps for all T steps, in
+// registers, what the recurrence carries for them: the cell state and biases (forward), the
+// cell gradient and the recurrent product (backward). W_hh sits in shared memory; a step reads
+// it as tensor-core fragments (bf16/f16) or by FMA (f32). Nothing in a step's chain waits on
+// global memory: each warp fetches its own inputs of the next step with cp.async into its
+// staging area while this step computes (so a __syncwarp, not a block barrier, publishes them),
+// and writes its outputs with stores nothing waits on. One block barrier a step: the new h
+// (forward) or dg (backward) in the double-buffered operand tile that every warp's product
+// reads.
 
 #include <mma.h>
+#include <cuda_pipeline_primitives.h>
+#include <type_traits>
 
 #ifndef MB_DYNAMIC_SHARED /* the simulator defines its own; nvcc: the launch's dynamic shared memory */
-#define MB_DYNAMIC_SHARED(T, name) extern __shared__ __align__(32) T name[]
+#define MB_DYNAMIC_SHARED(T, name) extern __shared__ __align__(128) T name[]
 #endif
 
-/* Round v into an operand element (f32: as is). */
+/* Round v into an operand element (f32: as is), and back. */
 __device__ inline void mb__fput(float *p, float v) { *p = v; }
 __device__ inline void mb__fput(__nv_bfloat16 *p, float v) { *(uint16_t *)p = mb_f32_to_bf16(v); }
 __device__ inline void mb__fput(__half *p, float v) { *(uint16_t *)p = mb_f32_to_f16(v); }
+__device__ inline float mb__fget(float v) { return v; }
+__device__ inline float mb__fget(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float mb__fget(__half v) { return __half2float(v); }
 
-/* The block's shared memory (sizes: mb__lstm_fused_smem): W_hh as (4 Hp, Hp), row q*Hp + j =
- * gate q unit j, zero padded; the operand tile (16 x 4Hp: h forward, dg backward); the f32
- * product (16 x 4Hp forward, 16 x Hp backward) and dc (16 x Hp). */
-template <class T> struct mb__fsm {
-    T *w, *tile;
-    float *acc, *dc;
-    int Hp;
+/* The cell's nonlinearities: mb__fsigmoid and mb__ftanh's formulas with the GPU's fast exp and
+ * division (an ex2 and a reciprocal each, relative error ~1e-6), the fused kernels' only
+ * departure from the CPU's math besides the order of the product's sums. */
+__device__ inline float mb__gsig(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+__device__ inline float mb__gtanh(float z) { return 1.0f - __fdividef(2.0f, __expf(2.0f * z) + 1.0f); }
+
+// A warp's 16 x 16 f32 tile: a tensor-core accumulator fragment (bf16/f16; its element layout is
+// unspecified, so element-wise code works on x[0..num_elements) and anything positional goes
+// through the warp's scratch tile), or mb__ftile, our own layout for the FMA path (f32, and
+// bf16 before sm_80): lane l holds column l % 16 of rows 8 (l / 16) + i, i < 8.
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> mb__wtile;
+struct mb__ftile {
+    enum { num_elements = 8 };
+    float x[8];
 };
-template <class T> __device__ mb__fsm<T> mb__fused_carve(unsigned char *sm, int H) {
-    mb__fsm<T> s;
-    s.Hp = (H + 15) / 16 * 16;
-    size_t w = (size_t)4 * s.Hp * s.Hp * sizeof(T), tile = (size_t)MB__FUSED_ROWS * 4 * s.Hp * sizeof(T);
-    s.w = (T *)sm;
-    s.tile = (T *)(sm + w);
-    s.acc = (float *)(sm + w + tile);
-    s.dc = s.acc + MB__FUSED_ROWS * 4 * s.Hp;
-    return s;
+template <class T> struct mb__tile_of { typedef mb__wtile type; };
+template <> struct mb__tile_of<float> { typedef mb__ftile type; };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* no bf16 tensor cores before sm_80 */
+template <> struct mb__tile_of<__nv_bfloat16> { typedef mb__ftile type; };
+#endif
+
+__device__ inline int mb__lane() { return (int)(threadIdx.x & 31u); }
+__device__ inline int mb__frow(int i) { return (mb__lane() >> 4) * 8 + i; } /* mb__ftile element i */
+__device__ inline int mb__fcol() { return mb__lane() & 15; }
+
+__device__ inline void mb__tile_fill(mb__wtile &f, float v) { nvcuda::wmma::fill_fragment(f, v); }
+__device__ inline void mb__tile_fill(mb__ftile &f, float v) {
+    for (int i = 0; i < 8; i++) f.x[i] = v;
 }
+
+/* Load from shared memory p, row stride ld floats (32-byte aligned, ld a multiple of 4). */
+__device__ inline void mb__tile_load(mb__wtile &f, const float *p, int ld) {
+    nvcuda::wmma::load_matrix_sync(f, p, (unsigned)ld, nvcuda::wmma::mem_row_major);
+}
+__device__ inline void mb__tile_load(mb__ftile &f, const float *p, int ld) {
+    for (int i = 0; i < 8; i++) f.x[i] = p[mb__frow(i) * ld + mb__fcol()];
+}
+
+/* fn(r, c, v) for every element (r, c) of the tile, over the warp's lanes. */
+template <class Fn> __device__ void mb__tile_each(const mb__wtile &f, float *scratch, Fn fn) {
+    nvcuda::wmma::store_matrix_sync(scratch, f, 16, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (int e = mb__lane(); e < 256; e += 32) fn(e >> 4, e & 15, scratch[e]);
+    __syncwarp();
+}
+template <class Fn> __device__ void mb__tile_each(const mb__ftile &f, float *, Fn fn) {
+    for (int i = 0; i < 8; i++) fn(mb__frow(i), mb__fcol(), f.x[i]);
+}
+
+/* Rows < nr, columns < nc of the tile to global memory at p, row stride ld floats: a fragment
+ * straight from its registers when the whole tile goes and the wmma rules hold, else element by
+ * element. */
+template <class F> __device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, float *scratch) {
+    mb__tile_each(f, scratch, [&](int r, int c, float v) {
+        if (r < nr && c < nc) p[r * ld + c] = v;
+    });
+}
+__device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch) {
+    if (nr == 16 && nc == 16 && ld % 4 == 0 && ld <= 0xffffffffu && (uintptr_t)p % 32 == 0)
+        nvcuda::wmma::store_matrix_sync(p, f, (unsigned)ld, nvcuda::wmma::mem_row_major);
+    else
+        mb__tile_each(f, scratch, [&](int r, int c, float v) {
+            if (r < nr && c < nc) p[r * ld + c] = v;
+        });
+}
+
+// The recurrent products of a warp's 16 units u0.. (shared memory: the operand tile, W_hh as
+// (4Hp, Hp) row-major; the FMA path's forward takes it transposed, (Hp, 4Hp), so that a warp's
+// lanes read consecutive words). Tensor cores: f32 accumulation; FMA: each sum in a fixed order.
+
+/* Forward: acc[q] += h W_q^T, h the (16, Hp) operand tile. */
+template <class T> __device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, const T *w, int Hp, int u0) {
+    using namespace nvcuda;
+    for (int kt = 0; kt < Hp / 16; kt++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::load_matrix_sync(a, h + kt * 16, (unsigned)Hp);
+        for (int q = 0; q < 4; q++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+            wmma::load_matrix_sync(b, w + (size_t)(q * Hp + u0) * Hp + kt * 16, (unsigned)Hp);
+            wmma::mma_sync(acc[q], a, b, acc[q]);
+        }
+    }
+}
+template <class T> __device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, const T *wt, int Hp, int u0) {
+    const T *wc = wt + u0 + mb__fcol();
+    for (int k = 0; k < Hp; k++) {
+        float hk[8], wk[4];
+        for (int i = 0; i < 8; i++) hk[i] = mb__fget(h[mb__frow(i) * Hp + k]);
+        for (int q = 0; q < 4; q++) wk[q] = mb__fget(wc[(size_t)k * 4 * Hp + q * Hp]);
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 8; i++) acc[q].x[i] = __fmaf_rn(hk[i], wk[q], acc[q].x[i]);
+    }
+}
+
+/* Backward: acc = dg W, dg the (16, 4Hp) operand tile; two partial sums (even and odd k tiles,
+ * 4Hp/16 is even) so that two products are in flight. */
+template <class T> __device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, const T *w, int Hp, int u0) {
+    using namespace nvcuda;
+    mb__wtile part[2];
+    wmma::fill_fragment(part[0], 0.0f);
+    wmma::fill_fragment(part[1], 0.0f);
+    for (int kt = 0; kt < Hp / 4; kt += 2)
+        for (int p = 0; p < 2; p++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+            wmma::load_matrix_sync(a, dg + (kt + p) * 16, (unsigned)(4 * Hp));
+            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * Hp + u0, (unsigned)Hp);
+            wmma::mma_sync(part[p], a, b, part[p]);
+        }
+    for (int i = 0; i < acc.num_elements; i++) acc.x[i] = part[0].x[i] + part[1].x[i];
+}
+template <class T> __device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, const T *w, int Hp, int u0) {
+    const T *wc = w + u0 + mb__fcol();
+    for (int i = 0; i < 8; i++) {
+        const T *a = dg + mb__frow(i) * 4 * Hp;
+        float s = 0.0f;
+        for (int k = 0; k < 4 * Hp; k++) s = __fmaf_rn(mb__fget(a[k]), mb__fget(wc[(size_t)k * Hp]), s);
+        acc.x[i] = s;
+    }
+}
+
+// The block: its descriptor, rows and shared memory, and the warp's units and staging area.
+
+template <class T> struct mb__fblock {
+    mb__fused_desc d;
+    T *w, *tiles;         /* W_hh; the two operand tiles, `tn` elements each (mb__fused_tile) */
+    float *stage, *scratch; /* this warp's: seg x 16 f32 per row, 16 rows; 16 x 16 */
+    int Hp, seg, tn, r0, nr; /* rows r0 .. r0+nr-1 of the batch */
+    int u0, nu;           /* this warp's units u0 .. u0+nu-1; nu <= 0: none (a wider layer's launch) */
+};
 
 /* This block's descriptor and row tile. */
 __device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *tile) {
@@ -444,167 +569,227 @@ __device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *ti
     return a.d[i];
 }
 
-/* W_hh (4H, H) into shared memory, zero padded; the tile zeroed (padding rows and columns). */
-template <class T> __device__ void mb__fused_setup(const mb__fsm<T> &s, const void *whh, int H) {
-    int Hp = s.Hp;
-    for (int e = threadIdx.x; e < 4 * Hp * Hp; e += blockDim.x) {
-        int n = e / Hp, k = e % Hp, q = n / Hp, j = n % Hp;
-        if (j < H && k < H) s.w[e] = ((const T *)whh)[((size_t)q * H + j) * H + k];
-        else mb__fput(&s.w[e], 0.0f);
-    }
-    for (int e = threadIdx.x; e < MB__FUSED_ROWS * 4 * Hp; e += blockDim.x) {
-        mb__fput(&s.tile[e], 0.0f);
-        s.acc[e] = 0.0f;
-    }
-    for (int e = threadIdx.x; e < MB__FUSED_ROWS * Hp; e += blockDim.x) s.dc[e] = 0.0f;
-}
-
-/* acc (16 x N) = a (16 x K) times B, B(k, n) = bm[n K + k] (bt) or bm[k N + n]. f32: one
- * thread per output, a fixed-order chain of explicit FMAs (no contraction choices left). */
-__device__ inline void mb__fused_mm(const float *a, const float *bm, float *acc, int K, int N, int bt) {
-    for (int e = threadIdx.x; e < MB__FUSED_ROWS * N; e += blockDim.x) {
-        int r = e / N, n = e % N;
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) s = __fmaf_rn(a[r * K + k], bt ? bm[(size_t)n * K + k] : bm[(size_t)k * N + n], s);
-        acc[e] = s;
-    }
-}
-/* bf16 / f16: tensor cores, one warp per 16-column tile of the output, f32 accumulation. */
-template <class T> __device__ void mb__fused_wmma(const T *a, const T *bm, float *acc, int K, int N, int bt) {
-    using namespace nvcuda;
-    for (int nt = (int)(threadIdx.x / 32); nt < N / 16; nt += (int)(blockDim.x / 32)) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        wmma::fill_fragment(c, 0.0f);
-        for (int kt = 0; kt < K / 16; kt++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, a + kt * 16, (unsigned)K);
-            if (bt) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
-                wmma::load_matrix_sync(fb, bm + (size_t)nt * 16 * K + kt * 16, (unsigned)K);
-                wmma::mma_sync(c, fa, fb, c);
-            } else {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-                wmma::load_matrix_sync(fb, bm + (size_t)kt * 16 * N + nt * 16, (unsigned)N);
-                wmma::mma_sync(c, fa, fb, c);
-            }
-        }
-        wmma::store_matrix_sync(acc + nt * 16, c, (unsigned)N, wmma::mem_row_major);
-    }
-}
-
-__device__ inline void mb__fused_mm(const __half *a, const __half *bm, float *acc, int K, int N, int bt) {
-    mb__fused_wmma(a, bm, acc, K, N, bt);
-}
-__device__ inline void mb__fused_mm(const __nv_bfloat16 *a, const __nv_bfloat16 *bm, float *acc, int K, int N, int bt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* no bf16 tensor cores before sm_80: FMA */
-    for (int e = threadIdx.x; e < MB__FUSED_ROWS * N; e += blockDim.x) {
-        int r = e / N, n = e % N;
-        float s = 0.0f;
-        for (int k = 0; k < K; k++)
-            s = __fmaf_rn(__bfloat162float(a[r * K + k]),
-                          __bfloat162float(bt ? bm[(size_t)n * K + k] : bm[(size_t)k * N + n]), s);
-        acc[e] = s;
-    }
-#else
-    mb__fused_wmma(a, bm, acc, K, N, bt);
-#endif
-}
-
-/* A block's start: its descriptor, shared memory and rows [r0, r0 + nr); W_hh loaded. */
-template <class T> struct mb__fblock {
-    mb__fused_desc d;
-    mb__fsm<T> s;
-    int r0, nr;
-};
-template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm) {
+/* Carve shared memory, load W_hh (transposed for the FMA forward), zero the operand tiles and
+ * the staging areas (padding rows and units stay zero); then a block barrier. */
+template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm, int backward) {
     mb__fblock<T> k;
-    int tile;
+    int tile, H, warp = (int)(threadIdx.x / 32);
     k.d = mb__fused_find(a, &tile);
-    k.s = mb__fused_carve<T>(sm, k.d.H);
+    H = k.d.H;
+    mb__fused_layout y = mb__fused_layout_of(H, sizeof(T), backward);
+    k.Hp = y.Hp;
+    k.seg = y.seg;
     k.r0 = tile * MB__FUSED_ROWS;
     k.nr = k.d.B - k.r0 < MB__FUSED_ROWS ? k.d.B - k.r0 : MB__FUSED_ROWS;
-    mb__fused_setup(k.s, k.d.whh, k.d.H);
+    k.u0 = 16 * warp;
+    k.nu = H - k.u0 < 16 ? H - k.u0 : 16;
+    k.w = (T *)sm;
+    k.tiles = (T *)(sm + y.tiles);
+    k.tn = MB__FUSED_ROWS * (backward ? 4 * k.Hp : k.Hp);
+    k.stage = (float *)(sm + y.warps + (size_t)warp * y.warp);
+    k.scratch = k.stage + MB__FUSED_ROWS * 16 * k.seg;
+    const int Hp = k.Hp, tr = !backward && std::is_same<typename mb__tile_of<T>::type, mb__ftile>::value;
+    for (int e = (int)threadIdx.x; e < 4 * Hp * Hp; e += (int)blockDim.x) {
+        int n = e / Hp, c = e % Hp, q = n / Hp, j = n % Hp; /* W_hh row q*H + j, column c */
+        float v = j < H && c < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + j) * H + c]) : 0.0f;
+        mb__fput(tr ? &k.w[(size_t)c * 4 * Hp + n] : &k.w[e], v);
+    }
+    for (int e = (int)threadIdx.x; e < 2 * k.tn; e += (int)blockDim.x) mb__fput(&k.tiles[e], 0.0f);
+    if (k.nu > 0)
+        for (int e = mb__lane(); e < (int)(y.warp / sizeof(float)); e += 32) k.stage[e] = 0.0f;
     __syncthreads();
     return k;
 }
 
+/* Operand tile i % 2 (an index into a struct's array would put the struct in local memory). */
+template <class T> __device__ inline T *mb__fused_tile(const mb__fblock<T> &k, int i) { return k.tiles + (i & 1) * k.tn; }
+
+/* Segment s (16 floats a row) of the warp's staging area: row r of a tile at stage + s*16, row
+ * stride 16 seg. Fill it from global memory, row r from src + r*ld (nr rows, nu units; the rest
+ * stays as it is), in this warp. */
+__device__ inline void mb__stage_put(float *stage, int seg, int s, const float *src, size_t ld, int nr, int nu) {
+    for (int e = mb__lane(); e < 16 * 16; e += 32) {
+        int r = e >> 4, j = e & 15;
+        if (r < nr && j < nu) stage[r * 16 * seg + s * 16 + j] = src[r * ld + j];
+    }
+}
+
+/* Issue cp.async copies of one step's inputs of this warp into its staging area: segment s of
+ * row r (units u0..u0+nu-1, rows < nr) from src(s, r); 16-byte copies when every source row is
+ * 16-byte aligned (v16), else 4-byte ones. Then commit the batch (empty when nothing is due, so
+ * that every step commits one). */
+template <class T, class Src> __device__ void mb__fused_fetch(const mb__fblock<T> &k, Src src, bool v16) {
+    const int per = v16 ? 4 : 16, n = MB__FUSED_ROWS * k.seg * per; /* copies a row-segment, in all */
+    for (int e = mb__lane(); e < n; e += 32) {
+        int rs = e / per, r = rs / k.seg, s = rs % k.seg, j = (e % per) * (v16 ? 4 : 1);
+        if (r >= k.nr || j >= k.nu) continue;
+        float *dst = k.stage + r * 16 * k.seg + s * 16 + j;
+        if (v16) __pipeline_memcpy_async(dst, src(s, r) + j, 16);
+        else __pipeline_memcpy_async(dst, src(s, r) + j, 4);
+    }
+    __pipeline_commit();
+}
+
+/* Segment s of the warp's staging area as a tile (after the wait and __syncwarp that publish it). */
+template <class F> __device__ void mb__stage_get(F &f, const float *stage, int seg, int s) {
+    mb__tile_load(f, stage + s * 16, 16 * seg);
+}
+
+/* The forward's inputs of step t for this warp: the 4 input gates x W_ih^T. */
+template <class T> __device__ void mb__fwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
+    const mb__fused_desc &d = k.d;
+    const size_t H = (size_t)d.H;
+    const float *g = d.g + ((size_t)t * d.B + k.r0) * 4 * H + k.u0;
+    mb__fused_fetch(k, [=](int s, int r) { return g + r * 4 * H + s * H; }, v16);
+}
+
 /* Forward over all T steps: gates g (T, B, 4H) in: x W_ih^T, out: activated; cells cs and
  * outputs hs (T+1, B, H) from slot 0; hs_op: hs in the operand type (low precision). */
-template <class T> __global__ void mb__k_lstm_fused_fwd(mb__fused_args a) {
+template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_fwd(mb__fused_args a) {
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
-    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
     const mb__fused_desc &d = k.d;
-    const int H = d.H, Hp = k.s.Hp, r0 = k.r0, nr = k.nr;
-    for (int e = threadIdx.x; e < nr * H; e += blockDim.x) /* h0: rounded as mb_convert rounds */
-        mb__fput(&k.s.tile[(e / H) * Hp + e % H], d.hs[(r0 + e / H) * (size_t)H + e % H]);
+    const int H = d.H, Hp = k.Hp, nr = k.nr, nu = k.nu, u0 = k.u0;
+    const bool v16 = H % 4 == 0 && (uintptr_t)d.g % 16 == 0;
+    typename mb__tile_of<T>::type acc[4], bias[4], c, h;
+    if (nu > 0) { /* the biases (every row) and c0 into registers, h0 into the operand tile */
+        for (int q = 0; q < 4; q++) {
+            for (int e = mb__lane(); e < 256; e += 32)
+                k.stage[(e >> 4) * 16 * k.seg + (e & 15)] =
+                    (e & 15) < nu ? d.bih[q * H + u0 + (e & 15)] + d.bhh[q * H + u0 + (e & 15)] : 0.0f;
+            __syncwarp();
+            mb__stage_get(bias[q], k.stage, k.seg, 0);
+            __syncwarp();
+        }
+        mb__stage_put(k.stage, k.seg, 0, d.cs + (size_t)k.r0 * H + u0, (size_t)H, nr, nu);
+        __syncwarp();
+        mb__stage_get(c, k.stage, k.seg, 0);
+        __syncwarp();
+        for (int e = mb__lane(); e < nr * 16; e += 32)
+            if ((e & 15) < nu) mb__fput(&k.tiles[(e >> 4) * Hp + u0 + (e & 15)], d.hs[(size_t)(k.r0 + (e >> 4)) * H + u0 + (e & 15)]);
+        mb__fwd_fetch(k, 0, v16);
+    }
     __syncthreads();
     for (int t = 0; t < d.T; t++) {
-        mb__fused_mm(k.s.tile, k.s.w, k.s.acc, Hp, 4 * Hp, 1);
-        __syncthreads();
-        for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
-            int r = e / H, j = e % H;
-            size_t row = (size_t)t * d.B + r0 + r;
-            float *g4 = d.g + row * 4 * H, h;
-            for (int q = 0; q < 4; q++) g4[q * H + j] += k.s.acc[r * 4 * Hp + q * Hp + j];
-            mb__lstm_cell_fwd(g4, H, j, d.bih[j] + d.bhh[j], d.bih[H + j] + d.bhh[H + j],
-                              d.bih[2 * H + j] + d.bhh[2 * H + j], d.bih[3 * H + j] + d.bhh[3 * H + j],
-                              d.cs[row * H + j], &d.cs[(row + d.B) * H + j], &h);
-            d.hs[(row + d.B) * H + j] = h;
-            if (d.hs_op) mb__fput((T *)d.hs_op + (row + d.B) * H + j, h);
-            mb__fput(&k.s.tile[r * Hp + j], h);
+        if (nu > 0) {
+            __pipeline_wait_prior(0);
+            __syncwarp();
+            for (int q = 0; q < 4; q++) mb__stage_get(acc[q], k.stage, k.seg, q);
+            __syncwarp();
+            if (t + 1 < d.T) mb__fwd_fetch(k, t + 1, v16);
+            mb__rec_fwd(acc, mb__fused_tile(k, t), k.w, Hp, u0);
+            for (int i = 0; i < c.num_elements; i++) {
+                float ig = mb__gsig(acc[0].x[i] + bias[0].x[i]), fg = mb__gsig(acc[1].x[i] + bias[1].x[i]);
+                float gg = mb__gtanh(acc[2].x[i] + bias[2].x[i]), og = mb__gsig(acc[3].x[i] + bias[3].x[i]);
+                c.x[i] = fg * c.x[i] + ig * gg;
+                h.x[i] = og * mb__gtanh(c.x[i]);
+                acc[0].x[i] = ig; acc[1].x[i] = fg; acc[2].x[i] = gg; acc[3].x[i] = og;
+            }
+            size_t row = (size_t)t * d.B + k.r0; /* this tile's first row of step t */
+            for (int q = 0; q < 4; q++) mb__tile_store(d.g + row * 4 * H + q * H + u0, (size_t)4 * H, acc[q], nr, nu, k.scratch);
+            mb__tile_store(d.cs + (row + d.B) * H + u0, (size_t)H, c, nr, nu, k.scratch);
+            T *next = mb__fused_tile(k, t + 1);
+            mb__tile_each(h, k.scratch, [&](int r, int j, float v) {
+                bool in = r < nr && j < nu;
+                mb__fput(&next[r * Hp + u0 + j], in ? v : 0.0f);
+                if (!in) return;
+                size_t o = (row + d.B + r) * H + u0 + j;
+                d.hs[o] = v;
+                if (d.hs_op) mb__fput((T *)d.hs_op + o, v);
+            });
         }
         __syncthreads();
     }
+}
+
+/* The backward's inputs of step t for this warp: the 4 activated gates, c_{t-1} (cs slot t) and
+ * dout. */
+template <class T> __device__ void mb__bwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
+    const mb__fused_desc &d = k.d;
+    size_t row = (size_t)t * d.B + k.r0, H = (size_t)d.H;
+    const float *g = d.g + row * 4 * H + k.u0, *c = d.cs + row * H + k.u0, *dout = d.dout + row * H + k.u0;
+    mb__fused_fetch(k, [=](int s, int r) { return s < 4 ? g + r * 4 * H + s * H : (s == 4 ? c : dout) + r * H; }, v16);
 }
 
 /* Backward over all T steps, in reverse: dg (T, B, 4H) (and its operand copy dg_op) for the
  * weight-gradient gemms, dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. */
-template <class T> __global__ void mb__k_lstm_fused_bwd(mb__fused_args a) {
+template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_bwd(mb__fused_args a) {
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
-    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
     const mb__fused_desc &d = k.d;
-    const int H = d.H, Hp = k.s.Hp, r0 = k.r0, nr = k.nr;
-    for (int t = d.T - 1; t >= 0; t--) {
-        for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
-            int r = e / H, j = e % H;
-            size_t row = (size_t)t * d.B + r0 + r;
-            float dc = k.s.dc[r * Hp + j], *dg4 = d.dg + row * 4 * H;
-            mb__lstm_cell_bwd(d.g + row * 4 * H, H, j, d.cs[row * H + j], d.cs[(row + d.B) * H + j],
-                              k.s.acc[r * Hp + j] + d.dout[row * H + j], &dc, dg4);
-            k.s.dc[r * Hp + j] = dc;
+    const int H = d.H, Hp = k.Hp, nr = k.nr, nu = k.nu, u0 = k.u0;
+    const bool v16 = H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0;
+    typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh;
+    if (nu > 0) { /* dh_rec = dc = 0, c_T into registers */
+        mb__tile_fill(acc, 0.0f);
+        mb__tile_fill(dc, 0.0f);
+        mb__stage_put(k.stage, k.seg, 0, d.cs + ((size_t)d.T * d.B + k.r0) * H + u0, (size_t)H, nr, nu);
+        __syncwarp();
+        mb__stage_get(cn, k.stage, k.seg, 0);
+        __syncwarp();
+        mb__bwd_fetch(k, d.T - 1, v16);
+    }
+    for (int i = 0; i < d.T; i++) {
+        const int t = d.T - 1 - i;
+        if (nu > 0) {
+            __pipeline_wait_prior(0);
+            __syncwarp();
+            for (int q = 0; q < 4; q++) mb__stage_get(a4[q], k.stage, k.seg, q);
+            mb__stage_get(cp, k.stage, k.seg, 4);
+            mb__stage_get(dh, k.stage, k.seg, 5);
+            __syncwarp();
+            if (t > 0) mb__bwd_fetch(k, t - 1, v16);
+            for (int e = 0; e < dc.num_elements; e++) { /* mb__lstm_cell_bwd, in registers */
+                float ig = a4[0].x[e], fg = a4[1].x[e], gg = a4[2].x[e], og = a4[3].x[e];
+                float tc = mb__gtanh(cn.x[e]), dhv = acc.x[e] + dh.x[e];
+                float dcv = dc.x[e] + dhv * og * (1.0f - tc * tc);
+                a4[0].x[e] = dcv * gg * ig * (1.0f - ig);
+                a4[1].x[e] = dcv * cp.x[e] * fg * (1.0f - fg);
+                a4[2].x[e] = dcv * ig * (1.0f - gg * gg);
+                a4[3].x[e] = dhv * tc * og * (1.0f - og);
+                dc.x[e] = dcv * fg;
+                cn.x[e] = cp.x[e];
+            }
+            size_t row = (size_t)t * d.B + k.r0;
+            T *op = mb__fused_tile(k, i);
             for (int q = 0; q < 4; q++) {
-                mb__fput(&k.s.tile[r * 4 * Hp + q * Hp + j], dg4[q * H + j]);
-                if (d.dg_op) mb__fput((T *)d.dg_op + row * 4 * H + q * H + j, dg4[q * H + j]);
+                mb__tile_store(d.dg + row * 4 * H + q * H + u0, (size_t)4 * H, a4[q], nr, nu, k.scratch);
+                mb__tile_each(a4[q], k.scratch, [&](int r, int j, float v) {
+                    bool in = r < nr && j < nu;
+                    mb__fput(&op[r * 4 * Hp + q * Hp + u0 + j], in ? v : 0.0f);
+                    if (in && d.dg_op) mb__fput((T *)d.dg_op + (row + r) * 4 * H + q * H + u0 + j, v);
+                });
             }
         }
         __syncthreads();
-        mb__fused_mm(k.s.tile, k.s.w, k.s.acc, 4 * Hp, Hp, 0); /* dh_rec = dg W_hh */
-        __syncthreads();
+        if (nu > 0) mb__rec_bwd(acc, mb__fused_tile(k, i), k.w, Hp, u0); /* dh_rec = dg W_hh */
     }
-    for (int e = threadIdx.x; e < nr * H; e += blockDim.x) {
-        size_t o = (r0 + e / H) * (size_t)H + e % H;
-        d.dh0[o] = k.s.acc[(e / H) * Hp + e % H];
-        d.dc0[o] = k.s.dc[(e / H) * Hp + e % H];
+    if (nu > 0) {
+        mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch);
+        mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch);
     }
 }
 
 template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,
-                                                          const mb__fused_args *a, unsigned blocks, size_t smem) {
+                                                          const mb__fused_args *a, unsigned blocks, unsigned threads,
+                                                          size_t smem) {
     void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
     MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    MB_LAUNCH(k, blocks, MB__FUSED_THREADS, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
+    MB_LAUNCH(k, blocks, threads, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
     return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
 }
 
-/* One launch for the a->n descriptors (all of operand type op); blocks: their row tiles. */
+/* One launch for the a->n descriptors (all of operand type op); blocks: their row tiles. The
+ * widest layer sets the threads and the shared memory. */
 static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
                                      unsigned blocks) {
     int64_t H = 1;
     for (int i = 0; i < a->n; i++) H = a->d[i].H > H ? a->d[i].H : H;
-    size_t smem = mb__lstm_fused_smem(H, op);
-    if (op == MB_BF16) return mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, blocks, smem);
-    if (op == MB_F16) return mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, blocks, smem);
-    return mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, blocks, smem);
+    size_t smem = mb__fused_layout_of(H, mb_dtype_size(op), backward).bytes;
+    unsigned threads = mb__lstm_fused_threads(H);
+    if (op == MB_BF16) return mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, blocks, threads, smem);
+    if (op == MB_F16) return mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, blocks, threads, smem);
+    return mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, blocks, threads, smem);
 }
 
 /* The shared memory a block may opt into on this device. */
