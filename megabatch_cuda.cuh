@@ -614,20 +614,26 @@ __device__ inline void mb__stage_put(float *stage, int seg, int s, const float *
     }
 }
 
-/* Issue cp.async copies of one step's inputs of this warp into its staging area: segment s of
- * row r (units u0..u0+nu-1, rows < nr) from src(s, r); 16-byte copies when every source row is
- * 16-byte aligned (v16), else 4-byte ones. Then commit the batch (empty when nothing is due, so
- * that every step commits one). */
-template <class T, class Src> __device__ void mb__fused_fetch(const mb__fblock<T> &k, Src src, bool v16) {
-    const int per = v16 ? 4 : 16, n = MB__FUSED_ROWS * k.seg * per; /* copies a row-segment, in all */
-    for (int e = mb__lane(); e < n; e += 32) {
-        int rs = e / per, r = rs / k.seg, s = rs % k.seg, j = (e % per) * (v16 ? 4 : 1);
-        if (r >= k.nr || j >= k.nu) continue;
-        float *dst = k.stage + r * 16 * k.seg + s * 16 + j;
-        if (v16) __pipeline_memcpy_async(dst, src(s, r) + j, 16);
-        else __pipeline_memcpy_async(dst, src(s, r) + j, 4);
+/* Issue cp.async copies of NS segments of one array into this warp's staging area, from segment
+ * s0 on: segment s of row r (rows < nr, units < nu) from src + r*ld + s*ss. 16-byte copies when
+ * the rows are 16-byte aligned (v16: a lane then copies 4 units of one segment, in every
+ * 32/(4 NS)-th row: 8 copies a lane forward, 12 backward), else 4-byte ones. */
+template <int NS, class T>
+__device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src, size_t ld, size_t ss, bool v16) {
+    float *stage = k.stage + s0 * 16;
+    const int row = 16 * k.seg;
+    if (v16) {
+        const int p = mb__lane() % (4 * NS), s = p / 4, j = p % 4 * 4;
+        if (j < k.nu)
+            for (int r = mb__lane() / (4 * NS); r < k.nr; r += 32 / (4 * NS))
+                __pipeline_memcpy_async(stage + r * row + s * 16 + j, src + r * ld + s * ss + j, 16);
+    } else {
+        for (int e = mb__lane(); e < 16 * NS; e += 32) {
+            int s = e / 16, j = e % 16;
+            for (int r = 0; r < k.nr && j < k.nu; r++)
+                __pipeline_memcpy_async(stage + r * row + s * 16 + j, src + r * ld + s * ss + j, 4);
+        }
     }
-    __pipeline_commit();
 }
 
 /* Segment s of the warp's staging area as a tile (after the wait and __syncwarp that publish it). */
@@ -635,12 +641,12 @@ template <class F> __device__ void mb__stage_get(F &f, const float *stage, int s
     mb__tile_load(f, stage + s * 16, 16 * seg);
 }
 
-/* The forward's inputs of step t for this warp: the 4 input gates x W_ih^T. */
+/* The forward's inputs of step t for this warp, one cp.async batch: the 4 input gates x W_ih^T. */
 template <class T> __device__ void mb__fwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
     const mb__fused_desc &d = k.d;
     const size_t H = (size_t)d.H;
-    const float *g = d.g + ((size_t)t * d.B + k.r0) * 4 * H + k.u0;
-    mb__fused_fetch(k, [=](int s, int r) { return g + r * 4 * H + s * H; }, v16);
+    mb__fused_fetch<4>(k, 0, d.g + ((size_t)t * d.B + k.r0) * 4 * H + k.u0, 4 * H, H, v16);
+    __pipeline_commit();
 }
 
 /* Forward over all T steps: gates g (T, B, 4H) in: x W_ih^T, out: activated; cells cs and
@@ -702,13 +708,15 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     }
 }
 
-/* The backward's inputs of step t for this warp: the 4 activated gates, c_{t-1} (cs slot t) and
- * dout. */
+/* The backward's inputs of step t for this warp, one cp.async batch: the 4 activated gates,
+ * c_{t-1} (cs slot t) and dout. */
 template <class T> __device__ void mb__bwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
     const mb__fused_desc &d = k.d;
     size_t row = (size_t)t * d.B + k.r0, H = (size_t)d.H;
-    const float *g = d.g + row * 4 * H + k.u0, *c = d.cs + row * H + k.u0, *dout = d.dout + row * H + k.u0;
-    mb__fused_fetch(k, [=](int s, int r) { return s < 4 ? g + r * 4 * H + s * H : (s == 4 ? c : dout) + r * H; }, v16);
+    mb__fused_fetch<4>(k, 0, d.g + row * 4 * H + k.u0, 4 * H, H, v16);
+    mb__fused_fetch<1>(k, 4, d.cs + row * H + k.u0, H, 0, v16);
+    mb__fused_fetch<1>(k, 5, d.dout + row * H + k.u0, H, 0, v16);
+    __pipeline_commit();
 }
 
 /* Backward over all T steps, in reverse: dg (T, B, 4H) (and its operand copy dg_op) for the

@@ -4,7 +4,7 @@
  * against the CPU in the same precision, which rounds at the same points); several LSTMs of
  * different T, H and layers in one mb_lstm_*_many (one launch per layer) bitwise equal to
  * single calls and to a repeated run; odd shapes (H not a multiple of 16, B not a multiple
- * of the 16-row tile, T = 1). Under the simulator, the launch count of a step does not
+ * of the 16-row tile, T = 1) and whole tiles (B and H multiples of 16). Under the simulator, the launch count of a step does not
  * grow with T. Without a GPU every test skips cleanly. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
@@ -185,8 +185,11 @@ static void test_fused_matches_cpu(void **state) {
     tu_ok(mb_device_open(&cpu, NULL));
     /* fixed odd shapes: H 17, 33, 8 (not multiples of 16), B 17 (one full tile and one row), T = 1 */
     net odd = {3, 17, 5, {1, 23, 9}, {17, 33, 8}, {2, 1, 3}};
+    /* whole tiles: B 32, H 32 and 48 (the kernels' outputs straight from tensor-core fragments) */
+    net whole = {2, 32, 7, {6, 3}, {32, 48}, {1, 2}};
     for (int p = MB_F32; p <= MB_F16; p++) {
         check_net(gpu, cpu, &odd, (mb_dtype)p);
+        check_net(gpu, cpu, &whole, (mb_dtype)p);
         net r = random_net(p == MB_F32 ? 48 : 64);
         check_net(gpu, cpu, &r, (mb_dtype)p);
     }
