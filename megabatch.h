@@ -4149,25 +4149,31 @@ typedef struct mb__fused_args {
 } mb__fused_args;
 
 /* A block's shared memory at hidden size H (byte offsets; megabatch_cuda.cuh carves it so):
- * W_hh (4Hp, Hp) in the operand type at 0; two operand tiles (forward h (16, Hp), backward dg
- * (16, 4Hp)) in the operand type at `tiles`; then per warp, `warp` bytes from `warps`: its step
- * inputs staged in f32 (16 rows x `seg` segments of its 16 units: forward the 4 input gates,
- * backward the 4 activated gates, c_{t-1} and dout) and a 16 x 16 f32 scratch tile. Regions
- * 128-byte aligned. bytes: the total; 0 when H is out of range. */
+ * W_hh (4Hp, Hp) in the operand type at 0, rows wld elements apart; the operand tiles (forward:
+ * two of h (16, Hp), backward: one of dg (16, 4Hp)) in the operand type at `tiles`, rows tld
+ * apart; then per warp, `warp` bytes from `warps`: its step inputs staged in f32 (16 rows, sld
+ * floats apart, of `seg` segments of its 16 units: forward the 4 input gates, backward the 4
+ * activated gates, c_{t-1} and dout) and a 16 x 16 f32 scratch tile (rows MB__FUSED_SCR_LD
+ * apart). Rows are padded by 16 bytes so that a tensor-core fragment's rows fall in different
+ * banks; regions are 128-byte aligned. bytes: the total; 0 when H is out of range. */
+enum { MB__FUSED_SCR_LD = 20 };
 typedef struct mb__fused_layout {
     size_t tiles, warps, warp, bytes;
-    int Hp, seg;
+    int Hp, seg, wld, tld, sld;
 } mb__fused_layout;
 
 static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward) {
-    mb__fused_layout y = {0, 0, 0, 0, 0, 0};
+    mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (H < 1 || H > 4096) return y;
     size_t Hp = (size_t)(H + 15) / 16 * 16, R = MB__FUSED_ROWS;
     y.Hp = (int)Hp;
     y.seg = backward ? 6 : 4;
-    y.tiles = (4 * Hp * Hp * es + 127) / 128 * 128;
-    y.warps = y.tiles + (2 * R * (backward ? 4 * Hp : Hp) * es + 127) / 128 * 128;
-    y.warp = (R * 16 * (size_t)y.seg + 16 * 16) * sizeof(float);
+    y.wld = (int)Hp + 8;
+    y.tld = (int)(backward ? 4 * Hp : Hp) + 8;
+    y.sld = 16 * y.seg + 4;
+    y.tiles = (4 * Hp * (size_t)y.wld * es + 127) / 128 * 128;
+    y.warps = y.tiles + ((backward ? 1 : 2) * R * (size_t)y.tld * es + 127) / 128 * 128;
+    y.warp = (R * (size_t)y.sld + R * MB__FUSED_SCR_LD) * sizeof(float);
     y.bytes = y.warps + Hp / 16 * y.warp;
     return y;
 }

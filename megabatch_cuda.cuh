@@ -409,9 +409,9 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 // it as tensor-core fragments (bf16/f16) or by FMA (f32). Nothing in a step's chain waits on
 // global memory: each warp fetches its own inputs of the next step with cp.async into its
 // staging area while this step computes (so a __syncwarp, not a block barrier, publishes them),
-// and writes its outputs with stores nothing waits on. One block barrier a step: the new h
-// (forward) or dg (backward) in the double-buffered operand tile that every warp's product
-// reads.
+// and writes its outputs with stores nothing waits on. Block barriers: one a step forward (h
+// into the double-buffered operand tile every warp's product reads), two backward (dg into the
+// operand tile, and the tile free again).
 
 #include <mma.h>
 #include <cuda_pipeline_primitives.h>
@@ -421,13 +421,35 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 #define MB_DYNAMIC_SHARED(T, name) extern __shared__ __align__(128) T name[]
 #endif
 
-/* Round v into an operand element (f32: as is), and back. */
+/* Round v into an operand element (f32: as is; 16 bits: the hardware's round to nearest even, the
+ * bits of mb_f32_to_bf16/f16 for every non-NaN), and back. */
 __device__ inline void mb__fput(float *p, float v) { *p = v; }
-__device__ inline void mb__fput(__nv_bfloat16 *p, float v) { *(uint16_t *)p = mb_f32_to_bf16(v); }
-__device__ inline void mb__fput(__half *p, float v) { *(uint16_t *)p = mb_f32_to_f16(v); }
+__device__ inline void mb__fput(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ inline void mb__fput(__half *p, float v) { *p = __float2half_rn(v); }
 __device__ inline float mb__fget(float v) { return v; }
 __device__ inline float mb__fget(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float mb__fget(__half v) { return __half2float(v); }
+
+/* n <= 8 values to p in type T: one or two 16-byte stores when all 8 go and p is aligned so. */
+__device__ inline void mb__put8(float *p, const float *v, int n) {
+    if (n == 8 && (uintptr_t)p % 16 == 0) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        for (int e = 0; e < 8; e++)
+            if (e < n) p[e] = v[e];
+    }
+}
+template <class T> __device__ void mb__put8(T *p, const float *v, int n) {
+    if (n == 8 && (uintptr_t)p % 16 == 0) {
+        union { T t[8]; uint4 u; } w;
+        for (int e = 0; e < 8; e++) mb__fput(&w.t[e], v[e]);
+        *(uint4 *)p = w.u;
+    } else {
+        for (int e = 0; e < 8; e++)
+            if (e < n) mb__fput(&p[e], v[e]);
+    }
+}
 
 /* The cell's nonlinearities: mb__fsigmoid and mb__ftanh's formulas with the GPU's fast exp and
  * division (an ex2 and a reciprocal each, relative error ~1e-6), the fused kernels' only
@@ -468,65 +490,94 @@ __device__ inline void mb__tile_load(mb__ftile &f, const float *p, int ld) {
     for (int i = 0; i < 8; i++) f.x[i] = p[mb__frow(i) * ld + mb__fcol()];
 }
 
-/* fn(r, c, v) for every element (r, c) of the tile, over the warp's lanes. */
-template <class Fn> __device__ void mb__tile_each(const mb__wtile &f, float *scratch, Fn fn) {
-    nvcuda::wmma::store_matrix_sync(scratch, f, 16, nvcuda::wmma::mem_row_major);
+/* The tile through the warp's scratch: this lane gets its half row, row lane/2, columns
+ * j0 = 8 (lane % 2) .. +7, in v. The caller's __syncwarp ends the scratch's use. */
+__device__ inline void mb__tile_row(const mb__wtile &f, float *scratch, float v[8]) {
+    nvcuda::wmma::store_matrix_sync(scratch, f, MB__FUSED_SCR_LD, nvcuda::wmma::mem_row_major);
     __syncwarp();
-    for (int e = mb__lane(); e < 256; e += 32) fn(e >> 4, e & 15, scratch[e]);
-    __syncwarp();
+    const float4 *s = (const float4 *)(scratch + (mb__lane() >> 1) * MB__FUSED_SCR_LD + (mb__lane() & 1) * 8);
+    float4 a = s[0], b = s[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
-template <class Fn> __device__ void mb__tile_each(const mb__ftile &f, float *, Fn fn) {
-    for (int i = 0; i < 8; i++) fn(mb__frow(i), mb__fcol(), f.x[i]);
+__device__ inline void mb__tile_row(const mb__ftile &f, float *scratch, float v[8]) {
+    for (int i = 0; i < 8; i++) scratch[mb__frow(i) * MB__FUSED_SCR_LD + mb__fcol()] = f.x[i];
+    __syncwarp();
+    const float *s = scratch + (mb__lane() >> 1) * MB__FUSED_SCR_LD + (mb__lane() & 1) * 8;
+    for (int e = 0; e < 8; e++) v[e] = s[e];
+}
+
+/* How many of this lane's half-row elements are in rows < nr and columns < nc (0..8). */
+__device__ inline int mb__row_n(int nr, int nc) {
+    int j0 = (mb__lane() & 1) * 8, n = nc - j0;
+    return (mb__lane() >> 1) >= nr || n <= 0 ? 0 : n < 8 ? n : 8;
 }
 
 /* Rows < nr, columns < nc of the tile to global memory at p, row stride ld floats: a fragment
- * straight from its registers when the whole tile goes and the wmma rules hold, else element by
- * element. */
+ * straight from its registers when the whole tile goes and the wmma rules hold, else by half
+ * rows through the scratch. */
 template <class F> __device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, float *scratch) {
-    mb__tile_each(f, scratch, [&](int r, int c, float v) {
-        if (r < nr && c < nc) p[r * ld + c] = v;
-    });
+    float v[8];
+    mb__tile_row(f, scratch, v);
+    int n = mb__row_n(nr, nc);
+    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, v, n);
+    __syncwarp();
 }
 __device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch) {
     if (nr == 16 && nc == 16 && ld % 4 == 0 && ld <= 0xffffffffu && (uintptr_t)p % 32 == 0)
         nvcuda::wmma::store_matrix_sync(p, f, (unsigned)ld, nvcuda::wmma::mem_row_major);
     else
-        mb__tile_each(f, scratch, [&](int r, int c, float v) {
-            if (r < nr && c < nc) p[r * ld + c] = v;
-        });
+        mb__tile_store<mb__wtile>(p, ld, f, nr, nc, scratch);
 }
 
-// The recurrent products of a warp's 16 units u0.. (shared memory: the operand tile, W_hh as
-// (4Hp, Hp) row-major; the FMA path's forward takes it transposed, (Hp, 4Hp), so that a warp's
-// lanes read consecutive words). Tensor cores: f32 accumulation; FMA: each sum in a fixed order.
+/* The tile's rows < nr, columns < nc into an operand tile at o (row stride ld; the rest of its
+ * 16 x 16 zeroed, so padding multiplies as zero) and, when q is not NULL, to global memory at q
+ * (row stride qld) in the operand type too. */
+template <class T, class F>
+__device__ void mb__tile_operand(T *o, int ld, T *q, size_t qld, const F &f, int nr, int nc, float *scratch) {
+    float v[8];
+    mb__tile_row(f, scratch, v);
+    int n = mb__row_n(nr, nc), r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
+    for (int e = 0; e < 8; e++) v[e] = e < n ? v[e] : 0.0f;
+    mb__put8(o + r * ld + j0, v, 8);
+    if (q && n) mb__put8(q + r * qld + j0, v, n);
+    __syncwarp();
+}
 
-/* Forward: acc[q] += h W_q^T, h the (16, Hp) operand tile. */
-template <class T> __device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, const T *w, int Hp, int u0) {
+// The recurrent products of a warp's 16 units u0.. (shared memory: the operand tile; W_hh as
+// (4Hp, Hp) rows wld apart, or for the FMA path's forward transposed, (Hp, 4Hp) rows 4Hp apart,
+// so that a warp's lanes read consecutive words). Tensor cores: f32 accumulation; FMA: each
+// sum in a fixed order.
+
+/* Forward: acc[q] += h W_q^T, h the (16, Hp) operand tile (rows tld apart). */
+template <class T>
+__device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int u0) {
     using namespace nvcuda;
     for (int kt = 0; kt < Hp / 16; kt++) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::load_matrix_sync(a, h + kt * 16, (unsigned)Hp);
+        wmma::load_matrix_sync(a, h + kt * 16, (unsigned)tld);
         for (int q = 0; q < 4; q++) {
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-            wmma::load_matrix_sync(b, w + (size_t)(q * Hp + u0) * Hp + kt * 16, (unsigned)Hp);
+            wmma::load_matrix_sync(b, w + (size_t)(q * Hp + u0) * wld + kt * 16, (unsigned)wld);
             wmma::mma_sync(acc[q], a, b, acc[q]);
         }
     }
 }
-template <class T> __device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, const T *wt, int Hp, int u0) {
+template <class T>
+__device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, int tld, const T *wt, int, int Hp, int u0) {
     const T *wc = wt + u0 + mb__fcol();
     for (int k = 0; k < Hp; k++) {
         float hk[8], wk[4];
-        for (int i = 0; i < 8; i++) hk[i] = mb__fget(h[mb__frow(i) * Hp + k]);
+        for (int i = 0; i < 8; i++) hk[i] = mb__fget(h[mb__frow(i) * tld + k]);
         for (int q = 0; q < 4; q++) wk[q] = mb__fget(wc[(size_t)k * 4 * Hp + q * Hp]);
         for (int q = 0; q < 4; q++)
             for (int i = 0; i < 8; i++) acc[q].x[i] = __fmaf_rn(hk[i], wk[q], acc[q].x[i]);
     }
 }
 
-/* Backward: acc = dg W, dg the (16, 4Hp) operand tile; two partial sums (even and odd k tiles,
- * 4Hp/16 is even) so that two products are in flight. */
-template <class T> __device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, const T *w, int Hp, int u0) {
+/* Backward: acc = dg W, dg the (16, 4Hp) operand tile (rows tld apart); two partial sums (even
+ * and odd k tiles, 4Hp/16 is even) so that two products are in flight. */
+template <class T>
+__device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int u0) {
     using namespace nvcuda;
     mb__wtile part[2];
     wmma::fill_fragment(part[0], 0.0f);
@@ -535,18 +586,19 @@ template <class T> __device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, cons
         for (int p = 0; p < 2; p++) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-            wmma::load_matrix_sync(a, dg + (kt + p) * 16, (unsigned)(4 * Hp));
-            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * Hp + u0, (unsigned)Hp);
+            wmma::load_matrix_sync(a, dg + (kt + p) * 16, (unsigned)tld);
+            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * wld + u0, (unsigned)wld);
             wmma::mma_sync(part[p], a, b, part[p]);
         }
     for (int i = 0; i < acc.num_elements; i++) acc.x[i] = part[0].x[i] + part[1].x[i];
 }
-template <class T> __device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, const T *w, int Hp, int u0) {
+template <class T>
+__device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int u0) {
     const T *wc = w + u0 + mb__fcol();
     for (int i = 0; i < 8; i++) {
-        const T *a = dg + mb__frow(i) * 4 * Hp;
+        const T *a = dg + mb__frow(i) * tld;
         float s = 0.0f;
-        for (int k = 0; k < 4 * Hp; k++) s = __fmaf_rn(mb__fget(a[k]), mb__fget(wc[(size_t)k * Hp]), s);
+        for (int k = 0; k < 4 * Hp; k++) s = __fmaf_rn(mb__fget(a[k]), mb__fget(wc[(size_t)k * wld]), s);
         acc.x[i] = s;
     }
 }
@@ -555,10 +607,11 @@ template <class T> __device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, cons
 
 template <class T> struct mb__fblock {
     mb__fused_desc d;
-    T *w, *tiles;         /* W_hh; the two operand tiles, `tn` elements each (mb__fused_tile) */
-    float *stage, *scratch; /* this warp's: seg x 16 f32 per row, 16 rows; 16 x 16 */
-    int Hp, seg, tn, r0, nr; /* rows r0 .. r0+nr-1 of the batch */
-    int u0, nu;           /* this warp's units u0 .. u0+nu-1; nu <= 0: none (a wider layer's launch) */
+    T *w, *tiles;           /* W_hh; the operand tiles (mb__fused_tile) */
+    float *stage, *scratch; /* this warp's */
+    int Hp, wld, tld, sld;  /* mb__fused_layout's */
+    int r0, nr;             /* rows r0 .. r0+nr-1 of the batch */
+    int u0, nu;             /* this warp's units u0 .. u0+nu-1; nu <= 0: none (a wider layer's launch) */
 };
 
 /* This block's descriptor and row tile. */
@@ -573,44 +626,44 @@ __device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *ti
  * the staging areas (padding rows and units stay zero); then a block barrier. */
 template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm, int backward) {
     mb__fblock<T> k;
-    int tile, H, warp = (int)(threadIdx.x / 32);
+    int tile, warp = (int)(threadIdx.x / 32);
     k.d = mb__fused_find(a, &tile);
-    H = k.d.H;
+    const int H = k.d.H;
     mb__fused_layout y = mb__fused_layout_of(H, sizeof(T), backward);
-    k.Hp = y.Hp;
-    k.seg = y.seg;
+    k.Hp = y.Hp; k.wld = y.wld; k.tld = y.tld; k.sld = y.sld;
     k.r0 = tile * MB__FUSED_ROWS;
     k.nr = k.d.B - k.r0 < MB__FUSED_ROWS ? k.d.B - k.r0 : MB__FUSED_ROWS;
     k.u0 = 16 * warp;
     k.nu = H - k.u0 < 16 ? H - k.u0 : 16;
     k.w = (T *)sm;
     k.tiles = (T *)(sm + y.tiles);
-    k.tn = MB__FUSED_ROWS * (backward ? 4 * k.Hp : k.Hp);
     k.stage = (float *)(sm + y.warps + (size_t)warp * y.warp);
-    k.scratch = k.stage + MB__FUSED_ROWS * 16 * k.seg;
+    k.scratch = k.stage + MB__FUSED_ROWS * y.sld;
     const int Hp = k.Hp, tr = !backward && std::is_same<typename mb__tile_of<T>::type, mb__ftile>::value;
     for (int e = (int)threadIdx.x; e < 4 * Hp * Hp; e += (int)blockDim.x) {
         int n = e / Hp, c = e % Hp, q = n / Hp, j = n % Hp; /* W_hh row q*H + j, column c */
         float v = j < H && c < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + j) * H + c]) : 0.0f;
-        mb__fput(tr ? &k.w[(size_t)c * 4 * Hp + n] : &k.w[e], v);
+        mb__fput(tr ? &k.w[(size_t)c * 4 * Hp + n] : &k.w[(size_t)n * k.wld + c], v);
     }
-    for (int e = (int)threadIdx.x; e < 2 * k.tn; e += (int)blockDim.x) mb__fput(&k.tiles[e], 0.0f);
+    for (int e = (int)threadIdx.x; e < (backward ? 1 : 2) * MB__FUSED_ROWS * k.tld; e += (int)blockDim.x)
+        mb__fput(&k.tiles[e], 0.0f);
     if (k.nu > 0)
         for (int e = mb__lane(); e < (int)(y.warp / sizeof(float)); e += 32) k.stage[e] = 0.0f;
     __syncthreads();
     return k;
 }
 
-/* Operand tile i % 2 (an index into a struct's array would put the struct in local memory). */
-template <class T> __device__ inline T *mb__fused_tile(const mb__fblock<T> &k, int i) { return k.tiles + (i & 1) * k.tn; }
+/* Forward operand tile i % 2. */
+template <class T> __device__ inline T *mb__fused_tile(const mb__fblock<T> &k, int i) {
+    return k.tiles + (i & 1) * MB__FUSED_ROWS * k.tld;
+}
 
-/* Segment s (16 floats a row) of the warp's staging area: row r of a tile at stage + s*16, row
- * stride 16 seg. Fill it from global memory, row r from src + r*ld (nr rows, nu units; the rest
- * stays as it is), in this warp. */
-__device__ inline void mb__stage_put(float *stage, int seg, int s, const float *src, size_t ld, int nr, int nu) {
+/* Fill segment s of the warp's staging area from global memory, row r from src + r*ld (rows
+ * < nr, units < nu; the rest stays as it is), in this warp. */
+template <class T> __device__ void mb__stage_put(const mb__fblock<T> &k, int s, const float *src, size_t ld) {
     for (int e = mb__lane(); e < 16 * 16; e += 32) {
         int r = e >> 4, j = e & 15;
-        if (r < nr && j < nu) stage[r * 16 * seg + s * 16 + j] = src[r * ld + j];
+        if (r < k.nr && j < k.nu) k.stage[r * k.sld + s * 16 + j] = src[r * ld + j];
     }
 }
 
@@ -621,31 +674,29 @@ __device__ inline void mb__stage_put(float *stage, int seg, int s, const float *
 template <int NS, class T>
 __device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src, size_t ld, size_t ss, bool v16) {
     float *stage = k.stage + s0 * 16;
-    const int row = 16 * k.seg;
     if (v16) {
         const int p = mb__lane() % (4 * NS), s = p / 4, j = p % 4 * 4;
         if (j < k.nu)
             for (int r = mb__lane() / (4 * NS); r < k.nr; r += 32 / (4 * NS))
-                __pipeline_memcpy_async(stage + r * row + s * 16 + j, src + r * ld + s * ss + j, 16);
+                __pipeline_memcpy_async(stage + r * k.sld + s * 16 + j, src + r * ld + s * ss + j, 16);
     } else {
         for (int e = mb__lane(); e < 16 * NS; e += 32) {
             int s = e / 16, j = e % 16;
             for (int r = 0; r < k.nr && j < k.nu; r++)
-                __pipeline_memcpy_async(stage + r * row + s * 16 + j, src + r * ld + s * ss + j, 4);
+                __pipeline_memcpy_async(stage + r * k.sld + s * 16 + j, src + r * ld + s * ss + j, 4);
         }
     }
 }
 
 /* Segment s of the warp's staging area as a tile (after the wait and __syncwarp that publish it). */
-template <class F> __device__ void mb__stage_get(F &f, const float *stage, int seg, int s) {
-    mb__tile_load(f, stage + s * 16, 16 * seg);
+template <class T, class F> __device__ void mb__stage_get(const mb__fblock<T> &k, F &f, int s) {
+    mb__tile_load(f, k.stage + s * 16, k.sld);
 }
 
 /* The forward's inputs of step t for this warp, one cp.async batch: the 4 input gates x W_ih^T. */
 template <class T> __device__ void mb__fwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
-    const mb__fused_desc &d = k.d;
-    const size_t H = (size_t)d.H;
-    mb__fused_fetch<4>(k, 0, d.g + ((size_t)t * d.B + k.r0) * 4 * H + k.u0, 4 * H, H, v16);
+    const size_t H = (size_t)k.d.H;
+    mb__fused_fetch<4>(k, 0, k.d.g + ((size_t)t * k.d.B + k.r0) * 4 * H + k.u0, 4 * H, H, v16);
     __pipeline_commit();
 }
 
@@ -655,24 +706,26 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
     const mb__fused_desc &d = k.d;
-    const int H = d.H, Hp = k.Hp, nr = k.nr, nu = k.nu, u0 = k.u0;
+    const int H = d.H, nr = k.nr, nu = k.nu, u0 = k.u0;
     const bool v16 = H % 4 == 0 && (uintptr_t)d.g % 16 == 0;
     typename mb__tile_of<T>::type acc[4], bias[4], c, h;
-    if (nu > 0) { /* the biases (every row) and c0 into registers, h0 into the operand tile */
+    if (nu > 0) { /* the biases (in every row) and c0 into registers, h0 into the operand tile */
         for (int q = 0; q < 4; q++) {
             for (int e = mb__lane(); e < 256; e += 32)
-                k.stage[(e >> 4) * 16 * k.seg + (e & 15)] =
+                k.stage[(e >> 4) * k.sld + (e & 15)] =
                     (e & 15) < nu ? d.bih[q * H + u0 + (e & 15)] + d.bhh[q * H + u0 + (e & 15)] : 0.0f;
             __syncwarp();
-            mb__stage_get(bias[q], k.stage, k.seg, 0);
+            mb__stage_get(k, bias[q], 0);
             __syncwarp();
         }
-        mb__stage_put(k.stage, k.seg, 0, d.cs + (size_t)k.r0 * H + u0, (size_t)H, nr, nu);
+        mb__stage_put(k, 0, d.cs + (size_t)k.r0 * H + u0, (size_t)H);
         __syncwarp();
-        mb__stage_get(c, k.stage, k.seg, 0);
+        mb__stage_get(k, c, 0);
         __syncwarp();
-        for (int e = mb__lane(); e < nr * 16; e += 32)
-            if ((e & 15) < nu) mb__fput(&k.tiles[(e >> 4) * Hp + u0 + (e & 15)], d.hs[(size_t)(k.r0 + (e >> 4)) * H + u0 + (e & 15)]);
+        for (int e = mb__lane(); e < 256; e += 32) {
+            int r = e >> 4, j = e & 15;
+            if (r < nr && j < nu) mb__fput(&k.tiles[r * k.tld + u0 + j], d.hs[(size_t)(k.r0 + r) * H + u0 + j]);
+        }
         mb__fwd_fetch(k, 0, v16);
     }
     __syncthreads();
@@ -680,10 +733,10 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
-            for (int q = 0; q < 4; q++) mb__stage_get(acc[q], k.stage, k.seg, q);
+            for (int q = 0; q < 4; q++) mb__stage_get(k, acc[q], q);
             __syncwarp();
             if (t + 1 < d.T) mb__fwd_fetch(k, t + 1, v16);
-            mb__rec_fwd(acc, mb__fused_tile(k, t), k.w, Hp, u0);
+            mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, u0);
             for (int i = 0; i < c.num_elements; i++) {
                 float ig = mb__gsig(acc[0].x[i] + bias[0].x[i]), fg = mb__gsig(acc[1].x[i] + bias[1].x[i]);
                 float gg = mb__gtanh(acc[2].x[i] + bias[2].x[i]), og = mb__gsig(acc[3].x[i] + bias[3].x[i]);
@@ -691,18 +744,12 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
                 h.x[i] = og * mb__gtanh(c.x[i]);
                 acc[0].x[i] = ig; acc[1].x[i] = fg; acc[2].x[i] = gg; acc[3].x[i] = og;
             }
-            size_t row = (size_t)t * d.B + k.r0; /* this tile's first row of step t */
+            size_t row = (size_t)t * d.B + k.r0, o = (row + d.B) * H + u0; /* this tile's step-t row; its h */
+            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, d.hs_op ? (T *)d.hs_op + o : (T *)NULL, (size_t)H,
+                             h, nr, nu, k.scratch);
+            mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch);
+            mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch);
             for (int q = 0; q < 4; q++) mb__tile_store(d.g + row * 4 * H + q * H + u0, (size_t)4 * H, acc[q], nr, nu, k.scratch);
-            mb__tile_store(d.cs + (row + d.B) * H + u0, (size_t)H, c, nr, nu, k.scratch);
-            T *next = mb__fused_tile(k, t + 1);
-            mb__tile_each(h, k.scratch, [&](int r, int j, float v) {
-                bool in = r < nr && j < nu;
-                mb__fput(&next[r * Hp + u0 + j], in ? v : 0.0f);
-                if (!in) return;
-                size_t o = (row + d.B + r) * H + u0 + j;
-                d.hs[o] = v;
-                if (d.hs_op) mb__fput((T *)d.hs_op + o, v);
-            });
         }
         __syncthreads();
     }
@@ -725,26 +772,25 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
     const mb__fused_desc &d = k.d;
-    const int H = d.H, Hp = k.Hp, nr = k.nr, nu = k.nu, u0 = k.u0;
+    const int H = d.H, nr = k.nr, nu = k.nu, u0 = k.u0;
     const bool v16 = H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0;
     typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh;
     if (nu > 0) { /* dh_rec = dc = 0, c_T into registers */
         mb__tile_fill(acc, 0.0f);
         mb__tile_fill(dc, 0.0f);
-        mb__stage_put(k.stage, k.seg, 0, d.cs + ((size_t)d.T * d.B + k.r0) * H + u0, (size_t)H, nr, nu);
+        mb__stage_put(k, 0, d.cs + ((size_t)d.T * d.B + k.r0) * H + u0, (size_t)H);
         __syncwarp();
-        mb__stage_get(cn, k.stage, k.seg, 0);
+        mb__stage_get(k, cn, 0);
         __syncwarp();
         mb__bwd_fetch(k, d.T - 1, v16);
     }
-    for (int i = 0; i < d.T; i++) {
-        const int t = d.T - 1 - i;
+    for (int t = d.T - 1; t >= 0; t--) {
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
-            for (int q = 0; q < 4; q++) mb__stage_get(a4[q], k.stage, k.seg, q);
-            mb__stage_get(cp, k.stage, k.seg, 4);
-            mb__stage_get(dh, k.stage, k.seg, 5);
+            for (int q = 0; q < 4; q++) mb__stage_get(k, a4[q], q);
+            mb__stage_get(k, cp, 4);
+            mb__stage_get(k, dh, 5);
             __syncwarp();
             if (t > 0) mb__bwd_fetch(k, t - 1, v16);
             for (int e = 0; e < dc.num_elements; e++) { /* mb__lstm_cell_bwd, in registers */
@@ -759,18 +805,16 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
                 cn.x[e] = cp.x[e];
             }
             size_t row = (size_t)t * d.B + k.r0;
-            T *op = mb__fused_tile(k, i);
             for (int q = 0; q < 4; q++) {
-                mb__tile_store(d.dg + row * 4 * H + q * H + u0, (size_t)4 * H, a4[q], nr, nu, k.scratch);
-                mb__tile_each(a4[q], k.scratch, [&](int r, int j, float v) {
-                    bool in = r < nr && j < nu;
-                    mb__fput(&op[r * 4 * Hp + q * Hp + u0 + j], in ? v : 0.0f);
-                    if (in && d.dg_op) mb__fput((T *)d.dg_op + (row + r) * 4 * H + q * H + u0 + j, v);
-                });
+                size_t o = row * 4 * H + q * H + u0;
+                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, d.dg_op ? (T *)d.dg_op + o : (T *)NULL, (size_t)4 * H,
+                                 a4[q], nr, nu, k.scratch);
+                mb__tile_store(d.dg + o, (size_t)4 * H, a4[q], nr, nu, k.scratch);
             }
         }
-        __syncthreads();
-        if (nu > 0) mb__rec_bwd(acc, mb__fused_tile(k, i), k.w, Hp, u0); /* dh_rec = dg W_hh */
+        __syncthreads(); /* dg in the operand tile */
+        if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, u0); /* dh_rec = dg W_hh */
+        __syncthreads(); /* the operand tile free again */
     }
     if (nu > 0) {
         mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch);

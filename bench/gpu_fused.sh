@@ -5,6 +5,7 @@
 # and backward kernels at H 32 bf16, compute-sanitizer's memcheck, racecheck and synccheck over the
 # test, and the multi-timeframe example's whole step (F 12, B 128,
 # head 64, bf16) at H 32/64/128 next to the PyTorch tuned pipeline, steady state (epochs 2-3).
+# MB_NCU_H: the hidden sizes ncu looks at (default 32); MB_NO_TORCH=1: no PyTorch runs.
 # Logs go to OUT; a table ends the output. BUNDLE: binaries as make gpu-bundle lays them out.
 set -u
 dir=${1:-build/gpu}
@@ -31,10 +32,13 @@ for cfg in "32 bf16" "64 bf16" "128 bf16" "32 f32" "64 f32"; do
     else row "one layer H=$1 $2" FAIL; fi
 done
 if command -v ncu >/dev/null 2>&1; then
-    for k in fwd bwd; do
-        timeout 120 ncu --kernel-name "regex:mb__k_lstm_fused_$k" -c 1 --section WarpStateStats --section SchedulerStats \
-            --section Occupancy --section LaunchStats --section SpeedOfLight "$dir/bench_lstm_cuda" 128 480 128 32 1 bf16 >"$out/ncu-$k.txt" 2>&1
-        row "ncu fused $k H=32 bf16 (us)" "$(grep -m1 'Duration' "$out/ncu-$k.txt" | awk '{print $NF, $(NF-1)}')"
+    for H in ${MB_NCU_H:-32}; do
+        for k in fwd bwd; do
+            timeout 120 ncu --kernel-name "regex:mb__k_lstm_fused_$k" -c 1 --section WarpStateStats --section SchedulerStats \
+                --section Occupancy --section LaunchStats --section SpeedOfLight "$dir/bench_lstm_cuda" 128 480 128 $H 1 bf16 \
+                >"$out/ncu-$k-H$H.txt" 2>&1
+            row "ncu fused $k H=$H bf16 T=480" "$(grep -m1 'Duration' "$out/ncu-$k-H$H.txt" | awk '{print $NF, $(NF-1)}')"
+        done
     done
 fi
 "$dir/prepare" --synthetic --bars 120000 --features 12 --stride 15 --quiet --out-train /tmp/gf_t.h5 --out-val /tmp/gf_v.h5
@@ -48,7 +52,7 @@ for H in 32 64 128; do
         --precision bf16 --quiet >"$out/train-H$H.log" 2>&1 || row "train H=$H" FAIL
     ours=$(steady "$out/train-H$H.log")
     theirs="-"
-    if python3 -c 'import torch, h5py; assert torch.cuda.is_available()' 2>/dev/null; then
+    if [ -z "${MB_NO_TORCH:-}" ] && python3 -c 'import torch, h5py; assert torch.cuda.is_available()' 2>/dev/null; then
         python3 bench/pytorch/multitf.py --train /tmp/gf_t.h5 --val /tmp/gf_v.h5 --pipeline tuned --epochs 3 --batch 128 \
             --hidden $H --head 64 --device cuda --quiet >"$out/torch-H$H.log" 2>&1 && theirs=$(steady "$out/torch-H$H.log")
     fi
