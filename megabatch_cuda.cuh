@@ -430,9 +430,10 @@ __device__ inline float mb__fget(float v) { return v; }
 __device__ inline float mb__fget(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float mb__fget(__half v) { return __half2float(v); }
 
-/* n <= 8 values to p in type T: one or two 16-byte stores when all 8 go and p is aligned so. */
-__device__ inline void mb__put8(float *p, const float *v, int n) {
-    if (n == 8 && (uintptr_t)p % 16 == 0) {
+/* n <= 8 values to p in type T: one or two 16-byte stores when all 8 go and p is aligned so
+ * (known to be, or checked). */
+__device__ inline void mb__put8(float *p, const float *v, int n, bool aligned = false) {
+    if (n == 8 && (aligned || (uintptr_t)p % 16 == 0)) {
         ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
         ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
@@ -440,8 +441,8 @@ __device__ inline void mb__put8(float *p, const float *v, int n) {
             if (e < n) p[e] = v[e];
     }
 }
-template <class T> __device__ void mb__put8(T *p, const float *v, int n) {
-    if (n == 8 && (uintptr_t)p % 16 == 0) {
+template <class T> __device__ void mb__put8(T *p, const float *v, int n, bool aligned = false) {
+    if (n == 8 && (aligned || (uintptr_t)p % 16 == 0)) {
         union { T t[8]; uint4 u; } w;
         for (int e = 0; e < 8; e++) mb__fput(&w.t[e], v[e]);
         *(uint4 *)p = w.u;
@@ -451,11 +452,28 @@ template <class T> __device__ void mb__put8(T *p, const float *v, int n) {
     }
 }
 
-/* The cell's nonlinearities: mb__fsigmoid and mb__ftanh's formulas with the GPU's fast exp and
- * division (an ex2 and a reciprocal each, relative error ~1e-6), the fused kernels' only
- * departure from the CPU's math besides the order of the product's sums. */
-__device__ inline float mb__gsig(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
-__device__ inline float mb__gtanh(float z) { return 1.0f - __fdividef(2.0f, __expf(2.0f * z) + 1.0f); }
+/* The cell's nonlinearities: mb__fsigmoid and mb__ftanh's formulas, sigmoid(z) = 1/(1 + e^-z) and
+ * tanh(z) = 1 - 2/(e^2z + 1), with the GPU's ex2 and reciprocal (relative error ~1e-6): the fused
+ * kernels' only departure from the CPU's math besides the order of the product's sums. The
+ * special-function unit is a step's narrowest resource, so a cell's four gate denominators share
+ * one reciprocal: each exponent is capped at 31 (NaN passes), keeping their product finite;
+ * sigmoid(z) for z < -21.4 is then 4.6e-10 instead of smaller, tanh(z) for z > 10.7 is 1 either
+ * way. mb__gden(x): 1 + 2^min(x, 31). */
+__device__ inline float mb__gden(float x) { return 1.0f + exp2f(x > 31.0f ? 31.0f : x); }
+__device__ inline float mb__gtanh(float z) { return 1.0f - __fdividef(2.0f, mb__gden(2.8853901f * z)); }
+
+/* The forward cell: pre-activations z of the four gates -> the gates (in z), c (in and out), h. */
+__device__ inline void mb__gcell_fwd(float z[4], float *c, float *h) {
+    float di = mb__gden(-1.4426950f * z[0]), df = mb__gden(-1.4426950f * z[1]);
+    float dg = mb__gden(2.8853901f * z[2]), dq = mb__gden(-1.4426950f * z[3]);
+    float p = di * df, q = dg * dq, r = __fdividef(1.0f, p * q), rq = r * q, rp = r * p;
+    z[0] = rq * df;              /* 1/di */
+    z[1] = rq * di;              /* 1/df */
+    z[2] = 1.0f - 2.0f * rp * dq; /* 1 - 2/dg */
+    z[3] = rp * dg;              /* 1/dq */
+    *c = z[1] * *c + z[0] * z[2];
+    *h = z[3] * mb__gtanh(*c);
+}
 
 // A warp's 16 x 16 f32 tile: a tensor-core accumulator fragment (bf16/f16; its element layout is
 // unspecified, so element-wise code works on x[0..num_elements) and anything positional goes
@@ -513,33 +531,36 @@ __device__ inline int mb__row_n(int nr, int nc) {
 }
 
 /* Rows < nr, columns < nc of the tile to global memory at p, row stride ld floats: a fragment
- * straight from its registers when the whole tile goes and the wmma rules hold, else by half
- * rows through the scratch. */
-template <class F> __device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, float *scratch) {
+ * straight from its registers when the whole tile goes and the wmma rules hold (whole: known
+ * to), else by half rows through the scratch. */
+template <class F>
+__device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, float *scratch, bool whole) {
     float v[8];
     mb__tile_row(f, scratch, v);
     int n = mb__row_n(nr, nc);
-    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, v, n);
+    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, v, n, whole);
     __syncwarp();
 }
-__device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch) {
-    if (nr == 16 && nc == 16 && ld % 4 == 0 && ld <= 0xffffffffu && (uintptr_t)p % 32 == 0)
+__device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch,
+                                      bool whole) {
+    if (whole || (nr == 16 && nc == 16 && ld % 4 == 0 && ld <= 0xffffffffu && (uintptr_t)p % 32 == 0))
         nvcuda::wmma::store_matrix_sync(p, f, (unsigned)ld, nvcuda::wmma::mem_row_major);
     else
-        mb__tile_store<mb__wtile>(p, ld, f, nr, nc, scratch);
+        mb__tile_store<mb__wtile>(p, ld, f, nr, nc, scratch, false);
 }
 
 /* The tile's rows < nr, columns < nc into an operand tile at o (row stride ld; the rest of its
  * 16 x 16 zeroed, so padding multiplies as zero) and, when q is not NULL, to global memory at q
- * (row stride qld) in the operand type too. */
+ * (row stride qld) in the operand type too (whole: 16-byte aligned). */
 template <class T, class F>
-__device__ void mb__tile_operand(T *o, int ld, T *q, size_t qld, const F &f, int nr, int nc, float *scratch) {
+__device__ void mb__tile_operand(T *o, int ld, T *q, size_t qld, const F &f, int nr, int nc, float *scratch,
+                                 bool whole) {
     float v[8];
     mb__tile_row(f, scratch, v);
     int n = mb__row_n(nr, nc), r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
     for (int e = 0; e < 8; e++) v[e] = e < n ? v[e] : 0.0f;
-    mb__put8(o + r * ld + j0, v, 8);
-    if (q && n) mb__put8(q + r * qld + j0, v, n);
+    mb__put8(o + r * ld + j0, v, 8, true);
+    if (q && n) mb__put8(q + r * qld + j0, v, n, whole);
     __syncwarp();
 }
 
@@ -672,13 +693,16 @@ template <class T> __device__ void mb__stage_put(const mb__fblock<T> &k, int s, 
  * the rows are 16-byte aligned (v16: a lane then copies 4 units of one segment, in every
  * 32/(4 NS)-th row: 8 copies a lane forward, 12 backward), else 4-byte ones. */
 template <int NS, class T>
-__device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src, size_t ld, size_t ss, bool v16) {
+__device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src, size_t ld, size_t ss, bool v16,
+                                bool whole) {
     float *stage = k.stage + s0 * 16;
     if (v16) {
-        const int p = mb__lane() % (4 * NS), s = p / 4, j = p % 4 * 4;
+        const int p = mb__lane() % (4 * NS), s = p / 4, j = p % 4 * 4, step = 32 / (4 * NS), r0 = mb__lane() / (4 * NS);
         if (j < k.nu)
-            for (int r = mb__lane() / (4 * NS); r < k.nr; r += 32 / (4 * NS))
-                __pipeline_memcpy_async(stage + r * k.sld + s * 16 + j, src + r * ld + s * ss + j, 16);
+            for (int m = 0; m < 16 / step; m++) {
+                int r = r0 + m * step;
+                if (whole || r < k.nr) __pipeline_memcpy_async(stage + r * k.sld + s * 16 + j, src + r * ld + s * ss + j, 16);
+            }
     } else {
         for (int e = mb__lane(); e < 16 * NS; e += 32) {
             int s = e / 16, j = e % 16;
@@ -693,21 +717,24 @@ template <class T, class F> __device__ void mb__stage_get(const mb__fblock<T> &k
     mb__tile_load(f, k.stage + s * 16, k.sld);
 }
 
-/* The forward's inputs of step t for this warp, one cp.async batch: the 4 input gates x W_ih^T. */
-template <class T> __device__ void mb__fwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
-    const size_t H = (size_t)k.d.H;
-    mb__fused_fetch<4>(k, 0, k.d.g + ((size_t)t * k.d.B + k.r0) * 4 * H + k.u0, 4 * H, H, v16);
-    __pipeline_commit();
+/* The block's tile is whole (16 rows, H a multiple of 16) and the arrays are 32-byte aligned:
+ * then every tile goes straight from its fragment and no bound is checked. */
+__device__ inline bool mb__fused_whole(int nr, int H, const void *const *p, int n) {
+    uintptr_t any = 0;
+    for (int i = 0; i < n; i++) any |= (uintptr_t)p[i];
+    return nr == MB__FUSED_ROWS && H % 16 == 0 && any % 32 == 0;
 }
 
-/* Forward over all T steps: gates g (T, B, 4H) in: x W_ih^T, out: activated; cells cs and
- * outputs hs (T+1, B, H) from slot 0; hs_op: hs in the operand type (low precision). */
-template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_fwd(mb__fused_args a) {
-    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
-    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
+/* Forward over all T steps (W: the whole tile, mb__fused_whole). In: the input gates x W_ih^T
+ * in g (T, B, 4H); out: the activated gates in g, cells cs and outputs hs (T+1, B, H) from slot 1
+ * (slot 0: c0, h0), and hs in the operand type (hs_op, low precision). */
+template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k) {
     const mb__fused_desc &d = k.d;
-    const int H = d.H, nr = k.nr, nu = k.nu, u0 = k.u0;
-    const bool v16 = H % 4 == 0 && (uintptr_t)d.g % 16 == 0;
+    const int H = d.H, nr = W ? 16 : k.nr, nu = k.nu, u0 = k.u0; /* whole: nu is 16 or <= 0 */
+    const bool v16 = W || (H % 4 == 0 && (uintptr_t)d.g % 16 == 0);
+    const size_t gstep = (size_t)d.B * 4 * H, hstep = (size_t)d.B * H; /* a step in g; in cs and hs */
+    float *g = d.g + (size_t)k.r0 * 4 * H + u0;                        /* this tile's rows, step t */
+    size_t o = ((size_t)d.B + k.r0) * H + u0;                           /* ... in cs and hs, slot t+1 */
     typename mb__tile_of<T>::type acc[4], bias[4], c, h;
     if (nu > 0) { /* the biases (in every row) and c0 into registers, h0 into the operand tile */
         for (int q = 0; q < 4; q++) {
@@ -726,65 +753,67 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
             int r = e >> 4, j = e & 15;
             if (r < nr && j < nu) mb__fput(&k.tiles[r * k.tld + u0 + j], d.hs[(size_t)(k.r0 + r) * H + u0 + j]);
         }
-        mb__fwd_fetch(k, 0, v16);
+        mb__fused_fetch<4>(k, 0, g, (size_t)4 * H, (size_t)H, v16, W);
+        __pipeline_commit();
     }
     __syncthreads();
-    for (int t = 0; t < d.T; t++) {
+    for (int t = 0; t < d.T; t++, g += gstep, o += hstep) {
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
             for (int q = 0; q < 4; q++) mb__stage_get(k, acc[q], q);
             __syncwarp();
-            if (t + 1 < d.T) mb__fwd_fetch(k, t + 1, v16);
+            if (t + 1 < d.T) mb__fused_fetch<4>(k, 0, g + gstep, (size_t)4 * H, (size_t)H, v16, W);
+            __pipeline_commit();
             mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, u0);
             for (int i = 0; i < c.num_elements; i++) {
-                float ig = mb__gsig(acc[0].x[i] + bias[0].x[i]), fg = mb__gsig(acc[1].x[i] + bias[1].x[i]);
-                float gg = mb__gtanh(acc[2].x[i] + bias[2].x[i]), og = mb__gsig(acc[3].x[i] + bias[3].x[i]);
-                c.x[i] = fg * c.x[i] + ig * gg;
-                h.x[i] = og * mb__gtanh(c.x[i]);
-                acc[0].x[i] = ig; acc[1].x[i] = fg; acc[2].x[i] = gg; acc[3].x[i] = og;
+                float z[4] = {acc[0].x[i] + bias[0].x[i], acc[1].x[i] + bias[1].x[i], acc[2].x[i] + bias[2].x[i],
+                              acc[3].x[i] + bias[3].x[i]};
+                mb__gcell_fwd(z, &c.x[i], &h.x[i]);
+                acc[0].x[i] = z[0]; acc[1].x[i] = z[1]; acc[2].x[i] = z[2]; acc[3].x[i] = z[3];
             }
-            size_t row = (size_t)t * d.B + k.r0, o = (row + d.B) * H + u0; /* this tile's step-t row; its h */
-            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, d.hs_op ? (T *)d.hs_op + o : (T *)NULL, (size_t)H,
-                             h, nr, nu, k.scratch);
-            mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch);
-            mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch);
-            for (int q = 0; q < 4; q++) mb__tile_store(d.g + row * 4 * H + q * H + u0, (size_t)4 * H, acc[q], nr, nu, k.scratch);
+            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, d.hs_op ? (T *)d.hs_op + o : (T *)NULL, (size_t)H, h,
+                             nr, nu, k.scratch, W);
+            mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch, W);
+            mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch, W);
+            for (int q = 0; q < 4; q++) mb__tile_store(g + q * H, (size_t)4 * H, acc[q], nr, nu, k.scratch, W);
         }
         __syncthreads();
     }
 }
 
-/* The backward's inputs of step t for this warp, one cp.async batch: the 4 activated gates,
- * c_{t-1} (cs slot t) and dout. */
-template <class T> __device__ void mb__bwd_fetch(const mb__fblock<T> &k, int t, bool v16) {
-    const mb__fused_desc &d = k.d;
-    size_t row = (size_t)t * d.B + k.r0, H = (size_t)d.H;
-    mb__fused_fetch<4>(k, 0, d.g + row * 4 * H + k.u0, 4 * H, H, v16);
-    mb__fused_fetch<1>(k, 4, d.cs + row * H + k.u0, H, 0, v16);
-    mb__fused_fetch<1>(k, 5, d.dout + row * H + k.u0, H, 0, v16);
-    __pipeline_commit();
+template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_fwd(mb__fused_args a) {
+    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
+    const void *p[4] = {k.d.g, k.d.cs, k.d.hs, k.d.hs_op};
+    if (mb__fused_whole(k.nr, k.d.H, p, 4)) mb__fused_fwd<T, true>(k);
+    else mb__fused_fwd<T, false>(k);
 }
 
-/* Backward over all T steps, in reverse: dg (T, B, 4H) (and its operand copy dg_op) for the
- * weight-gradient gemms, dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. */
-template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_bwd(mb__fused_args a) {
-    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
-    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
+/* Backward over all T steps, in reverse (W: the whole tile): in the activated gates g, cs and
+ * dout (T, B, H); out: dg (T, B, 4H) and its operand copy dg_op for the weight-gradient gemms,
+ * dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. A step fetches the 4 activated gates, c_{t-1}
+ * (cs slot t) and dout of the step before. */
+template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k) {
     const mb__fused_desc &d = k.d;
-    const int H = d.H, nr = k.nr, nu = k.nu, u0 = k.u0;
-    const bool v16 = H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0;
+    const int H = d.H, nr = W ? 16 : k.nr, nu = k.nu, u0 = k.u0; /* whole: nu is 16 or <= 0 */
+    const bool v16 = W || (H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0);
+    const size_t gstep = (size_t)d.B * 4 * H, hstep = (size_t)d.B * H;
+    size_t gt = ((size_t)(d.T - 1) * d.B + k.r0) * 4 * H + u0, ht = ((size_t)(d.T - 1) * d.B + k.r0) * H + u0;
     typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh;
     if (nu > 0) { /* dh_rec = dc = 0, c_T into registers */
         mb__tile_fill(acc, 0.0f);
         mb__tile_fill(dc, 0.0f);
-        mb__stage_put(k, 0, d.cs + ((size_t)d.T * d.B + k.r0) * H + u0, (size_t)H);
+        mb__stage_put(k, 0, d.cs + ht + hstep, (size_t)H);
         __syncwarp();
         mb__stage_get(k, cn, 0);
         __syncwarp();
-        mb__bwd_fetch(k, d.T - 1, v16);
+        mb__fused_fetch<4>(k, 0, d.g + gt, (size_t)4 * H, (size_t)H, v16, W);
+        mb__fused_fetch<1>(k, 4, d.cs + ht, (size_t)H, 0, v16, W);
+        mb__fused_fetch<1>(k, 5, d.dout + ht, (size_t)H, 0, v16, W);
+        __pipeline_commit();
     }
-    for (int t = d.T - 1; t >= 0; t--) {
+    for (int t = d.T - 1; t >= 0; t--, gt -= gstep, ht -= hstep) {
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
@@ -792,7 +821,12 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
             mb__stage_get(k, cp, 4);
             mb__stage_get(k, dh, 5);
             __syncwarp();
-            if (t > 0) mb__bwd_fetch(k, t - 1, v16);
+            if (t > 0) {
+                mb__fused_fetch<4>(k, 0, d.g + gt - gstep, (size_t)4 * H, (size_t)H, v16, W);
+                mb__fused_fetch<1>(k, 4, d.cs + ht - hstep, (size_t)H, 0, v16, W);
+                mb__fused_fetch<1>(k, 5, d.dout + ht - hstep, (size_t)H, 0, v16, W);
+            }
+            __pipeline_commit();
             for (int e = 0; e < dc.num_elements; e++) { /* mb__lstm_cell_bwd, in registers */
                 float ig = a4[0].x[e], fg = a4[1].x[e], gg = a4[2].x[e], og = a4[3].x[e];
                 float tc = mb__gtanh(cn.x[e]), dhv = acc.x[e] + dh.x[e];
@@ -804,22 +838,29 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
                 dc.x[e] = dcv * fg;
                 cn.x[e] = cp.x[e];
             }
-            size_t row = (size_t)t * d.B + k.r0;
-            for (int q = 0; q < 4; q++) {
-                size_t o = row * 4 * H + q * H + u0;
-                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, d.dg_op ? (T *)d.dg_op + o : (T *)NULL, (size_t)4 * H,
-                                 a4[q], nr, nu, k.scratch);
-                mb__tile_store(d.dg + o, (size_t)4 * H, a4[q], nr, nu, k.scratch);
-            }
+            for (int q = 0; q < 4; q++)
+                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, d.dg_op ? (T *)d.dg_op + gt + q * H : (T *)NULL,
+                                 (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
         }
         __syncthreads(); /* dg in the operand tile */
-        if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, u0); /* dh_rec = dg W_hh */
+        if (nu > 0) {
+            mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, u0); /* dh_rec = dg W_hh */
+            for (int q = 0; q < 4; q++) mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
+        }
         __syncthreads(); /* the operand tile free again */
     }
     if (nu > 0) {
-        mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch);
-        mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch);
+        mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch, W);
+        mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch, W);
     }
+}
+
+template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_bwd(mb__fused_args a) {
+    MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
+    const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
+    const void *p[7] = {k.d.g, k.d.cs, k.d.dout, k.d.dg, k.d.dg_op, k.d.dh0, k.d.dc0};
+    if (mb__fused_whole(k.nr, k.d.H, p, 7)) mb__fused_bwd<T, true>(k);
+    else mb__fused_bwd<T, false>(k);
 }
 
 template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,
