@@ -618,6 +618,10 @@ typedef struct mb_lstm_config {
     mb_dtype precision;  /* gemm operands: MB_F32 (default), or MB_BF16 / MB_F16: weights, inputs,
                             h and gate gradients rounded to it, f32 accumulation, f32 cell state
                             and gradients (the f32 weights in params stay the master copy) */
+    int fused_blocks;    /* GPU with full storage, how the recurrence runs (docs/LSTM.md): 0 = the
+                            cheapest by the latency model (default); -1 = the per-step gemms;
+                            1, 2, 4 = the fused kernel with that many blocks a row tile (2, 4:
+                            a cluster, sm_90), an error where that does not fit */
 } mb_lstm_config;
 
 typedef struct mb_lstm mb_lstm;
@@ -1423,8 +1427,9 @@ typedef struct mb__backend {
     mb_result (*series_gather)(mb_device *dev, int stream, const struct mb__gather *g);
 
     /* lstm, the fused recurrence (NULL: none; docs/LSTM.md): the shared memory a block may
-     * opt into, and one launch of the a->n layers' forward or backward recurrence */
-    size_t (*lstm_fused_smem)(mb_device *dev);
+     * opt into and the largest cluster of blocks (1: none), and one launch of the a->n layers'
+     * forward or backward recurrence */
+    void (*lstm_fused_limits)(mb_device *dev, size_t *smem, int *cluster);
     mb_result (*lstm_fused)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
                             unsigned blocks);
     /* graph: stream capture and replay (NULL: no graphs; // ---- graph ----). end ends the
@@ -4124,9 +4129,10 @@ static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t 
 // -- the fused recurrence: types --
 // The persistent fused recurrence of megabatch_cuda.cuh (its section "the fused recurrence";
 // the host side is the section of that name at the end of this module). One descriptor per
-// LSTM layer in a launch, passed by value. A block owns 16 batch rows of one LSTM, and its warp
-// w the hidden units 16w .. 16w+15 of those rows, all four gates: Hp/16 warps, Hp = H rounded
-// up to 16.
+// LSTM layer in a launch, passed by value. A row tile of 16 batch rows of one LSTM is owned by
+// `cl` blocks (1, or a thread-block cluster of 2 or 4 on sm_90), block c of them by the hidden
+// units c*Hc .. c*Hc+Hc-1 (Hc = Hp/cl, Hp = H rounded up to 16 cl), and its warp w by units
+// c*Hc + 16w .. +15 of those rows, all four gates: Hc/16 warps a block.
 
 enum { MB__FUSED_ROWS = 16, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
 
@@ -4144,57 +4150,96 @@ typedef struct mb__fused_desc {
 } mb__fused_desc;
 
 typedef struct mb__fused_args {
-    int n;
+    int n, cl; /* descriptors; blocks a row tile */
     mb__fused_desc d[MB__FUSED_MAX];
 } mb__fused_args;
 
-/* A block's shared memory at hidden size H (byte offsets; megabatch_cuda.cuh carves it so):
- * W_hh (4Hp, Hp) in the operand type at 0, rows wld elements apart; the operand tiles (forward:
- * two of h (16, Hp), backward: one of dg (16, 4Hp)) in the operand type at `tiles`, rows tld
- * apart; then per warp, `warp` bytes from `warps`: its step inputs staged in f32 (16 rows, sld
- * floats apart, of `seg` segments of its 16 units: forward the 4 input gates, backward the 4
- * activated gates, c_{t-1} and dout) and a 16 x 16 f32 scratch tile (rows MB__FUSED_SCR_LD
- * apart). Rows are padded by 16 bytes so that a tensor-core fragment's rows fall in different
- * banks; regions are 128-byte aligned. bytes: the total; 0 when H is out of range. */
+/* A block's shared memory at hidden size H, cl blocks a row tile (byte offsets;
+ * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, rows wld
+ * elements apart (forward: its units' rows of all four gates, (4Hc, Hp); backward: its units'
+ * columns, (4Hp, Hc)); the operand tiles (forward: two of h (16, Hp), backward: one of dg
+ * (16, 4Hp)) in the operand type at `tiles`, rows tld apart; then per warp, `warp` bytes from
+ * `warps`: its step inputs staged in f32 (16 rows, sld floats apart, of `seg` segments of its
+ * 16 units: forward the 4 input gates, backward the 4 activated gates, c_{t-1} and dout) and a
+ * 16 x 16 f32 scratch tile (rows MB__FUSED_SCR_LD apart). Rows are padded by 16 bytes so that a
+ * tensor-core fragment's rows fall in different banks; regions are 128-byte aligned. bytes:
+ * the total; 0 when H or cl is out of range. */
 enum { MB__FUSED_SCR_LD = 20 };
 typedef struct mb__fused_layout {
     size_t tiles, warps, warp, bytes;
-    int Hp, seg, wld, tld, sld;
+    int Hp, Hc, seg, wld, tld, sld;
 } mb__fused_layout;
 
-static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward) {
-    mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (H < 1 || H > 4096) return y;
-    size_t Hp = (size_t)(H + 15) / 16 * 16, R = MB__FUSED_ROWS;
+static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward, int cl) {
+    mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (H < 1 || H > 4096 || (cl != 1 && cl != 2 && cl != 4)) return y;
+    size_t Hp = (size_t)(H + 16 * cl - 1) / (16 * cl) * (16 * cl), Hc = Hp / (size_t)cl, R = MB__FUSED_ROWS;
     y.Hp = (int)Hp;
+    y.Hc = (int)Hc;
     y.seg = backward ? 6 : 4;
-    y.wld = (int)Hp + 8;
+    y.wld = (int)(backward ? Hc : Hp) + 8;
     y.tld = (int)(backward ? 4 * Hp : Hp) + 8;
     y.sld = 16 * y.seg + 4;
-    y.tiles = (4 * Hp * (size_t)y.wld * es + 127) / 128 * 128;
+    y.tiles = (4 * (backward ? Hp : Hc) * (size_t)y.wld * es + 127) / 128 * 128;
     y.warps = y.tiles + ((backward ? 1 : 2) * R * (size_t)y.tld * es + 127) / 128 * 128;
     y.warp = (R * (size_t)y.sld + R * MB__FUSED_SCR_LD) * sizeof(float);
-    y.bytes = y.warps + Hp / 16 * y.warp;
+    y.bytes = y.warps + Hc / 16 * y.warp;
     return y;
 }
 
-/* Threads of a block at hidden size H: a warp per 16 hidden units. At most 256 (8 warps): a
- * block may then use all 255 registers a thread can have. */
+/* Threads of a block at hidden size H, cl blocks a row tile: a warp per 16 of its units. At most
+ * 256 (8 warps): a block may then use all 255 registers a thread can have. */
 enum { MB__FUSED_THREADS_MAX = 256 };
-static unsigned mb__lstm_fused_threads(int64_t H) { return (unsigned)((H + 15) / 16 * 32); }
+static unsigned mb__lstm_fused_threads(int64_t H, int cl) {
+    return (unsigned)((H + 16 * cl - 1) / (16 * cl) * 32);
+}
 
-/* Shared memory of a block at hidden size H, the larger of forward and backward. */
-static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op) {
-    size_t f = mb__fused_layout_of(H, mb_dtype_size(op), 0).bytes, b = mb__fused_layout_of(H, mb_dtype_size(op), 1).bytes;
+/* Shared memory of a block at hidden size H, cl blocks a row tile: the larger of forward and
+ * backward; 0 when out of range. */
+static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op, int cl) {
+    size_t f = mb__fused_layout_of(H, mb_dtype_size(op), 0, cl).bytes;
+    size_t b = mb__fused_layout_of(H, mb_dtype_size(op), 1, cl).bytes;
     return f > b ? f : b;
 }
 
-/* The fused recurrence can run here: the backend has it, a block has at most
- * MB__FUSED_THREADS_MAX threads, and its shared memory fits a block's. */
-static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op) {
-    size_t smem = mb__lstm_fused_smem(H, op);
-    return dev->be->lstm_fused && H >= 1 && mb__lstm_fused_threads(H) <= MB__FUSED_THREADS_MAX && smem &&
-           smem <= dev->be->lstm_fused_smem(dev);
+/* The fused recurrence can run here with cl blocks a row tile: the backend has it (and
+ * clusters of cl), a block has at most MB__FUSED_THREADS_MAX threads, and its shared memory
+ * fits a block's. */
+static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
+    size_t smem = 0, need = mb__lstm_fused_smem(H, op, cl);
+    int maxcl = 0;
+    if (!dev->be->lstm_fused) return 0;
+    dev->be->lstm_fused_limits(dev, &smem, &maxcl);
+    return cl <= maxcl && need && need <= smem && mb__lstm_fused_threads(H, cl) <= MB__FUSED_THREADS_MAX;
+}
+
+/* The recurrence's time per timestep of one layer, forward + backward, in microseconds on an
+ * H100 at B = 128, T = 480 (docs/BENCHMARKS.md, "Latency model": bench/latency_model.sh prints
+ * these constants' fit to the GPU runs of bench/results): the fused kernel with cl blocks a row
+ * tile (a warp's step costs MB__US_STEP + MB__US_K per unit of the product's length Hp, more per
+ * warp past four a block, as two then share a scheduler, plus the cluster's barriers), or, for
+ * cl = 0, the per-step gemms (a chain of launches a timestep). */
+#define MB__US_STEP 3.5
+#define MB__US_K 0.0438
+#define MB__US_CROWD 0.0813
+#define MB__US_CLUSTER 0.75
+#define MB__US_PERSTEP 30.0
+static double mb__lstm_step_us(int64_t H, int cl) {
+    if (cl == 0) return MB__US_PERSTEP + 0.025 * (double)H;
+    double Hp = (double)((H + 16 * cl - 1) / (16 * cl) * (16 * cl)), warps = Hp / cl / 16;
+    return MB__US_STEP + MB__US_K * Hp + MB__US_CROWD * (warps > 4 ? warps - 4 : 0) * Hp / 16 + (cl > 1 ? MB__US_CLUSTER : 0);
+}
+
+/* How an LSTM of hidden size H with full storage runs its recurrence on dev: the fused kernel
+ * with that many blocks a row tile (1, 2 or 4), or 0: the per-step gemms. forced (the config's
+ * fused_blocks): -1 the per-step gemms, n > 0 that n (0 when it does not fit); 0: the cheapest
+ * of those that fit, by mb__lstm_step_us. */
+static int mb__lstm_fused_choice(mb_device *dev, int64_t H, mb_dtype op, int forced) {
+    if (forced) return forced > 0 && mb__lstm_fused_fits(dev, H, op, forced) ? forced : 0;
+    int best = 0;
+    for (int cl = 1; cl <= 4; cl *= 2)
+        if (mb__lstm_fused_fits(dev, H, op, cl) && mb__lstm_step_us(H, cl) < mb__lstm_step_us(H, best)) best = cl;
+    return best;
 }
 
 /* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps
@@ -4251,7 +4296,8 @@ struct mb_lstm {
     int seg_kept;    /* checkpointing: the layer whose last segment's gates and cells the forward
                         left in seg_g / seg_c (-1: none); its backward needs no recompute there */
     int have_fwd, have_state;
-    int fused;                     /* the fused recurrence runs this LSTM (section fused LSTM) */
+    int fused;                     /* the fused recurrence runs this LSTM with that many blocks a row tile
+                                      (section "the fused recurrence"); 0: the per-step gemms */
     float *xall, *dgs, *ones_all;  /* fused: (T*B, F) x, (T*B, 4H) gate gradients, T*B ones */
     void *xall_lp, *dgs_lp;        /* fused, low precision: their operand copies */
 };
@@ -4456,6 +4502,9 @@ static mb_result mb__lstm_check_config(const mb_lstm_config *c, const mb_logger 
     if (!mb_dtype_size(c->precision))
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: precision=%d is not MB_F32, MB_BF16 or MB_F16",
                        (int)c->precision);
+    if (c->fused_blocks < -1 || c->fused_blocks == 3 || c->fused_blocks > 4)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_lstm_create: fused_blocks=%d must be -1, 0, 1, 2 or 4",
+                       c->fused_blocks);
     return MB_OK;
 }
 
@@ -4608,7 +4657,7 @@ static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
     size_t full = 0, total = 0, free_bytes = 0, ws = 0;
     if (mb_lstm_memory(cfg, cfg->max_batch, cfg->max_steps, &full, NULL) != MB_OK) { mb_clear_error(); return 0; }
     if (mb_device_memory(dev, &total, &free_bytes) != MB_OK) { mb_clear_error(); return 0; }
-    if (mb__lstm_fused_fits(dev, cfg->hidden_size, cfg->precision))
+    if (mb__lstm_fused_choice(dev, cfg->hidden_size, cfg->precision, cfg->fused_blocks))
         ws = mb__lstm_fused_bytes(cfg->max_batch, cfg->max_steps, cfg->input_size, cfg->hidden_size, cfg->precision);
     return mb_size_add(full, ws, &full) && mb__lstm_full_fits_in(full, free_bytes);
 }
@@ -4631,6 +4680,14 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     int ck = l->cfg.checkpoint;
     l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->fused = mb__lstm_fused_on(l);
+    if (cfg->fused_blocks > 0 && !l->fused) {
+        mb_result e = MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence "
+                              "with %d blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 "
+                              "when memory allows) and H=%lld in %s to fit a block's shared memory",
+                              cfg->fused_blocks, cfg->fused_blocks, (long long)l->H, mb_dtype_name(l->op));
+        MB_FREE(l);
+        return e;
+    }
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
@@ -5071,9 +5128,12 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
 // the recurrence, and after the backward recurrence the weight gradients as one gemm each over
 // all T*B rows. mb_lstm_*_many runs a layer of every LSTM in one launch.
 
-/* The one place that decides: a GPU, full activation storage (no checkpointing), and W_hh of
- * this precision fits in a block's shared memory. Else the per-step cuBLAS path runs. */
-static int mb__lstm_fused_on(const mb_lstm *l) { return l->kmax == 0 && mb__lstm_fused_fits(l->dev, l->H, l->op); }
+/* The one place that decides: a GPU, full activation storage (no checkpointing), and the fused
+ * kernel chosen (mb__lstm_fused_choice): its blocks a row tile. Else (0) the per-step cuBLAS
+ * path runs. */
+static int mb__lstm_fused_on(const mb_lstm *l) {
+    return l->kmax == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
+}
 
 /* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
  * steps (T*B, 4H) with theirs, and T*B ones for the bias gradients: mb__lstm_fused_bytes,
@@ -5139,26 +5199,30 @@ static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, 
     return MB_OK;
 }
 
-/* One launch per precision and per MB__FUSED_MAX layers: layer k of each of the n LSTMs that
- * have one (douts[i]: LSTM i's output gradients, backward; NULL forward). A lone LSTM runs on
- * its stream; several on MB_STREAM_COMPUTE, after their streams and before them again. */
+/* One launch per precision, per blocks a row tile and per MB__FUSED_MAX layers: layer k of each
+ * of the n LSTMs that have one (douts[i]: LSTM i's output gradients, backward; NULL forward),
+ * in the order given (the longest T first keeps a launch that needs more blocks than the GPU
+ * holds at once short). A lone LSTM runs on its stream; several on MB_STREAM_COMPUTE, after
+ * their streams and before them again. */
 static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int k, int backward) {
     mb_device *dev = ls[0]->dev;
     int stream = n == 1 ? ls[0]->cfg.stream : MB_STREAM_COMPUTE;
     for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, stream, ls[i]->cfg.stream));
-    for (int op = MB_F32; op <= MB_F16; op++) {
-        mb__fused_args a;
-        a.n = 0;
-        unsigned blocks = 0;
-        for (int i = 0; i < n; i++) {
-            if (ls[i]->L <= k || (int)ls[i]->op != op) continue;
-            MB_TRY(mb__lstm_fused_desc_of(ls[i], k, backward ? douts[i] : NULL, &a.d[a.n]));
-            a.d[a.n++].tile0 = (int)blocks;
-            blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
-            if (a.n == MB__FUSED_MAX) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+    for (int op = MB_F32; op <= MB_F16; op++)
+        for (int cl = 1; cl <= 4; cl *= 2) {
+            mb__fused_args a;
+            a.n = 0;
+            a.cl = cl;
+            unsigned blocks = 0; /* row tiles; the launch has cl blocks each */
+            for (int i = 0; i < n; i++) {
+                if (ls[i]->L <= k || (int)ls[i]->op != op || ls[i]->fused != cl) continue;
+                MB_TRY(mb__lstm_fused_desc_of(ls[i], k, backward ? douts[i] : NULL, &a.d[a.n]));
+                a.d[a.n++].tile0 = (int)blocks;
+                blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
+                if (a.n == MB__FUSED_MAX) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+            }
+            if (a.n) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
         }
-        if (a.n) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
-    }
     for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, ls[i]->cfg.stream, stream));
     return MB_OK;
 }

@@ -401,21 +401,77 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 
 // -- the fused recurrence --
 // The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
-// runs a layer of every LSTM given: blocks = (LSTM, tile of 16 batch rows), batch rows being
-// independent, no block waits for another. Warp w of a block owns hidden units 16w..16w+15 of
-// its rows, all four gates (megabatch.h, mb__fused_layout_of), and keeps for all T steps, in
+// runs a layer of every LSTM given: a tile of 16 batch rows of one LSTM is owned by cl blocks
+// (1, or a cluster of 2 or 4 on sm_90, each with its slice of W_hh: megabatch.h,
+// mb__fused_layout_of), and batch rows being independent, no tile waits for another. Warp w of
+// a block owns 16 hidden units of its rows, all four gates, and keeps for all T steps, in
 // registers, what the recurrence carries for them: the cell state and biases (forward), the
 // cell gradient and the recurrent product (backward). W_hh sits in shared memory; a step reads
 // it as tensor-core fragments (bf16/f16) or by FMA (f32). Nothing in a step's chain waits on
 // global memory: each warp fetches its own inputs of the next step with cp.async into its
 // staging area while this step computes (so a __syncwarp, not a block barrier, publishes them),
-// and writes its outputs with stores nothing waits on. Block barriers: one a step forward (h
-// into the double-buffered operand tile every warp's product reads), two backward (dg into the
-// operand tile, and the tile free again).
+// and writes its outputs with stores nothing waits on. Barriers (of the block, or the cluster):
+// one a step forward (h into the double-buffered operand tile every warp's product reads, in
+// every block of the tile), two backward (dg into the operand tile, and the tile free again).
 
 #include <mma.h>
 #include <cuda_pipeline_primitives.h>
+#include <cooperative_groups.h>
 #include <type_traits>
+
+/* A launch in clusters of cl blocks along x (sm_90; cudaLaunchKernelEx), else as MB_LAUNCH:
+ * MB_LAUNCH_CLUSTER(kernel, grid, block, shared_bytes, stream, cl)(args...). A launch error is
+ * left for cudaGetLastError. The simulator defines its own. */
+#ifndef MB_LAUNCH_CLUSTER
+template <class... P> struct mb__cluster_launch {
+    void (*k)(P...);
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at;
+    template <class... A> void operator()(A &&...args) {
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+    }
+};
+template <class... P>
+static mb__cluster_launch<P...> mb__cluster_launcher(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                                     unsigned cl) {
+    mb__cluster_launch<P...> l = {};
+    l.k = k;
+    l.cfg.gridDim = grid;
+    l.cfg.blockDim = block;
+    l.cfg.dynamicSmemBytes = smem;
+    l.cfg.stream = st;
+    l.at.id = cudaLaunchAttributeClusterDimension;
+    l.at.val.clusterDim.x = cl;
+    l.at.val.clusterDim.y = 1;
+    l.at.val.clusterDim.z = 1;
+    return l;
+}
+#define MB_LAUNCH_CLUSTER(k, grid, block, smem, stream, cl) mb__cluster_launcher(k, grid, block, smem, stream, cl)
+#endif
+
+/* The barrier of a row tile's blocks: the block's, or the cluster's (cl > 1, sm_90 only). */
+__device__ inline void mb__fused_sync(int cl) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if (cl > 1) {
+        cooperative_groups::this_cluster().sync();
+        return;
+    }
+#endif
+    (void)cl;
+    __syncthreads();
+}
+
+/* Address p of this block's shared memory in block r of its cluster (cl 1: p itself). */
+template <class T> __device__ inline T *mb__fused_peer(T *p, int cl, int r) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if (cl > 1) return cooperative_groups::this_cluster().map_shared_rank(p, r);
+#endif
+    (void)cl;
+    (void)r;
+    return p;
+}
 
 #ifndef MB_DYNAMIC_SHARED /* the simulator defines its own; nvcc: the launch's dynamic shared memory */
 #define MB_DYNAMIC_SHARED(T, name) extern __shared__ __align__(128) T name[]
@@ -549,47 +605,48 @@ __device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, i
         mb__tile_store<mb__wtile>(p, ld, f, nr, nc, scratch, false);
 }
 
-/* The tile's rows < nr, columns < nc into an operand tile at o (row stride ld; the rest of its
- * 16 x 16 zeroed, so padding multiplies as zero) and, when q is not NULL, to global memory at q
- * (row stride qld) in the operand type too (whole: 16-byte aligned). */
+/* The tile's rows < nr, columns < nc into the operand tile at o (row stride ld; the rest of its
+ * 16 x 16 zeroed, so padding multiplies as zero) of each of the cl blocks of the cluster and,
+ * when q is not NULL, to global memory at q (row stride qld) in the operand type too (whole:
+ * 16-byte aligned). */
 template <class T, class F>
-__device__ void mb__tile_operand(T *o, int ld, T *q, size_t qld, const F &f, int nr, int nc, float *scratch,
+__device__ void mb__tile_operand(T *o, int ld, int cl, T *q, size_t qld, const F &f, int nr, int nc, float *scratch,
                                  bool whole) {
     float v[8];
     mb__tile_row(f, scratch, v);
     int n = mb__row_n(nr, nc), r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
     for (int e = 0; e < 8; e++) v[e] = e < n ? v[e] : 0.0f;
-    mb__put8(o + r * ld + j0, v, 8, true);
+    for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, v, 8, true);
     if (q && n) mb__put8(q + r * qld + j0, v, n, whole);
     __syncwarp();
 }
 
-// The recurrent products of a warp's 16 units u0.. (shared memory: the operand tile; W_hh as
-// (4Hp, Hp) rows wld apart, or for the FMA path's forward transposed, (Hp, 4Hp) rows 4Hp apart,
-// so that a warp's lanes read consecutive words). Tensor cores: f32 accumulation; FMA: each
-// sum in a fixed order.
+// The recurrent products of a warp's 16 units, lu0.. of its block's Hc (shared memory: the
+// operand tile; the block's slice of W_hh, rows wld apart: forward (4Hc, Hp), or for the FMA
+// path transposed, (Hp, 4Hc) rows 4Hc apart, so that a warp's lanes read consecutive words;
+// backward (4Hp, Hc)). Tensor cores: f32 accumulation; FMA: each sum in a fixed order.
 
 /* Forward: acc[q] += h W_q^T, h the (16, Hp) operand tile (rows tld apart). */
 template <class T>
-__device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int u0) {
+__device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int Hc, int lu0) {
     using namespace nvcuda;
     for (int kt = 0; kt < Hp / 16; kt++) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
         wmma::load_matrix_sync(a, h + kt * 16, (unsigned)tld);
         for (int q = 0; q < 4; q++) {
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-            wmma::load_matrix_sync(b, w + (size_t)(q * Hp + u0) * wld + kt * 16, (unsigned)wld);
+            wmma::load_matrix_sync(b, w + (size_t)(q * Hc + lu0) * wld + kt * 16, (unsigned)wld);
             wmma::mma_sync(acc[q], a, b, acc[q]);
         }
     }
 }
 template <class T>
-__device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, int tld, const T *wt, int, int Hp, int u0) {
-    const T *wc = wt + u0 + mb__fcol();
+__device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, int tld, const T *wt, int, int Hp, int Hc, int lu0) {
+    const T *wc = wt + lu0 + mb__fcol();
     for (int k = 0; k < Hp; k++) {
         float hk[8], wk[4];
         for (int i = 0; i < 8; i++) hk[i] = mb__fget(h[mb__frow(i) * tld + k]);
-        for (int q = 0; q < 4; q++) wk[q] = mb__fget(wc[(size_t)k * 4 * Hp + q * Hp]);
+        for (int q = 0; q < 4; q++) wk[q] = mb__fget(wc[(size_t)k * 4 * Hc + q * Hc]);
         for (int q = 0; q < 4; q++)
             for (int i = 0; i < 8; i++) acc[q].x[i] = __fmaf_rn(hk[i], wk[q], acc[q].x[i]);
     }
@@ -598,7 +655,7 @@ __device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, int tld, const T *wt, 
 /* Backward: acc = dg W, dg the (16, 4Hp) operand tile (rows tld apart); two partial sums (even
  * and odd k tiles, 4Hp/16 is even) so that two products are in flight. */
 template <class T>
-__device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int u0) {
+__device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
     using namespace nvcuda;
     mb__wtile part[2];
     wmma::fill_fragment(part[0], 0.0f);
@@ -608,14 +665,14 @@ __device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, in
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
             wmma::load_matrix_sync(a, dg + (kt + p) * 16, (unsigned)tld);
-            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * wld + u0, (unsigned)wld);
+            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * wld + lu0, (unsigned)wld);
             wmma::mma_sync(part[p], a, b, part[p]);
         }
     for (int i = 0; i < acc.num_elements; i++) acc.x[i] = part[0].x[i] + part[1].x[i];
 }
 template <class T>
-__device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int u0) {
-    const T *wc = w + u0 + mb__fcol();
+__device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
+    const T *wc = w + lu0 + mb__fcol();
     for (int i = 0; i < 8; i++) {
         const T *a = dg + mb__frow(i) * tld;
         float s = 0.0f;
@@ -628,49 +685,57 @@ __device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, in
 
 template <class T> struct mb__fblock {
     mb__fused_desc d;
-    T *w, *tiles;           /* W_hh; the operand tiles (mb__fused_tile) */
-    float *stage, *scratch; /* this warp's */
-    int Hp, wld, tld, sld;  /* mb__fused_layout's */
-    int r0, nr;             /* rows r0 .. r0+nr-1 of the batch */
-    int u0, nu;             /* this warp's units u0 .. u0+nu-1; nu <= 0: none (a wider layer's launch) */
+    T *w, *tiles;               /* the slice of W_hh; the operand tiles (mb__fused_tile) */
+    float *stage, *scratch;     /* this warp's */
+    int Hp, Hc, wld, tld, sld;  /* mb__fused_layout's */
+    int cl, r0, nr;             /* blocks a row tile; rows r0 .. r0+nr-1 of the batch */
+    int u0, lu0, nu;            /* this warp's units u0 .. u0+nu-1 (lu0 in its block's); nu <= 0: none */
 };
 
-/* This block's descriptor and row tile. */
-__device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *tile) {
-    int b = (int)blockIdx.x, i = 0;
+/* This block's descriptor, row tile and place in it (blocks cl at a time a row tile). */
+__device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *tile, int *rank) {
+    int b = (int)blockIdx.x / a.cl, i = 0;
     while (i + 1 < a.n && b >= a.d[i + 1].tile0) i++;
     *tile = b - a.d[i].tile0;
+    *rank = (int)blockIdx.x % a.cl;
     return a.d[i];
 }
 
-/* Carve shared memory, load W_hh (transposed for the FMA forward), zero the operand tiles and
- * the staging areas (padding rows and units stay zero); then a block barrier. */
+/* Carve shared memory, load the block's slice of W_hh (transposed for the FMA forward), zero the
+ * operand tiles and the staging areas (padding rows and units stay zero); then a barrier of the
+ * row tile's blocks. */
 template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm, int backward) {
     mb__fblock<T> k;
-    int tile, warp = (int)(threadIdx.x / 32);
-    k.d = mb__fused_find(a, &tile);
+    int tile, rank, warp = (int)(threadIdx.x / 32);
+    k.d = mb__fused_find(a, &tile, &rank);
     const int H = k.d.H;
-    mb__fused_layout y = mb__fused_layout_of(H, sizeof(T), backward);
-    k.Hp = y.Hp; k.wld = y.wld; k.tld = y.tld; k.sld = y.sld;
+    mb__fused_layout y = mb__fused_layout_of(H, sizeof(T), backward, a.cl);
+    k.Hp = y.Hp; k.Hc = y.Hc; k.wld = y.wld; k.tld = y.tld; k.sld = y.sld;
+    k.cl = a.cl;
     k.r0 = tile * MB__FUSED_ROWS;
     k.nr = k.d.B - k.r0 < MB__FUSED_ROWS ? k.d.B - k.r0 : MB__FUSED_ROWS;
-    k.u0 = 16 * warp;
-    k.nu = H - k.u0 < 16 ? H - k.u0 : 16;
+    k.lu0 = 16 * warp;
+    k.u0 = rank * k.Hc + k.lu0;
+    k.nu = k.lu0 < k.Hc ? (H - k.u0 < 16 ? H - k.u0 : 16) : 0;
     k.w = (T *)sm;
     k.tiles = (T *)(sm + y.tiles);
     k.stage = (float *)(sm + y.warps + (size_t)warp * y.warp);
     k.scratch = k.stage + MB__FUSED_ROWS * y.sld;
-    const int Hp = k.Hp, tr = !backward && std::is_same<typename mb__tile_of<T>::type, mb__ftile>::value;
-    for (int e = (int)threadIdx.x; e < 4 * Hp * Hp; e += (int)blockDim.x) {
-        int n = e / Hp, c = e % Hp, q = n / Hp, j = n % Hp; /* W_hh row q*H + j, column c */
-        float v = j < H && c < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + j) * H + c]) : 0.0f;
-        mb__fput(tr ? &k.w[(size_t)c * 4 * Hp + n] : &k.w[(size_t)n * k.wld + c], v);
+    const int Hp = k.Hp, Hc = k.Hc, u1 = rank * Hc;
+    const bool tr = !backward && std::is_same<typename mb__tile_of<T>::type, mb__ftile>::value;
+    for (int e = (int)threadIdx.x; e < 4 * Hc * Hp; e += (int)blockDim.x) {
+        /* forward: local row n (gate q, unit u1 + j), column c; backward: row n (gate q, unit j),
+         * local column c (unit u1 + c) */
+        int n = backward ? e / Hc : e / Hp, c = backward ? e % Hc : e % Hp;
+        int q = n / (backward ? Hp : Hc), j = n % (backward ? Hp : Hc) + (backward ? 0 : u1), col = c + (backward ? u1 : 0);
+        float v = j < H && col < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + j) * H + col]) : 0.0f;
+        mb__fput(tr ? &k.w[(size_t)c * 4 * Hc + n] : &k.w[(size_t)n * k.wld + c], v);
     }
     for (int e = (int)threadIdx.x; e < (backward ? 1 : 2) * MB__FUSED_ROWS * k.tld; e += (int)blockDim.x)
         mb__fput(&k.tiles[e], 0.0f);
     if (k.nu > 0)
         for (int e = mb__lane(); e < (int)(y.warp / sizeof(float)); e += 32) k.stage[e] = 0.0f;
-    __syncthreads();
+    mb__fused_sync(k.cl); /* no block of the tile writes into another's tiles before they are zeroed */
     return k;
 }
 
@@ -749,12 +814,12 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
         __syncwarp();
         mb__stage_get(k, c, 0);
         __syncwarp();
-        for (int e = mb__lane(); e < 256; e += 32) {
-            int r = e >> 4, j = e & 15;
-            if (r < nr && j < nu) mb__fput(&k.tiles[r * k.tld + u0 + j], d.hs[(size_t)(k.r0 + r) * H + u0 + j]);
-        }
         mb__fused_fetch<4>(k, 0, g, (size_t)4 * H, (size_t)H, v16, W);
         __pipeline_commit();
+    }
+    for (int e = (int)threadIdx.x; e < MB__FUSED_ROWS * k.Hp; e += (int)blockDim.x) { /* h0, all units */
+        int r = e / k.Hp, j = e % k.Hp;
+        if (r < nr && j < H) mb__fput(&k.tiles[r * k.tld + j], d.hs[(size_t)(k.r0 + r) * H + j]);
     }
     __syncthreads();
     for (int t = 0; t < d.T; t++, g += gstep, o += hstep) {
@@ -765,20 +830,20 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
             __syncwarp();
             if (t + 1 < d.T) mb__fused_fetch<4>(k, 0, g + gstep, (size_t)4 * H, (size_t)H, v16, W);
             __pipeline_commit();
-            mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, u0);
+            mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, k.Hc, k.lu0);
             for (int i = 0; i < c.num_elements; i++) {
                 float z[4] = {acc[0].x[i] + bias[0].x[i], acc[1].x[i] + bias[1].x[i], acc[2].x[i] + bias[2].x[i],
                               acc[3].x[i] + bias[3].x[i]};
                 mb__gcell_fwd(z, &c.x[i], &h.x[i]);
                 acc[0].x[i] = z[0]; acc[1].x[i] = z[1]; acc[2].x[i] = z[2]; acc[3].x[i] = z[3];
             }
-            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, d.hs_op ? (T *)d.hs_op + o : (T *)NULL, (size_t)H, h,
-                             nr, nu, k.scratch, W);
+            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, k.cl, d.hs_op ? (T *)d.hs_op + o : (T *)NULL,
+                             (size_t)H, h, nr, nu, k.scratch, W);
             mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch, W);
             mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch, W);
             for (int q = 0; q < 4; q++) mb__tile_store(g + q * H, (size_t)4 * H, acc[q], nr, nu, k.scratch, W);
         }
-        __syncthreads();
+        mb__fused_sync(k.cl);
     }
 }
 
@@ -839,15 +904,15 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
                 cn.x[e] = cp.x[e];
             }
             for (int q = 0; q < 4; q++)
-                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, d.dg_op ? (T *)d.dg_op + gt + q * H : (T *)NULL,
+                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, k.cl, d.dg_op ? (T *)d.dg_op + gt + q * H : (T *)NULL,
                                  (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
         }
-        __syncthreads(); /* dg in the operand tile */
+        mb__fused_sync(k.cl); /* dg in the operand tiles */
         if (nu > 0) {
-            mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, u0); /* dh_rec = dg W_hh */
+            mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
             for (int q = 0; q < 4; q++) mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
         }
-        __syncthreads(); /* the operand tile free again */
+        mb__fused_sync(k.cl); /* the operand tiles free again */
     }
     if (nu > 0) {
         mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch, W);
@@ -868,31 +933,35 @@ template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int st
                                                           size_t smem) {
     void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
     MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    MB_LAUNCH(k, blocks, threads, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
+    if (a->cl > 1) MB_LAUNCH_CLUSTER(k, blocks * a->cl, threads, smem, mb__st(dev, stream), a->cl)(*a);
+    else MB_LAUNCH(k, blocks, threads, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
     return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
 }
 
-/* One launch for the a->n descriptors (all of operand type op); blocks: their row tiles. The
- * widest layer sets the threads and the shared memory. */
+/* One launch for the a->n descriptors (all of operand type op, a->cl blocks a row tile);
+ * blocks: their row tiles. The widest layer sets the threads and the shared memory. */
 static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
                                      unsigned blocks) {
     int64_t H = 1;
     for (int i = 0; i < a->n; i++) H = a->d[i].H > H ? a->d[i].H : H;
-    size_t smem = mb__fused_layout_of(H, mb_dtype_size(op), backward).bytes;
-    unsigned threads = mb__lstm_fused_threads(H);
+    size_t smem = mb__fused_layout_of(H, mb_dtype_size(op), backward, a->cl).bytes;
+    unsigned threads = mb__lstm_fused_threads(H, a->cl);
     if (op == MB_BF16) return mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, blocks, threads, smem);
     if (op == MB_F16) return mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, blocks, threads, smem);
     return mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, blocks, threads, smem);
 }
 
-/* The shared memory a block may opt into on this device. */
-static size_t mb__cuda_smem_optin(mb_device *dev) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev->cuda_index) != cudaSuccess) {
+/* The shared memory a block may opt into on this device, and its largest cluster for the fused
+ * recurrence (4 with clusters, sm_90, else 1). */
+static void mb__cuda_fused_limits(mb_device *dev, size_t *smem, int *cluster) {
+    int v = 0, c = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev->cuda_index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c, cudaDevAttrClusterLaunch, dev->cuda_index) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        v = c = 0;
     }
-    return (size_t)v;
+    *smem = (size_t)v;
+    *cluster = c ? 4 : 1;
 }
 
 // ---- cuda end lstm ----
@@ -1212,7 +1281,7 @@ static const mb__backend *mb__cuda_backend(void) {
         mb__cuda_series_gather,
 
         /* lstm: the fused recurrence */
-        mb__cuda_smem_optin, mb__cuda_lstm_fused,
+        mb__cuda_fused_limits, mb__cuda_lstm_fused,
         /* graph: stream capture */
         mb__cuda_graph_begin, mb__cuda_graph_end, mb__cuda_graph_launch, mb__cuda_graph_destroy,
     };

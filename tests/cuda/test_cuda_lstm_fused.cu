@@ -31,8 +31,8 @@ static size_t total(const net *s, int outputs) {
     return t;
 }
 
-/* The n LSTMs ("e0." ...) in one params on dev. */
-static void build(mb_device *dev, const net *s, int ck, mb_dtype prec, mb_params **p, mb_lstm **l) {
+/* The n LSTMs ("e0." ...) in one params on dev; fb: their fused_blocks. */
+static void build(mb_device *dev, const net *s, int ck, mb_dtype prec, int fb, mb_params **p, mb_lstm **l) {
     tu_ok(mb_params_create(p, dev));
     for (int i = 0; i < s->n; i++) {
         char pre[16];
@@ -41,6 +41,7 @@ static void build(mb_device *dev, const net *s, int ck, mb_dtype prec, mb_params
         memset(&c, 0, sizeof c);
         c.input_size = s->F; c.hidden_size = s->H[i]; c.layers = s->L[i]; c.checkpoint = ck; c.prefix = pre;
         c.max_steps = s->T[i]; c.max_batch = s->B; c.precision = prec; c.stream = i % dev->streams;
+        c.fused_blocks = fb;
         tu_ok(mb_lstm_create(&l[i], *p, &c));
     }
     tu_ok(mb_params_finalize(*p));
@@ -53,7 +54,7 @@ static ins make_inputs(const net *s) {
     tu_ok(mb_device_open(&cpu, NULL));
     mb_params *p;
     mb_lstm *l[NMAX];
-    build(cpu, s, -1, MB_F32, &p, l);
+    build(cpu, s, -1, MB_F32, 0, &p, l);
     tu_ok(mb_params_init(p, tu_next()));
     ins in = {tu_alloc_f32(mb_params_total(p)), tu_alloc_f32(total(s, 0))};
     tu_ok(mb_params_get(p, in.params));
@@ -65,12 +66,13 @@ static ins make_inputs(const net *s) {
 }
 
 /* Forward + backward of every LSTM on dev (many: one _many call each way; else single calls
- * in order); returns the outputs then the gradient, in one host array; *fused: how many ran fused. */
-static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int many, const ins *in, size_t *n_out,
+ * in order; fb: fused_blocks); returns the outputs then the gradient, in one host array; *fused:
+ * how many ran fused. */
+static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int fb, int many, const ins *in, size_t *n_out,
                   int *fused) {
     mb_params *p;
     mb_lstm *l[NMAX];
-    build(dev, s, ck, prec, &p, l);
+    build(dev, s, ck, prec, fb, &p, l);
     tu_ok(mb_params_set(p, in->params));
     size_t ni = total(s, 0), no = total(s, 1), ng = mb_params_total(p);
     float *di = NULL, *dout = NULL;
@@ -97,7 +99,7 @@ static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int many,
         c[i].dx = cn[i] + b[O_CN]; c[i].dh0 = c[i].dx + b[O_DX]; c[i].dc0 = c[i].dh0 + b[O_DH0];
         pi = (float *)c[i].dh_last + a[I_DHL];
         po = c[i].dc0 + b[O_DC0];
-        *fused += l[i]->fused;
+        *fused += l[i]->fused != 0;
     }
     if (many) tu_ok(mb_lstm_forward_many(c, s->n));
     for (int i = 0; !many && i < s->n; i++)
@@ -142,15 +144,17 @@ static void print_net(const net *s, mb_dtype prec) {
     printf("\n");
 }
 
-/* One net in one precision: the GPU's many call against the CPU, single calls and a repeat. */
-static void check_net(mb_device *gpu, mb_device *cpu, const net *s, mb_dtype prec) {
+/* One net in one precision, the GPU's LSTMs with fused_blocks fb: the GPU's many call against
+ * the CPU, single calls and a repeat. */
+static void check_net(mb_device *gpu, mb_device *cpu, const net *s, mb_dtype prec, int fb) {
     print_net(s, prec);
+    printf("  fused_blocks %d\n", fb);
     ins in = make_inputs(s);
     size_t n;
     int fused, f2;
-    float *ref = run(cpu, s, -1, MB_F32, 1, &in, &n, &f2);
-    float *refp = prec == MB_F32 ? NULL : run(cpu, s, -1, prec, 1, &in, &n, &f2);
-    float *got = run(gpu, s, -1, prec, 1, &in, &n, &fused);
+    float *ref = run(cpu, s, -1, MB_F32, 0, 1, &in, &n, &f2);
+    float *refp = prec == MB_F32 ? NULL : run(cpu, s, -1, prec, 0, 1, &in, &n, &f2);
+    float *got = run(gpu, s, -1, prec, fb, 1, &in, &n, &fused);
     if (fused != s->n) fail_msg("%d of %d LSTMs ran fused", fused, s->n);
     double e = worst_err(s, got, ref, n, "vs cpu f32"), tol = prec == MB_F32 ? 1e-4 : 2e-2;
     if (!(e < tol)) fail_msg("%s: relative norm error %g >= %g against the CPU in f32", mb_dtype_name(prec), e, tol);
@@ -159,7 +163,7 @@ static void check_net(mb_device *gpu, mb_device *cpu, const net *s, mb_dtype pre
         if (!(e2 < 1e-3)) fail_msg("%s: relative norm error %g >= 1e-3 against the CPU in %s", mb_dtype_name(prec), e2,
                                   mb_dtype_name(prec));
     }
-    float *again = run(gpu, s, -1, prec, 1, &in, &n, &fused), *single = run(gpu, s, -1, prec, 0, &in, &n, &fused);
+    float *again = run(gpu, s, -1, prec, fb, 1, &in, &n, &fused), *single = run(gpu, s, -1, prec, fb, 0, &in, &n, &fused);
     if (memcmp(again, got, n * sizeof(float))) fail_msg("a repeated run gives other bits");
     if (memcmp(single, got, n * sizeof(float))) fail_msg("single calls give other bits than the many call");
     free(ref); free(refp); free(got); free(again); free(single);
@@ -187,50 +191,87 @@ static void test_fused_matches_cpu(void **state) {
     net odd = {3, 17, 5, {1, 23, 9}, {17, 33, 8}, {2, 1, 3}};
     /* whole tiles: B 32, H 32 and 48 (the kernels' outputs straight from tensor-core fragments) */
     net whole = {2, 32, 7, {6, 3}, {32, 48}, {1, 2}};
+    /* blocks a row tile: the cost model's choice (LSTMs of one net may differ), and 1, 2 and 4
+     * forced (clusters on sm_90; H rounds up to 16 units a block) */
+    static const int fbs[] = {1, 2, 4};
     for (int p = MB_F32; p <= MB_F16; p++) {
-        check_net(gpu, cpu, &odd, (mb_dtype)p);
-        check_net(gpu, cpu, &whole, (mb_dtype)p);
+        check_net(gpu, cpu, &odd, (mb_dtype)p, 0);
+        check_net(gpu, cpu, &odd, (mb_dtype)p, 4);
+        check_net(gpu, cpu, &whole, (mb_dtype)p, 2);
         net r = random_net(p == MB_F32 ? 48 : 64);
-        check_net(gpu, cpu, &r, (mb_dtype)p);
+        check_net(gpu, cpu, &r, (mb_dtype)p, fbs[tu_int(0, 2)]);
     }
     mb_device_close(cpu); mb_device_close(gpu);
 }
 
-/* The fused path's one decision: GPU, full storage, W_hh fits in shared memory. */
-static int fused_of(mb_device *dev, int64_t H, int ck, mb_dtype prec) {
+/* The path an LSTM of hidden size H takes (mb_lstm->fused: blocks a row tile, 0: the per-step
+ * gemms), checkpoint ck, fused_blocks fb; -1 when mb_lstm_create refuses it (its result in *r). */
+static int fused_of(mb_device *dev, int64_t H, int ck, mb_dtype prec, int fb, mb_result *r) {
     mb_params *p;
-    mb_lstm *l;
-    net s = {1, 4, 3, {5}, {(int)H}, {1}};
-    build(dev, &s, ck, prec, &p, &l);
-    int f = l->fused;
+    mb_lstm *l = NULL;
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config c;
+    memset(&c, 0, sizeof c);
+    c.input_size = 3; c.hidden_size = H; c.checkpoint = ck; c.max_steps = 5; c.max_batch = 4; c.precision = prec;
+    c.fused_blocks = fb;
+    *r = mb_lstm_create(&l, p, &c);
+    int f = l ? l->fused : -1;
     mb_lstm_destroy(l);
     mb_params_destroy(p);
     return f;
 }
 
+/* The fused path's one decision (mb__lstm_fused_choice): a GPU, full storage, and of the block
+ * counts a row tile whose shared memory fits, the cheapest by the latency model, else the
+ * per-step gemms; fused_blocks forces one (refused where it does not fit) or the gemms. */
 static void test_fused_choice(void **state) {
     (void)state;
     mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
-    size_t optin = mb__cuda_smem_optin(gpu);
-    printf("shared memory per block (opt-in): %zu bytes\n", optin);
-    int64_t hs[] = {1, 17, 64, 96, 128, 144, 160, 256};
+    size_t optin = 0;
+    int maxcl = 0;
+    mb__cuda_fused_limits(gpu, &optin, &maxcl);
+    printf("shared memory per block (opt-in): %zu bytes, clusters of up to %d blocks\n", optin, maxcl);
+    int64_t hs[] = {1, 17, 64, 96, 128, 144, 160, 256, 320};
+    mb_result r;
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         for (int p = MB_F32; p <= MB_F16; p++) {
-            int want = mb__lstm_fused_smem(hs[i], (mb_dtype)p) <= optin;
-            if (fused_of(gpu, hs[i], -1, (mb_dtype)p) != want) fail_msg("H=%lld %s: fused is not %d", (long long)hs[i],
-                                                                        mb_dtype_name((mb_dtype)p), want);
+            mb_dtype op = (mb_dtype)p;
+            int want = 0; /* the cheapest that fits, by the model */
+            for (int cl = 1; cl <= maxcl; cl *= 2)
+                if (mb__lstm_fused_smem(hs[i], op, cl) && mb__lstm_fused_smem(hs[i], op, cl) <= optin &&
+                    mb__lstm_fused_threads(hs[i], cl) <= MB__FUSED_THREADS_MAX &&
+                    mb__lstm_step_us(hs[i], cl) < mb__lstm_step_us(hs[i], want))
+                    want = cl;
+            printf("H=%lld %s: %d\n", (long long)hs[i], mb_dtype_name(op), want);
+            if (fused_of(gpu, hs[i], -1, op, 0, &r) != want)
+                fail_msg("H=%lld %s: fused is not %d", (long long)hs[i], mb_dtype_name(op), want);
             /* checkpoint 0 on the GPU: full storage when it fits (these shapes), so fused as -1 is */
-            if (fused_of(gpu, hs[i], 0, (mb_dtype)p) != want)
-                fail_msg("H=%lld %s: the GPU's auto checkpoint is not fused %d", (long long)hs[i],
-                         mb_dtype_name((mb_dtype)p), want);
-            if (fused_of(gpu, hs[i], 3, (mb_dtype)p) || fused_of(cpu, hs[i], -1, (mb_dtype)p) ||
-                fused_of(cpu, hs[i], 0, (mb_dtype)p))
-                fail_msg("H=%lld: fused with checkpointing or on the CPU", (long long)hs[i]);
+            if (fused_of(gpu, hs[i], 0, op, 0, &r) != want)
+                fail_msg("H=%lld %s: the GPU's auto checkpoint is not fused %d", (long long)hs[i], mb_dtype_name(op), want);
+            if (fused_of(gpu, hs[i], 3, op, 0, &r) || fused_of(cpu, hs[i], -1, op, 0, &r) ||
+                fused_of(cpu, hs[i], 0, op, 0, &r) || fused_of(gpu, hs[i], -1, op, -1, &r))
+                fail_msg("H=%lld: fused with checkpointing, on the CPU or with fused_blocks -1", (long long)hs[i]);
+            for (int fb = 1; fb <= 4; fb *= 2) { /* forced: that count where it fits, else refused */
+                int fits = mb__lstm_fused_fits(gpu, hs[i], op, fb), f = fused_of(gpu, hs[i], -1, op, fb, &r);
+                if (fits ? f != fb : (f != -1 || r != MB_ERR_UNSUPPORTED))
+                    fail_msg("H=%lld %s fused_blocks %d: %d (result %d)", (long long)hs[i], mb_dtype_name(op), fb, f, r);
+            }
         }
-    if (optin >= (227u << 10)) { /* the issue's floor on an H100: H <= 64 in f32, H <= 128 in 16 bits */
-        assert_true(fused_of(gpu, 64, -1, MB_F32) && fused_of(gpu, 128, -1, MB_BF16) && fused_of(gpu, 128, -1, MB_F16));
-        assert_false(fused_of(gpu, 128, -1, MB_F32));
+    /* bad values and forcing where there is no fused path */
+    assert_int_equal(fused_of(gpu, 32, -1, MB_BF16, 3, &r), -1);
+    assert_int_equal(r, MB_ERR_INVALID_ARG);
+    assert_int_equal(fused_of(gpu, 32, -1, MB_BF16, -2, &r), -1);
+    assert_int_equal(r, MB_ERR_INVALID_ARG);
+    assert_int_equal(fused_of(gpu, 32, 3, MB_BF16, 1, &r), -1); /* checkpointed */
+    assert_int_equal(r, MB_ERR_UNSUPPORTED);
+    assert_int_equal(fused_of(cpu, 32, -1, MB_BF16, 1, &r), -1);
+    assert_int_equal(r, MB_ERR_UNSUPPORTED);
+    mb_clear_error();
+    if (optin >= (227u << 10) && maxcl >= 4) { /* an H100: every size here but f32 above 96 runs fused */
+        assert_true(fused_of(gpu, 64, -1, MB_F32, 0, &r) && fused_of(gpu, 128, -1, MB_BF16, 0, &r) &&
+                    fused_of(gpu, 256, -1, MB_BF16, 0, &r) == 4 && fused_of(gpu, 256, -1, MB_F16, 0, &r) == 4);
+        assert_int_equal(fused_of(gpu, 32, -1, MB_BF16, 0, &r), 1);
     }
     mb_device_close(cpu); mb_device_close(gpu);
 }
@@ -241,9 +282,9 @@ static unsigned long long step_calls(mb_device *gpu, const net *s) {
     ins in = make_inputs(s);
     size_t n;
     int fused;
-    float *warm = run(gpu, s, -1, MB_F32, 1, &in, &n, &fused); /* setup costs are counted too: run twice */
+    float *warm = run(gpu, s, -1, MB_F32, 0, 1, &in, &n, &fused); /* setup costs are counted too: run twice */
     cudasim::stats a = cudasim::get_stats();
-    float *o = run(gpu, s, -1, MB_F32, 1, &in, &n, &fused);
+    float *o = run(gpu, s, -1, MB_F32, 0, 1, &in, &n, &fused);
     cudasim::stats b = cudasim::get_stats();
     free(warm); free(o); free(in.params); free(in.data);
     return b.launches - a.launches + b.cublas_calls - a.cublas_calls;

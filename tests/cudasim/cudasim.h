@@ -171,11 +171,13 @@ inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == (mask & cudasim::live_lanes()); }
 #include "cudasim_wmma.h"
 #include "cudasim_pipeline.h"
+#include "cudasim_cluster.h"
 
 // ---- launch: MB_LAUNCH(k, grid, block, smem, stream)(args...) ----
 namespace cudasim {
 using task = std::function<void()>;
-void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body);
+void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body,
+                    unsigned cluster = 1);
 
 template <class... P> struct launcher {
     void (*k)(P...);
@@ -183,17 +185,22 @@ template <class... P> struct launcher {
     dim3 g, b;
     size_t smem;
     cudaStream_t st;
+    unsigned cluster; /* blocks a cluster, along x (cudasim_cluster.h) */
     template <class... A> void operator()(A &&...a) const {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
         /* by value, converted to the parameter types at the launch, as nvcc does */
         auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(std::forward<A>(a)...);
         auto kk = k;
-        enqueue_kernel(name, (const void *)kk, g, b, smem, st, [kk, args] { std::apply(kk, *args); });
+        enqueue_kernel(name, (const void *)kk, g, b, smem, st, [kk, args] { std::apply(kk, *args); }, cluster);
     }
 };
 template <class... P>
 launcher<P...> launch(void (*k)(P...), const char *name, dim3 g, dim3 b, size_t smem = 0, cudaStream_t st = 0) {
-    return launcher<P...>{k, name, g, b, smem, st};
+    return launcher<P...>{k, name, g, b, smem, st, 1};
+}
+template <class... P>
+launcher<P...> launch_cluster(void (*k)(P...), const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t st, unsigned cl) {
+    return launcher<P...>{k, name, g, b, smem, st, cl};
 }
 /* Counters since the start (or the last reset): what the GPU work is steered by. Work is counted
  * when it runs, whether issued one by one or as the nodes of a graph: `launches` and
@@ -221,6 +228,7 @@ namespace cudasim {
 } // namespace cudasim
 
 #define MB_LAUNCH(k, ...) cudasim::launch(k, #k, __VA_ARGS__)
+#define MB_LAUNCH_CLUSTER(k, ...) cudasim::launch_cluster(k, #k, __VA_ARGS__)
 
 /* Dynamic shared memory. `extern __shared__ T name[]` cannot be spelled in C++, so a kernel that
  * is to run here declares it as MB_DYNAMIC_SHARED(T, name); under nvcc the library defines
@@ -637,7 +645,7 @@ CUDASIM_NO_TSAN static void fctx_swap(fctx *from, fctx *to) { cudasim_swap(&from
 #include "cudasim_pipeline.h" /* its implementation part: pipe_state */
 
 // ---- kernel execution: blocks in order, the threads of a block as fibers ----
-enum { F_READY = 0, F_BARRIER = 1, F_DONE = 2, F_WARP = 3 };
+enum { F_READY = 0, F_BARRIER = 1, F_DONE = 2, F_WARP = 3, F_CLUSTER = 4 };
 /* Fiber bookkeeping: all fibers of a block run on one OS thread, so relaxed loads and stores
  * suffice; atomics only so that TSan (which sees fibers as threads) does not flag them. */
 struct rint {
@@ -661,6 +669,14 @@ struct fiber {
     std::atomic<unsigned> wmask{0};
     std::atomic<const std::atomic<uint64_t> *> wres{nullptr}; /* the warp's values, when resolved */
     pipe_state pipe;                             /* its cp.async copies (cudasim_pipeline.h) */
+    struct block_run *blk = nullptr;             /* its block (a cluster runs several) */
+};
+/* The blocks of a cluster launch that run together (cudasim_cluster.h). */
+struct cluster_run {
+    struct block_run *blocks = nullptr;
+    unsigned n = 1;
+    char tsan_bar[2]; /* cluster.sync: release/acquire */
+    rint gen{0};      /* cluster.syncs passed (bookkeeping: relaxed atomics, as block_run's) */
 };
 struct block_run {
     fctx sched;
@@ -677,9 +693,15 @@ struct block_run {
     size_t sched_size = 0;
     void *sched_tsan = nullptr;
     char tsan_start, tsan_end, tsan_bar[2]; /* addresses for __tsan_acquire/release */
+    char *smem = nullptr;                    /* its dynamic shared memory */
+    uint3 idx;                               /* its blockIdx */
+    cluster_run *cl = nullptr;               /* its cluster (nullptr: a launch without clusters) */
+    unsigned rank = 0;                       /* ... and its place there */
 };
 static thread_local block_run *cur_block;
 static thread_local fiber *cur_fiber;
+static thread_local char *dyn_smem; /* the running block's dynamic shared memory: exactly its size (ASan) */
+static thread_local size_t tl_dyn_bytes;
 #if defined(CUDASIM_ASAN) || defined(CUDASIM_TSAN)
 static const size_t STACK = 256 << 10;
 #else
@@ -769,6 +791,9 @@ static void resume(block_run *b, fiber *f) {
 #endif
     cur_fiber = f;
     threadIdx = f->tid;
+    cur_block = b;
+    blockIdx = b->idx;
+    dyn_smem = b->smem;
 #ifdef CUDASIM_TSAN
     AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
 #endif
@@ -869,28 +894,78 @@ static void check_barrier(block_run &b, fiber *fs, int n, int live) {
     }
 }
 
-static void run_block_fibers(block_run &b, int n) {
+/* Release the __syncthreads of a block whose every live thread waits at it (check_barrier's
+ * errors otherwise); false when some thread of the block is elsewhere (a cluster barrier). */
+static bool release_barrier(block_run &b, fiber *fs, int n) {
+    int live = 0, waiting = 0;
+    for (int i = 0; i < n; i++) {
+        live += fs[i].state != F_DONE;
+        waiting += fs[i].state == F_BARRIER;
+    }
+    if (!waiting) return false;
+    if (waiting < live) {
+        for (int i = 0; i < n; i++)
+            if (fs[i].state == F_CLUSTER)
+                block_error(b, fs[i], "cluster.sync in divergent code: other threads of its block wait at __syncthreads");
+        return false;
+    }
+    check_barrier(b, fs, n, live);
+    /* every live thread waits at the barrier (exited threads count as arrived) */
+    b.res_or = (int)b.acc_or;
+    b.res_and = (int)b.acc_and;
+    b.res_count = (int)b.acc_count;
+    b.acc_or = 0;
+    b.acc_and = 1;
+    b.acc_count = 0;
+    b.arrived = 0;
+    b.gen++;
+    for (int i = 0; i < n; i++)
+        if (fs[i].state == F_BARRIER) fs[i].state = F_READY;
+    return true;
+}
+
+/* Release a cluster.sync that every live thread of the cluster waits at. */
+static bool release_cluster(block_run *bs, fiber *fs, int total) {
+    for (int i = 0; i < total; i++)
+        if (fs[i].state != F_DONE && fs[i].state != F_CLUSTER) return false;
+    for (int i = 0; i < total; i++) {
+        if (fs[i].state != F_DONE) continue;
+        block_error(*fs[i].blk, fs[i], "cluster.sync waits for a thread of the cluster that exited");
+    }
+    bs[0].cl->gen++;
+    for (int i = 0; i < total; i++) fs[i].state = F_READY;
+    return true;
+}
+
+/* The threads of nb blocks (a cluster; nb = 1 without) as fibers, n a block; fiber i is thread
+ * i % n of block i / n. They switch at barriers and warp collectives. */
+static void run_block_fibers(block_run *bs, int nb, int n) {
     /* thread-local, not on this frame: a faulting kernel leaves the frame by siglongjmp */
     static thread_local std::unique_ptr<fiber[]> fs_keep;
     static thread_local std::unique_ptr<std::atomic<uint64_t>[]> wres;
     static thread_local std::vector<unsigned> wgen;
-    fs_keep.reset(new fiber[n]);
+    const int total = nb * n;
+    fs_keep.reset(new fiber[total]);
     fiber *fs = fs_keep.get();
     unsigned bx = blockDim.x, by = blockDim.y;
-    for (int i = 0; i < n; i++) {
-        fs[i].tid = make_uint3(i % bx, (i / bx) % by, i / (bx * by));
-        fs[i].lin = (unsigned)i;
+    for (int i = 0; i < total; i++) {
+        int t = i % n;
+        fs[i].tid = make_uint3(t % bx, (t / bx) % by, t / (bx * by));
+        fs[i].lin = (unsigned)t;
+        fs[i].blk = &bs[i / n];
     }
-    b.fibers = fs;
-    wres.reset(new std::atomic<uint64_t>[(size_t)(n + 31) / 32 * 64]);
-    wgen.assign((size_t)(n + 31) / 32, 0);
+    wres.reset(new std::atomic<uint64_t>[(size_t)(total + 31) / 32 * 64]);
+    wgen.assign((size_t)(total + 31) / 32, 0);
+    for (int r = 0; r < nb; r++) {
+        bs[r].fibers = fs + r * n;
 #ifdef CUDASIM_TSAN
-    b.sched_tsan = __tsan_get_current_fiber();
+        bs[r].sched_tsan = __tsan_get_current_fiber();
 #endif
-    tsan_release(&b.tsan_start);
-    int live = n, started = 0;
+        tsan_release(&bs[r].tsan_start);
+    }
+    int live = total, started = 0;
     while (live > 0) {
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < total; i++) {
             fiber &f = fs[i];
             if (f.state != F_READY) continue;
             if (!f.stack) { /* first run: a stack from the pool (one stack for barrier-free blocks) */
@@ -909,28 +984,22 @@ static void run_block_fibers(block_run &b, int n) {
 #endif
                 started++;
             }
-            resume(&b, &f);
+            resume(f.blk, &f);
             if (f.state == F_DONE) {
                 live--;
                 stack_pool.push_back(f.stack);
             }
         }
         if (live == 0) break;
-        if (resolve_warps(b, fs, n, wres.get(), wgen.data())) continue;
-        check_barrier(b, fs, n, live);
-        /* every live thread waits at the barrier (exited threads count as arrived) */
-        b.res_or = (int)b.acc_or;
-        b.res_and = (int)b.acc_and;
-        b.res_count = (int)b.acc_count;
-        b.acc_or = 0;
-        b.acc_and = 1;
-        b.acc_count = 0;
-        b.arrived = 0;
-        b.gen++;
-        for (int i = 0; i < n; i++)
-            if (fs[i].state == F_BARRIER) fs[i].state = F_READY;
+        if (resolve_warps(bs[0], fs, total, wres.get(), wgen.data())) continue;
+        bool released = false;
+        for (int r = 0; r < nb; r++) released |= release_barrier(bs[r], fs + r * n, n);
+        if (released) continue;
+        if (nb > 1 && release_cluster(bs, fs, total)) continue;
+        fatal("kernel %s: its threads wait for each other at barriers none can pass", bs[0].name);
     }
-    tsan_acquire(&b.tsan_end);
+    cur_block = &bs[0];
+    for (int r = 0; r < nb; r++) tsan_acquire(&bs[r].tsan_end);
     (void)started;
 }
 
@@ -964,23 +1033,28 @@ static void install_fault_handler() {
 #endif
 }
 
-static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body);
-static thread_local char *dyn_smem; /* this launch's dynamic shared memory: exactly its size (ASan) */
-static thread_local size_t tl_dyn_bytes;
-static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t smem, const task &body) {
-    /* a GPU's shared memory window is 1024-byte aligned; exactly smem bytes, so ASan sees overruns */
+static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body, char *const *smem,
+                             unsigned cl);
+static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t smem, const task &body, unsigned cl) {
+    /* a GPU's shared memory window is 1024-byte aligned; exactly smem bytes, so ASan sees overruns;
+     * one for each block of a cluster */
     struct aligned_delete {
         void operator()(char *p) const { operator delete[](p, std::align_val_t(1024)); }
     };
-    std::unique_ptr<char[], aligned_delete> dyn(new (std::align_val_t(1024)) char[smem ? smem : 1]);
-    memset(dyn.get(), 0xFF, smem); /* uninitialised, as on a GPU: NaN bytes */
-    dyn_smem = dyn.get();
+    std::vector<std::unique_ptr<char[], aligned_delete>> dyn;
+    std::vector<char *> bufs;
+    for (unsigned r = 0; r < cl; r++) {
+        dyn.emplace_back(new (std::align_val_t(1024)) char[smem ? smem : 1]);
+        memset(dyn.back().get(), 0xFF, smem); /* uninitialised, as on a GPU: NaN bytes */
+        bufs.push_back(dyn.back().get());
+    }
+    dyn_smem = bufs[0];
     tl_dyn_bytes = smem;
     install_fault_handler();
     sigjmp_buf jb;
     if (sigsetjmp(jb, 1) == 0) {
         tl_fault_jmp = &jb;
-        run_grid_checked(name, key, g, blk, body);
+        run_grid_checked(name, key, g, blk, body, bufs.data(), cl);
         tl_fault_jmp = nullptr;
     } else {
         tl_fault_jmp = nullptr;
@@ -993,7 +1067,8 @@ static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t
         ctx().sticky.compare_exchange_strong(ok, cudaErrorIllegalAddress);
     }
 }
-static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body) {
+static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body, char *const *smem,
+                             unsigned cl) {
     auto &c = ctx();
     int mode;
     {
@@ -1001,35 +1076,46 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
         mode = c.kernel_mode[key];
     }
     static const bool force_fibers = env_long("CUDASIM_FIBERS", 0) != 0;
-    bool direct = mode == 2 && !force_fibers;
+    bool direct = mode == 2 && !force_fibers && cl == 1;
     int n = (int)(blk.x * blk.y * blk.z);
-    block_run b;
-    b.body = &body;
-    b.name = name;
-    b.direct = direct;
-    b.nthreads = n;
+    std::vector<block_run> bs(cl);
+    cluster_run cr;
+    cr.blocks = bs.data();
+    cr.n = cl;
+    for (unsigned r = 0; r < cl; r++) {
+        bs[r].body = &body;
+        bs[r].name = name;
+        bs[r].direct = direct;
+        bs[r].nthreads = n;
+        bs[r].smem = smem[r];
+        bs[r].cl = cl > 1 ? &cr : nullptr;
+        bs[r].rank = r;
+    }
+    block_run &b = bs[0];
     cur_block = &b;
     gridDim = g;
     blockDim = blk;
     c.launches++;
     for (unsigned z = 0; z < g.z; z++)
         for (unsigned y = 0; y < g.y; y++)
-            for (unsigned x = 0; x < g.x; x++) {
-                blockIdx = make_uint3(x, y, z);
-                c.blocks++;
-                c.threads += (unsigned long long)n;
-                if (!direct && mode == 0 && (x | y | z) != 0 && !b.saw_barrier && !force_fibers)
+            for (unsigned x = 0; x < g.x; x += cl) { /* a cluster at a time: blocks x .. x+cl-1 */
+                for (unsigned r = 0; r < cl; r++) bs[r].idx = make_uint3(x + r, y, z);
+                blockIdx = b.idx;
+                c.blocks += cl;
+                c.threads += (unsigned long long)n * cl;
+                if (!direct && mode == 0 && (x | y | z) != 0 && !b.saw_barrier && !force_fibers && cl == 1)
                     direct = true; /* block 0 of a kernel's first launch reached no barrier: run the rest directly */
                 b.direct = direct;
-                if (direct || n == 1) {
+                if (direct || (n == 1 && cl == 1)) {
                     for (int i = 0; i < n; i++) {
                         threadIdx = make_uint3(i % blk.x, (i / blk.x) % blk.y, i / (blk.x * blk.y));
                         body();
                     }
                     c.direct += (unsigned long long)n;
                 } else {
-                    run_block_fibers(b, n);
+                    run_block_fibers(bs.data(), (int)cl, n);
                 }
+                for (unsigned r = 1; r < cl; r++) b.saw_barrier = b.saw_barrier | bs[r].saw_barrier;
             }
     cur_block = nullptr;
     c.switches += tl_switches;
@@ -1040,7 +1126,8 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
     }
 }
 
-void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body) {
+void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body,
+                    unsigned cluster) {
     if (sticky() != cudaSuccess) { set_err(sticky()); return; }
     /* an H100's limits (cudaGetDeviceProperties below), with the errors its launch gives */
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
@@ -1049,6 +1136,14 @@ void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t sm
         fprintf(stderr, "cudasim: launch of %s: grid (%u,%u,%u) block (%u,%u,%u) exceeds the device limits\n", name, g.x, g.y,
                 g.z, b.x, b.y, b.z);
         set_err(cudaErrorInvalidConfiguration);
+        return;
+    }
+    /* clusters: sm_90's portable sizes (1..8 blocks along x, dividing the grid), whole warps
+     * (the simulator's rule: a cluster's warps are 32 consecutive fibers) */
+    if (cluster < 1 || cluster > 8 || g.x % cluster || (cluster > 1 && nt % 32)) {
+        fprintf(stderr, "cudasim: launch of %s: clusters of %u blocks for grid (%u,%u,%u) block (%u,%u,%u)\n", name, cluster,
+                g.x, g.y, g.z, b.x, b.y, b.z);
+        set_err(cudaErrorInvalidClusterSize);
         return;
     }
     size_t dyn_max = 48 << 10;
@@ -1074,7 +1169,7 @@ void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t sm
         return;
     }
     auto bp = std::make_shared<task>(std::move(body));
-    set_err(issue(s, NODE_KERNEL, key, [name, key, g, b, smem, bp] { run_grid(name, key, g, b, smem, *bp); }));
+    set_err(issue(s, NODE_KERNEL, key, [name, key, g, b, smem, bp, cluster] { run_grid(name, key, g, b, smem, *bp, cluster); }));
 }
 
 stats get_stats() {
@@ -1241,6 +1336,41 @@ void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
 void pipeline_commit() { my_pipe().commit(); }
 void pipeline_wait(size_t prior) { my_pipe().wait(prior); }
 
+/* Clusters (cudasim_cluster.h). Without a cluster launch a block is a cluster of one, and
+ * cluster.sync is its barrier. */
+void cluster_sync() {
+    block_run *b = cur_block;
+    fiber *f = cur_fiber;
+    if (!b) fatal("cluster.sync called outside a kernel");
+    if (!b->cl) {
+        barrier(1, 0, (const void *)&cluster_sync);
+        return;
+    }
+    cluster_run *c = b->cl;
+    unsigned g = (unsigned)(int)c->gen;
+    tsan_release(&c->tsan_bar[g & 1]);
+    f->state = F_CLUSTER;
+    to_sched(f, false);
+    tsan_acquire(&c->tsan_bar[g & 1]);
+}
+unsigned cluster_rank() {
+    if (!cur_block) fatal("cluster block_rank called outside a kernel");
+    return cur_block->rank;
+}
+unsigned cluster_size() {
+    if (!cur_block) fatal("cluster num_blocks called outside a kernel");
+    return cur_block->cl ? cur_block->cl->n : 1;
+}
+void *cluster_map(const void *p, unsigned rank) {
+    block_run *b = cur_block;
+    if (!b) fatal("map_shared_rank called outside a kernel");
+    const char *q = (const char *)p;
+    if (rank >= cluster_size()) device_error("map_shared_rank: no block of that rank in the cluster");
+    if (q < b->smem || q >= b->smem + tl_dyn_bytes)
+        device_error("map_shared_rank: the address is not in the block's dynamic shared memory");
+    return (b->cl ? b->cl->blocks[rank].smem : b->smem) + (q - b->smem);
+}
+
 unsigned lane_id() {
     if (cur_fiber) return cur_fiber->lin % 32;
     return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
@@ -1340,6 +1470,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
     case cudaDevAttrWarpSize: *v = 32; break;
     case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrClusterLaunch: *v = 1; break;
     default: *v = 0;
     }
     return cudaSuccess;

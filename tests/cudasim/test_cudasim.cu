@@ -159,6 +159,63 @@ static void test_atomics_dynamic_shared(void **state) {
     cudaFree(ci); cudaFree(cf); cudaFree(mx); cudaFree(y);
 }
 
+/* cp.async: before the issuing thread's wait the destination holds its old bytes, after the
+ * wait (and a barrier, for another thread's copy) the source's. */
+__global__ void k_pipeline(const float *x, float *y) {
+    MB_DYNAMIC_SHARED(float, sh);
+    int t = (int)threadIdx.x;
+    sh[t] = -1.0f;
+    __syncthreads();
+    __pipeline_memcpy_async(&sh[t], &x[t], 4);
+    __pipeline_commit();
+    y[t] = sh[t]; /* not yet waited for: the simulator gives the old value */
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    y[32 + t] = sh[31 - t];
+}
+
+/* A cluster of 4 blocks: each writes its shared memory, cluster.sync, then reads the next
+ * block's through map_shared_rank; the last cluster.sync keeps it alive until all have read. */
+__global__ void k_cluster(float *y) {
+    namespace cg = cooperative_groups;
+    MB_DYNAMIC_SHARED(float, sh);
+    cg::cluster_group cl = cg::this_cluster();
+    unsigned r = cl.block_rank(), n = cl.num_blocks();
+    sh[threadIdx.x] = (float)(100 * r + threadIdx.x);
+    __syncthreads();
+    cl.sync();
+    const float *next = cl.map_shared_rank(sh, (int)((r + 1) % n));
+    y[blockIdx.x * blockDim.x + threadIdx.x] = next[blockDim.x - 1 - threadIdx.x] + (float)(r == blockIdx.x % n);
+    cl.sync();
+}
+
+static void test_pipeline_and_clusters(void **state) {
+    (void)state;
+    float hx[32], hy[256], *x = dev_f32(32), *y = dev_f32(256);
+    for (int i = 0; i < 32; i++) hx[i] = (float)i;
+    cudaMemcpy(x, hx, sizeof hx, cudaMemcpyHostToDevice);
+    MB_LAUNCH(k_pipeline, 1, 32, 32 * sizeof(float), 0)(x, y);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaMemcpy(hy, y, 64 * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 32; i++) assert_true(hy[i] == -1.0f && hy[32 + i] == (float)(31 - i));
+    MB_LAUNCH_CLUSTER(k_cluster, 8, 32, 32 * sizeof(float), 0, 4)(y);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaMemcpy(hy, y, 256 * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 8; b++)
+        for (int t = 0; t < 32; t++) assert_true(hy[b * 32 + t] == (float)(100 * ((b % 4 + 1) % 4) + 31 - t) + 1.0f);
+    /* a launch without clusters: every block a cluster of one */
+    MB_LAUNCH(k_cluster, 2, 32, 32 * sizeof(float), 0)(y);
+    cudaMemcpy(hy, y, 64 * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 64; t++) assert_true(hy[t] == (float)(31 - t % 32) + 1.0f);
+    /* a cluster that does not divide the grid, or of more than 8 blocks */
+    MB_LAUNCH_CLUSTER(k_cluster, 6, 32, 128, 0, 4)(y);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidClusterSize);
+    MB_LAUNCH_CLUSTER(k_cluster, 16, 32, 128, 0, 16)(y);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidClusterSize);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(x); cudaFree(y);
+}
+
 static void test_wmma(void **state) {
     (void)state;
     __half ha[256], hb[256];
@@ -306,7 +363,8 @@ int main(void) {
         cmocka_unit_test(test_barrier_and_shared),     cmocka_unit_test(test_warp_intrinsics),
         cmocka_unit_test(test_atomics_dynamic_shared), cmocka_unit_test(test_wmma), cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_streams_events_counters), cmocka_unit_test(test_cublas_math_mode),
-        cmocka_unit_test(test_memory_and_faults),      cmocka_unit_test(test_sticky_fault),
+        cmocka_unit_test(test_pipeline_and_clusters),  cmocka_unit_test(test_memory_and_faults),
+        cmocka_unit_test(test_sticky_fault),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
