@@ -200,9 +200,9 @@ if want profile && [ -x "$dir/train_multitf_cuda" ]; then
                 END { for (k in n) printf "%10.3f ms %6d launches %10.1f us/launch  %s\n", t[k] / 1e6, n[k], t[k] / n[k] / 1e3, k }' \
                 "$res/profile/ncu-F128.csv" | sort -rn >"$res/profile/kernels.txt"
             head -n 8 "$res/profile/kernels.txt"
-            for k in fwd bwd; do
-                us=$(awk -v k="mb__k_lstm_fused_$k" 'index($0, k) { printf "%.2f", $5 / 480; exit }' "$res/profile/kernels.txt")
-                row "profile fused $k (us/timestep, ncu; 6.4/3.8)" "${us:-FAIL (not found)}"
+            for k in fwd:6.4 bwd:3.8; do # T=480 the longest encoder; 2026-11-26: fwd 6.4, bwd 3.8 (75136a4)
+                us=$(awk -v k="mb__k_lstm_fused_${k%:*}" 'index($0, k) { printf "%.2f", $5 / 480; exit }' "$res/profile/kernels.txt")
+                row "profile fused ${k%:*}, us/timestep (ncu; was ${k#*:})" "${us:-FAIL (not found)}"
             done
         else row "profile ncu kernel durations" "FAIL (profile/ncu-F128.err)"; tail -n 20 "$res/profile/ncu-F128.err"; fi
         for k in fwd bwd; do
@@ -246,8 +246,13 @@ if want sizes && [ -x "$dir/train_multitf_cuda" ]; then
             fi
             ratio=$(awk -v o="$o" -v p="$p" 'BEGIN { if (o + 0 > 0 && p + 0 > 0) printf "%.2fx", p / o; else print "-" }')
             sizes_table="$sizes_table\n$(printf '%-6s %16s %16s %22s' $H "$o" "$p" "$ratio")"
-            if [ "$o" = - ] || { [ $torch_ok = 1 ] && [ "$p" = - ]; }; then row "sizes H=$H (ms/step ours torch)" "FAIL (sizes/H$H-*.log)"
-            else row "sizes H=$H (ms/step ours torch)" "$o $p $ratio"; fi
+            if [ "$o" = - ] || { [ $torch_ok = 1 ] && [ "$p" = - ]; }; then
+                row "sizes H=$H (ms/step ours torch)" "FAIL (sizes/H$H-*.log)"
+                tail -n 5 "$res/sizes/H$H-ours.log" "$res/sizes/H$H-torch.log" 2>/dev/null
+            else
+                row "sizes H=$H (ms/step ours torch)" "$o $p $ratio"
+                echo "H=$H: ours $o ms/step, torch $p ms/step"
+            fi
         done
         printf "\nwhole training step, steady state (F=128 B=128 head 64 bf16 vs PyTorch tuned fp16 autocast; series layout)\n%b\n" \
             "$sizes_table" | tee "$res/sizes/table.txt"
