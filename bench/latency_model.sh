@@ -131,10 +131,17 @@ function fused_us(k, H, p) { return (cycles(k, "fwd", H, p) + cycles(k, "bwd", H
 # chain nodes: forward gemm + gates (+ conversion of h in bf16), every 16 steps copy3 (+
 # conversion) + the input projection; backward gates (+ conversion of dg) + gemm, every 16
 # steps copy3 (+ conversion) + 4 weight-gradient gemms (dW_ih, dW_hh, 2 bias sums).
-function perstep_nodes(p) { return p == "bf16" ? (3 + 3 / 16) + (3 + 6 / 16) : (2 + 2 / 16) + (2 + 5 / 16) }
-function perstep_gflop(F, H) { return (2 * B * 4 * H * H * 2 + 2 * 16 * B * 4 * H * (F + F + H) / 16) / 1e9 }
-function perstep_us(F, H, p, node) {
-    return perstep_nodes(p) * node + perstep_gflop(F, H) / (p == "bf16" ? R16 : R32) * 1e3
+# fwd: the forward alone (bench_lstm_cuda prints it too), else forward + backward
+function perstep_nodes(p, fwd) {
+    if (fwd) return p == "bf16" ? 3 + 3 / 16 : 2 + 2 / 16
+    return p == "bf16" ? (3 + 3 / 16) + (3 + 6 / 16) : (2 + 2 / 16) + (2 + 5 / 16)
+}
+function perstep_gflop(F, H, fwd) {
+    if (fwd) return (2 * B * 4 * H * H + 2 * 16 * B * 4 * H * F / 16) / 1e9
+    return (2 * B * 4 * H * H * 2 + 2 * 16 * B * 4 * H * (F + F + H) / 16) / 1e9
+}
+function perstep_us(F, H, p, node, fwd) {
+    return perstep_nodes(p, fwd) * node + perstep_gflop(F, H, fwd) / (p == "bf16" ? R16 : R32) * 1e3
 }
 
 # ---- the rest of a training step (outside the recurrence), ms ----
@@ -167,7 +174,7 @@ function ratio(t, j) { return sprintf(pa[j] == pb[j] ? "%.1fx" : "%.1f-%.1fx", t
 function maxerr(skip_ps,    i, x, e) {
     e = 0
     for (i = 1; i <= NP; i++) {
-        if (skip_ps && (i == 5 || i == 6)) continue
+        if (skip_ps && (i == 5 || i == 6 || i == 13 || i == 14)) continue
         x = model(i) / meas[i] - 1; x = x < 0 ? -x : x; if (x > e) e = x
     }
     return e
@@ -199,9 +206,15 @@ function model(i) {
     if (i == 8) return step_ms(128, 64, "bf16", 1)
     if (i == 9) return step_ms(128, 128, "bf16", 1)
     if (i == 10) return step_ms(128, 256, "bf16", 0)
+    # the forward alone (one layer: its ~6 other launches over T)
+    if (i == 11) return cycles("fused (current)", "fwd", 32, "bf16") / (FRUN * 1e3) + 6 * NODE_S / TMAX
+    if (i == 12) return cycles("fused (current)", "fwd", 32, "f32") / (FRUN * 1e3) + 6 * NODE_S / TMAX
+    if (i == 13) return perstep_us(128, 256, "bf16", NODE_S, 1)
+    if (i == 14) return perstep_us(128, 256, "f32", NODE_S, 1)
+    if (i == 15) return step_ms(12, 32, "bf16", 1)
 }
 BEGIN {
-    NP = 10
+    NP = 15
     name[1] = "fused fwd, H=32 bf16, us/timestep (ncu)";             meas[1] = 6.4
     name[2] = "fused bwd, H=32 bf16, us/timestep (ncu)";             meas[2] = 3.8
     name[3] = "one layer F=12 H=32 bf16 fwd+bwd, us/timestep";       meas[3] = 8.4
@@ -212,6 +225,11 @@ BEGIN {
     name[8] = "training step F=128 H=64 bf16, ms";                   meas[8] = 10.7
     name[9] = "training step F=128 H=128 bf16 (fused), ms";          meas[9] = 24.3
     name[10] = "training step F=128 H=256 bf16 (per-step), ms";      meas[10] = 12.7
+    name[11] = "one layer F=12 H=32 bf16 fwd, us/timestep";          meas[11] = 5.2
+    name[12] = "one layer F=12 H=32 f32 fwd, us/timestep";           meas[12] = 13.4
+    name[13] = "one layer F=128 H=256 bf16 fwd (per-step), us/timestep"; meas[13] = 17.6
+    name[14] = "one layer F=128 H=256 f32 fwd (per-step), us/timestep";  meas[14] = 24.5
+    name[15] = "training step F=12 H=32 bf16 (window layout), ms";   meas[15] = 4.48
     # ---- the fit: a grid over the plausible range of each constant, least max relative error ----
     best = fit(1, 4)
     L2 = bL2; BAR = bBAR; CPI = bCPI; FRUN = bF; NODE_G = bNG
