@@ -27,7 +27,8 @@
 # It also counts what one training step launches by running the CUDA example under the
 # simulator (BUILD/sim/train_multitf_cuda, 3 steps, F=128 H=32 bf16; the summary's
 # launches_per_step). Needs BUILD/prepare and BUILD/sim/train_multitf_cuda (make build/prepare
-# build/sim/train_multitf_cuda). CPU only, about a minute.
+# build/sim/train_multitf_cuda). CPU only: about 2 minutes of CPU, most of it that simulator run
+# (MB_LM_LAUNCHES=N gives the count instead: the fit and the tables alone take ~30 s).
 set -eu
 b=${1:-build}
 d=$(mktemp -d)
@@ -57,6 +58,8 @@ BEGIN {
     R16 = 100      # TFLOP/s, a small bf16 gemm in the per-step chain (8-32 CTAs of 132 SMs)
     BW = 2500      # GB/s, HBM traffic outside the recurrence (3350 peak)
     B = 128; TMAX = 480; TSUM = 1104; HEAD = 64; K = 36; S = 5
+    KS = "fused (current)|new fused (planned)"   # the rows of rows() printed in the terms table
+    PLAN = "new fused (planned)"                 # the row predicted against the goals
 }
 function ceil(x) { return x == int(x) ? x : int(x) + 1 }
 function max(a, b) { return a > b ? a : b }
@@ -164,8 +167,8 @@ function step_ms(F, H, p, fused) {
 function predict(a,    j, h) {
     for (j = 1; j <= 3; j++) {
         h = 16 * 2 ^ j
-        a[j] = fused_us("new fused (planned)", h, "bf16") + 12 * NODE_S / TMAX
-        a[j + 3] = TMAX * fused_us("new fused (planned)", h, "bf16") / 1e3 + rest_ms(128, h, 1)
+        a[j] = fused_us(PLAN, h, "bf16") + 12 * NODE_S / TMAX
+        a[j + 3] = TMAX * fused_us(PLAN, h, "bf16") / 1e3 + rest_ms(128, h, 1)
     }
 }
 function rng(j) { return sprintf(pa[j] == pb[j] ? "%.2f" : "%.2f-%.2f", min(pa[j], pb[j]), max(pa[j], pb[j])) }
@@ -266,8 +269,8 @@ BEGIN {
     printf "\nterms of one timestep of a block (c: cycles at the SM clock), bf16: the current kernel and the planned one (PREDICTED)\n"
     printf "%-22s %-4s %4s %3s %4s %4s %4s %6s %6s %4s %8s %7s %7s\n", "kernel", "dir", "H", "ws", "rt2", "rt1", "bar", \
         "wf", "ins", "mma", "L2+L1 c", "issue c", "us"
-    split("fused (current)|new fused (planned)", ks, "|")
-    for (ki = 1; ki <= 2; ki++) for (hi = 32; hi <= 128; hi *= 2) for (di = 0; di < 2; di++) {
+    nk = split(KS, ks, "|")
+    for (ki = 1; ki <= nk; ki++) for (hi = 32; hi <= 128; hi *= 2) for (di = 0; di < 2; di++) {
         dir = di ? "bwd" : "fwd"
         c = cycles(ks[ki], dir, hi, "bf16"); if (c < 0) continue
         printf "%-22s %-4s %4d %3d %4d %4d %4d %6d %6d %4d %8d %7d %7.2f\n", ks[ki], dir, hi, ws, rt2, rt1, bar, \
@@ -287,8 +290,8 @@ BEGIN {
     if (chi > sCPI) { L2 = hL2; BAR = hBAR; CPI = chi; FRUN = hF; NODE_G = hNG; predict(pb) }
     else for (j in pa) pb[j] = pa[j]
     L2 = sL2; BAR = sBAR; CPI = sCPI; FRUN = sF; NODE_G = sNG
-    printf "\nPREDICTED, new fused (planned), bf16: from CPI %.2f (best fit) to CPI %.2f (L2 %d, the largest CPI still within 25%%)\n", \
-        sCPI, chi, (chi > sCPI ? hL2 : sL2)
+    printf "\nPREDICTED, %s, bf16: from CPI %.2f (best fit) to CPI %.2f (L2 %d, the largest CPI still within 25%%)\n", \
+        PLAN, sCPI, chi, (chi > sCPI ? hL2 : sL2)
     printf "%-46s %12s %12s %12s  %s\n", "", "H=32", "H=64", "H=128", "goal (issue 24)"
     printf "%-46s %12s %12s %12s  %s\n", "one layer fwd+bwd, us/timestep", rng(1), rng(2), rng(3), "<= 2 at H=32"
     printf "%-46s %12s %12s %12s\n", "training step F=128, ms", rng(4), rng(5), rng(6)
