@@ -42,6 +42,12 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 endif
 DEP_CFLAGS := $(HDF5_CFLAGS) $(BLAS_CFLAGS)
 DEP_LIBS   := $(HDF5_LIBS) $(BLAS_LIBS) -lpthread -lm
+ifeq ($(BUNDLE),1)
+# make gpu-bundle: every binary (gcc's and nvcc's) finds build/gpu/lib through DT_RPATH
+# $ORIGIN/lib. Not RUNPATH (the linker's default): ld.so searches RUNPATH for the binary's own
+# NEEDED libraries only, RPATH also for theirs (libhdf5 -> libsz, libaec, libcurl, ...).
+DEP_LIBS   += -Xlinker -rpath='$$ORIGIN/lib' -Xlinker --disable-new-dtags
+endif
 
 WARN    := -Wall -Wextra -Werror -pedantic
 CFLAGS  ?= -O3 -g   # -O3: the LSTM cell loops vectorize (GCC 12 does not at -O2)
@@ -51,7 +57,7 @@ ALL_CXXFLAGS := -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -I. -Itests $(DEP_C
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 NVCC_FLAGS := -std=c++17 -O2 -g $(NVCC_GENCODE) -Werror all-warnings \
               -Xcompiler -Wall,-Wextra,-Werror -I. -Itests $(DEP_CFLAGS)
-NVCC_LIBS  := -lcublas $(DEP_LIBS) -Xlinker -rpath='$$ORIGIN/lib'
+NVCC_LIBS  := -lcublas $(DEP_LIBS) $(if $(filter 1,$(BUNDLE)),,-Xlinker -rpath='$$ORIGIN/lib')
 SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 TEST_SRCS    := $(wildcard tests/test_*.c)
@@ -241,12 +247,13 @@ gpu-test: $(CUDA_BINS)
 
 # The GPU machine has CUDA but no HDF5, cmocka or BLAS: the bundle is built with the plain C
 # gemm (NO_CBLAS=1; OpenBLAS alone would not fit the 64 MiB a device call carries).
+# Binaries linked before BUNDLE=1 existed (RUNPATH) are relinked.
+BUNDLE_BINS := $(BUILD)/gpu-build/prepare $(patsubst $(BUILD)/%,$(BUILD)/gpu-build/%,$(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA))
 gpu-bundle:
-	@$(MAKE) --no-print-directory NO_CBLAS=1 BUILD=$(BUILD)/gpu-build $(BUILD)/gpu-build/prepare \
-	  $(patsubst $(BUILD)/%,$(BUILD)/gpu-build/%,$(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA))
+	@for b in $(BUNDLE_BINS); do [ ! -f $$b ] || readelf -d $$b | grep -q '(RPATH)' || rm -f $$b; done
+	@$(MAKE) --no-print-directory NO_CBLAS=1 BUNDLE=1 BUILD=$(BUILD)/gpu-build $(BUNDLE_BINS)
 	@rm -rf $(BUILD)/gpu
-	@sh tests/gpu/bundle.sh $(BUILD)/gpu $(BUILD)/gpu-build/prepare \
-	  $(patsubst $(BUILD)/%,$(BUILD)/gpu-build/%,$(CUDA_BINS) $(EXAMPLE_CUDA) $(BENCH_CUDA))
+	@sh tests/gpu/bundle.sh $(BUILD)/gpu $(BUNDLE_BINS)
 
 asan: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(ASAN_BINS)
