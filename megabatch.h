@@ -663,6 +663,9 @@ MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, 
                                size_t *checkpointed_bytes);
 /* The checkpoint interval a forward at T uses: 1..T, or -1 for full storage. */
 MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T);
+/* How its recurrence runs: the fused kernel's blocks a row tile (1, 2 or 4), or 0 for the
+ * per-step gemms (every checkpointed or CPU LSTM; docs/LSTM.md). */
+MBDEF int mb_lstm_fused_blocks(const mb_lstm *l);
 
 /* Independent LSTMs at once (the five encoders of the multi-timeframe model). One call
  * per LSTM: the arguments of mb_lstm_forward (x .. h_last) and of mb_lstm_backward
@@ -4565,6 +4568,8 @@ MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T) {
     int64_t k = mb__lstm_k(&l->cfg, T < 1 ? 1 : T);
     return k ? k : -1;
 }
+
+MBDEF int mb_lstm_fused_blocks(const mb_lstm *l) { return l ? l->fused : 0; }
 
 // -- create / destroy --
 

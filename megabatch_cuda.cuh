@@ -486,25 +486,24 @@ __device__ inline float mb__fget(float v) { return v; }
 __device__ inline float mb__fget(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float mb__fget(__half v) { return __half2float(v); }
 
-/* n <= 8 values to p in type T: one or two 16-byte stores when all 8 go and p is aligned so
- * (known to be, or checked). */
-__device__ inline void mb__put8(float *p, const float *v, int n, bool aligned = false) {
-    if (n == 8 && (aligned || (uintptr_t)p % 16 == 0)) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    } else {
-        for (int e = 0; e < 8; e++)
-            if (e < n) p[e] = v[e];
-    }
+/* 8 values in the type T, converted once for all the places they go (mb__put8). */
+template <class T> struct mb__vec8 {
+    union { T t[8]; uint4 u[sizeof(T) * 8 / 16]; };
+};
+template <class T> __device__ mb__vec8<T> mb__pack8(const float *v) {
+    mb__vec8<T> w;
+    for (int e = 0; e < 8; e++) mb__fput(&w.t[e], v[e]);
+    return w;
 }
-template <class T> __device__ void mb__put8(T *p, const float *v, int n, bool aligned = false) {
+
+/* The first n <= 8 of w to p: 16-byte stores when all 8 go and p is aligned so (known to be,
+ * or checked). */
+template <class T> __device__ void mb__put8(T *p, const mb__vec8<T> &w, int n, bool aligned = false) {
     if (n == 8 && (aligned || (uintptr_t)p % 16 == 0)) {
-        union { T t[8]; uint4 u; } w;
-        for (int e = 0; e < 8; e++) mb__fput(&w.t[e], v[e]);
-        *(uint4 *)p = w.u;
+        for (int i = 0; i < (int)(sizeof w.u / sizeof w.u[0]); i++) ((uint4 *)p)[i] = w.u[i];
     } else {
         for (int e = 0; e < 8; e++)
-            if (e < n) mb__fput(&p[e], v[e]);
+            if (e < n) p[e] = w.t[e];
     }
 }
 
@@ -514,15 +513,31 @@ template <class T> __device__ void mb__put8(T *p, const float *v, int n, bool al
  * special-function unit is a step's narrowest resource, so a cell's four gate denominators share
  * one reciprocal: each exponent is capped at 31 (NaN passes), keeping their product finite;
  * sigmoid(z) for z < -21.4 is then 4.6e-10 instead of smaller, tanh(z) for z > 10.7 is 1 either
- * way. mb__gden(x): 1 + 2^min(x, 31). */
-__device__ inline float mb__gden(float x) { return 1.0f + exp2f(x > 31.0f ? 31.0f : x); }
-__device__ inline float mb__gtanh(float z) { return 1.0f - __fdividef(2.0f, mb__gden(2.8853901f * z)); }
+ * way. mb__ex2 and mb__rcp: the special-function unit's instructions themselves (flushing
+ * denormal results, which the sums they enter do not notice); mb__gden(x): 1 + 2^min(x, 31). */
+#if defined(__CUDA_ARCH__)
+__device__ inline float mb__ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ inline float mb__rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#else
+__device__ inline float mb__ex2(float x) { return exp2f(x); }
+__device__ inline float mb__rcp(float x) { return 1.0f / x; }
+#endif
+__device__ inline float mb__gden(float x) { return 1.0f + mb__ex2(x > 31.0f ? 31.0f : x); }
+__device__ inline float mb__gtanh(float z) { return 1.0f - 2.0f * mb__rcp(mb__gden(2.8853901f * z)); }
 
 /* The forward cell: pre-activations z of the four gates -> the gates (in z), c (in and out), h. */
 __device__ inline void mb__gcell_fwd(float z[4], float *c, float *h) {
     float di = mb__gden(-1.4426950f * z[0]), df = mb__gden(-1.4426950f * z[1]);
     float dg = mb__gden(2.8853901f * z[2]), dq = mb__gden(-1.4426950f * z[3]);
-    float p = di * df, q = dg * dq, r = __fdividef(1.0f, p * q), rq = r * q, rp = r * p;
+    float p = di * df, q = dg * dq, r = mb__rcp(p * q), rq = r * q, rp = r * p;
     z[0] = rq * df;              /* 1/di */
     z[1] = rq * di;              /* 1/df */
     z[2] = 1.0f - 2.0f * rp * dq; /* 1 - 2/dg */
@@ -594,7 +609,7 @@ __device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, 
     float v[8];
     mb__tile_row(f, scratch, v);
     int n = mb__row_n(nr, nc);
-    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, v, n, whole);
+    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, mb__pack8<float>(v), n, whole);
     __syncwarp();
 }
 __device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch,
@@ -616,8 +631,11 @@ __device__ void mb__tile_operand(T *o, int ld, int cl, T *q, size_t qld, const F
     mb__tile_row(f, scratch, v);
     int n = mb__row_n(nr, nc), r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
     for (int e = 0; e < 8; e++) v[e] = e < n ? v[e] : 0.0f;
-    for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, v, 8, true);
-    if (q && n) mb__put8(q + r * qld + j0, v, n, whole);
+    mb__vec8<T> w = mb__pack8<T>(v);
+    if (cl == 1) mb__put8(o + r * ld + j0, w, 8, true);
+    else
+        for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, w, 8, true);
+    if (q && n) mb__put8(q + r * qld + j0, w, n, whole);
     __syncwarp();
 }
 

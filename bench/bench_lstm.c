@@ -6,6 +6,8 @@
  * --no-ftz: the device keeps IEEE denormals (mb_device_config.keep_denormals = 1); by
  * default the library flushes them (ftz=on in the output). bench/compare_lstm.sh runs this
  * and the PyTorch peer alternately with the same setting.
+ * MB_FUSED_BLOCKS=n: the LSTM's fused_blocks (GPU: -1 the per-step gemms, 1/2/4 the fused kernel
+ * with that many blocks a row tile; default 0, the library's choice, printed as fused=).
  * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
  * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
@@ -59,6 +61,7 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
     cfg.max_steps = T; cfg.max_batch = B; cfg.precision = prec;
+    cfg.fused_blocks = getenv("MB_FUSED_BLOCKS") ? atoi(getenv("MB_FUSED_BLOCKS")) : 0; /* GPU: force a path */
     if (mb_device_open(&dev, &dc) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
         mb_params_finalize(p) || mb_params_init(p, 1))
         return fail("setup");
@@ -76,10 +79,10 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     }
     size_t full, kept;
     mb_lstm_memory(&cfg, B, T, &full, &kept);
-    printf("%s ftz=%s %s B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fwd %8.1f us/step  fwd+bwd %8.1f us/step  "
-           "activations %.1f MiB\n", mb_device_name(dev), keep_denormals ? "off" : "on", mb_dtype_name(prec),
-           (long long)B, (long long)T,
-           (long long)F, (long long)H, (long long)mb_lstm_checkpoint_steps(l, T), 1e6 * tf / iters / (double)T,
+    printf("%s ftz=%s %s B=%lld T=%lld F=%lld H=%lld checkpoint=%-3lld fused=%d fwd %8.1f us/step  fwd+bwd %8.1f "
+           "us/step  activations %.1f MiB\n", mb_device_name(dev), keep_denormals ? "off" : "on", mb_dtype_name(prec),
+           (long long)B, (long long)T, (long long)F, (long long)H, (long long)mb_lstm_checkpoint_steps(l, T),
+           mb_lstm_fused_blocks(l), 1e6 * tf / iters / (double)T,
            1e6 * (tf + tb) / iters / (double)T, (double)kept / 1048576.0);
     mb_free(dev, x); mb_free(dev, dl); mb_free(dev, hl);
     mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);

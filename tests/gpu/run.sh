@@ -12,8 +12,10 @@
 #             (5 runs of 3 tests took 45 s there: 40 runs ~6 min; not in default)
 #   example   the multi-timeframe example, f32/bf16/f16, 3 epochs on 400,000 bars       ~40 s
 #   loader    the loader benchmark (a 1 GB file written, then read)                      ~25 s
-#   lstm      one LSTM layer, B=128 T=480: H=256 F=128 and H=32 F=12, megabatch f32/bf16/f16
-#             and torch nn.LSTM (f32, fp16 autocast) at H=256 (29 s for 12 runs there)   ~45 s
+#   lstm      one LSTM layer, B=128 T=480: H=256 F=128 and H=32 F=12, megabatch f32/bf16/f16;
+#             F=128 bf16 at H=32..256 with the path the library chooses and forced ones
+#             (MB_FUSED_BLOCKS); torch nn.LSTM (f32, fp16 autocast) at H=256, 32 (F=12, 128)
+#             and 128 (29 s for 12 runs there)                                            ~70 s
 #   compare   bench/compare_multitf.sh --gpu (both PyTorch pipelines; not in default)   ~90 s
 #   latency   the example's ms/step at H=32, F=12 and 128, f32/bf16, and torch's          ~90 s
 #   profile   ncu: kernel durations (gpu__time_duration.sum) over 4 training steps at F=128
@@ -134,11 +136,25 @@ if [ -x "$dir/bench_lstm_cuda" ] && want lstm; then
             else row "bench_lstm_cuda F=$1 H=$2 $prec" FAIL; fi
         done
     done
-    [ $torch_ok = 1 ] && for amp in "" --amp; do
-        if logrun "$res/lstm/torch${amp:-f32}.log" python3 bench/pytorch/lstm.py 128 480 128 256 5 --device cuda $amp; then
-            row "torch nn.LSTM F=128 H=256 ${amp:-f32} (us/step)" \
-                "$(grep -o 'fwd+bwd *[0-9.]*' "$res/lstm/torch${amp:-f32}.log" | awk '{print $2}')"
-        else row "torch nn.LSTM ${amp:-f32}" FAIL; fi
+    # the fused recurrence's sizes and paths (issue 24): bf16 F=128 at H=32..256 as the library
+    # chooses, H=128 with 1 and 2 blocks a row tile and H=256 on the per-step gemms (MB_FUSED_BLOCKS,
+    # bench/bench_lstm.c), f32 at H=64
+    for run in "32 0 bf16" "64 0 bf16" "128 0 bf16" "128 1 bf16" "128 2 bf16" "256 -1 bf16" "64 0 f32"; do
+        set -- $run
+        log="$res/lstm/F128-H$1-fb$2-$3.log"
+        if logrun "$log" env MB_FUSED_BLOCKS=$2 "$dir/bench_lstm_cuda" 128 480 128 $1 5 $3; then
+            row "bench_lstm_cuda F=128 H=$1 $3 fused_blocks=$2 (full)" \
+                "$(head -n 1 "$log" | sed -n 's/.*fused=\([-0-9]*\) *fwd *\([0-9.]*\).*fwd+bwd *\([0-9.]*\).*/fused=\1 fwd \2 fwd+bwd \3/p')"
+        else row "bench_lstm_cuda F=128 H=$1 $3 fused_blocks=$2" FAIL; fi
+    done
+    [ $torch_ok = 1 ] && for shape in "128 256" "12 32" "128 32" "128 128"; do
+        set -- $shape
+        for amp in "" --amp; do
+            log="$res/lstm/torch-F$1-H$2${amp:-f32}.log"
+            if logrun "$log" python3 bench/pytorch/lstm.py 128 480 $1 $2 5 --device cuda $amp; then
+                row "torch nn.LSTM F=$1 H=$2 ${amp:-f32} (us/step)" "$(grep -o 'fwd+bwd *[0-9.]*' "$log" | awk '{print $2}')"
+            else row "torch nn.LSTM F=$1 H=$2 ${amp:-f32}" FAIL; fi
+        done
     done
 fi
 
