@@ -68,6 +68,8 @@ BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh
+# every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
+HOSTILE_TESTS := tests/hostile_tools.sh
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
 
 ifneq ($(NVCC),)
@@ -226,7 +228,7 @@ test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
 cuda:
 ifeq ($(NVCC),)

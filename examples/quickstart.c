@@ -5,7 +5,14 @@
  */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
+#include "mb_args.h" /* --help and unknown arguments answered as every tool does */
 #include <stdio.h>
+
+static const char usage[] =
+    "usage: quickstart\n"
+    "The API on one page (README.md, \"Using it\"): opens the CPU device, registers parameters in\n"
+    "one flat buffer, initialises them from a seed, runs the one matrix multiply and shows an\n"
+    "error value. Takes no arguments. -h, --help: this text.\n";
 
 #define CHECK(call)                                                               \
     do {                                                                          \
@@ -15,7 +22,9 @@
         }                                                                         \
     } while (0)
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
+    if (!mba_parse(argc, argv, NULL, 0)) return 2;
     enum { B = 4, F = 16, H = 8 };
     mb_device *dev;
     CHECK(mb_device_open(&dev, NULL)); /* CPU; MB_CUDA needs megabatch_cuda.cuh */
