@@ -409,10 +409,11 @@ static void test_open_untrusted(void **state) {
     mb_dataset_config c;
     memset(&c, 0, sizeof c);
     c.probe_timeout_s = 1;
-    struct { const char *file, *want; } bad[] = {
-        {"tests/fuzz/regress/hdf5-segv-accum-read-36b8e1b3.h5", "HDF5 crashed while parsing"},
-        {"tests/fuzz/regress/hdf5-hang-global-heap-9d56041e.h5", "timed out after 1.0 s"},
-        {"tests/fuzz/regress/hdf5-stuck-close-bb338bcf.h5", "missing dataset 'features'"}};
+    struct { const char *file, *want, *or_want; } bad[] = {
+        {"tests/fuzz/regress/hdf5-segv-accum-read-36b8e1b3.h5", "HDF5 crashed while parsing", NULL},
+        {"tests/fuzz/regress/hdf5-hang-global-heap-9d56041e.h5", "timed out after 1.0 s", NULL},
+        /* refused in the child; under ASan the child dies on HDF5's own memory error there */
+        {"tests/fuzz/regress/hdf5-stuck-close-bb338bcf.h5", "missing dataset 'features'", "HDF5 crashed while parsing"}};
     mb_result rb[3];
     char msg[3][MB_MAX_ERROR];
     for (int i = 0; i < 3; i++) {
@@ -427,7 +428,8 @@ static void test_open_untrusted(void **state) {
     assert_memory_equal(t, g_targ, sizeof t);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(rb[i], MB_ERR_FORMAT);
-        if (!strstr(msg[i], bad[i].want) || !strstr(msg[i], bad[i].file))
+        int said = strstr(msg[i], bad[i].want) || (bad[i].or_want && strstr(msg[i], bad[i].or_want));
+        if (!said || !strstr(msg[i], bad[i].file))
             fail_msg("%s: '%s' lacks '%s' or the file's name", bad[i].file, msg[i], bad[i].want);
     }
     assert_int_equal(err, 0);

@@ -387,7 +387,8 @@ static void test_docs_example_runs(void **state) {
     int lines = 0;
     while (fgets(line, sizeof line, p)) lines++;
     assert_int_equal(WEXITSTATUS(pclose(p)), 0);
-    if (lines != 1 || strncmp(line, "first prediction after 11520 bars: ", 36) != 0)
+    const char *want = "first prediction after 11520 bars: ";
+    if (lines != 1 || strncmp(line, want, strlen(want)) != 0)
         fail_msg("the docs' example printed %d line(s), the last '%s'", lines, line);
 }
 
