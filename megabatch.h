@@ -295,9 +295,9 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg);
  * about allocations still live. */
 MBDEF void mb_device_close(mb_device *dev);
 
-MBDEF mb_backend mb_device_backend(const mb_device *dev);
+MBDEF mb_backend mb_device_backend(const mb_device *dev); /* MB_CPU or MB_CUDA */
 MBDEF const char *mb_device_name(const mb_device *dev);   /* "cpu (x86_64, 2 threads)", "NVIDIA H100 ..." */
-MBDEF const mb_logger *mb_device_logger(const mb_device *dev);
+MBDEF const mb_logger *mb_device_logger(const mb_device *dev); /* the config's logger (NULL for a NULL dev) */
 /* Total and free memory of the device (host RAM for the CPU backend). */
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes);
 MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev);
@@ -373,6 +373,7 @@ typedef struct mb_param_info {
 
 typedef struct mb_params mb_params;
 
+/* An empty set of parameters on dev; destroy frees its buffers (NULL is fine). */
 MBDEF mb_result mb_params_create(mb_params **out, mb_device *dev);
 MBDEF void mb_params_destroy(mb_params *p);
 /* Register a tensor before mb_params_finalize. init_bound: uniform(-b, b) init (PyTorch
@@ -739,7 +740,7 @@ MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *
 /* Elementwise activations. GELU is the tanh approximation (torch's
  * gelu(approximate='tanh')): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 typedef enum mb_act { MB_ACT_IDENTITY = 0, MB_ACT_RELU = 1, MB_ACT_GELU = 2, MB_ACT_TANH = 3 } mb_act;
-MBDEF const char *mb_act_name(mb_act a);
+MBDEF const char *mb_act_name(mb_act a); /* "identity", "relu", "gelu", "tanh" ("unknown" otherwise) */
 /* y[i] = f(x[i]), n elements (y may equal x). */
 MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n);
 /* dx[i] = f'(x[i]) dy[i] from the pre-activation x (dx may equal dy). */
@@ -813,6 +814,8 @@ typedef struct mb_scaler_state {
 
 typedef struct mb_scaler mb_scaler;
 
+/* A loss scaler on dev, its state on the device (cfg NULL: the defaults above); destroy: NULL
+ * is fine. */
 MBDEF mb_result mb_scaler_create(mb_scaler **out, mb_device *dev, const mb_scaler_config *cfg);
 MBDEF void mb_scaler_destroy(mb_scaler *s);
 /* The current scale as a device float (for mb_loss's scale_dev). */
@@ -892,6 +895,8 @@ typedef struct mb_accum {
     int micro;        /* micro-batches done in the current window, 0..n-1 */
     int64_t windows;  /* completed windows (optimizer steps attempted) */
 } mb_accum;
+/* init: n micro-batches per step (n >= 1), at the start of a window; restore: the state a
+ * checkpoint saved (0 <= micro < n, windows >= 0). MB_ERR_INVALID_ARG otherwise. */
 MBDEF mb_result mb_accum_init(mb_accum *a, int n);
 MBDEF mb_result mb_accum_restore(mb_accum *a, int n, int micro, int64_t windows);
 MBDEF float mb_accum_loss_scale(const mb_accum *a);      /* 1/n */
