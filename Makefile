@@ -73,7 +73,9 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
-DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh
+DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/api.sh tests/docs/trading.sh
+# every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
+HOSTILE_TESTS := tests/hostile_tools.sh
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
 
 ifneq ($(NVCC),)
@@ -232,7 +234,7 @@ test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
 cuda:
 ifeq ($(NVCC),)
@@ -309,11 +311,23 @@ deps:
 
 # The multi-timeframe example end to end: synthetic data, then training (GPU when there
 # is one and nvcc built the CUDA program, else the CPU; about a minute on 2 cores).
+# data/.make-run records what make run wrote (the prepare flags and the files' checksums): the
+# set is reused only when data/train.h5 and data/val.h5 are still those files; other files
+# there (a user's own prepare run) are kept as FILE.prev and the synthetic set written anew.
 RUN_DATA  := --synthetic --bars 150000 --features 8 --stride 30
 RUN_TRAIN := --epochs 4 --batch 32 --hidden 16 --head 32 --metrics data/metrics.csv
+RUN_STAMP := data/.make-run
 run: deps
 	@$(MAKE) --no-print-directory check-deps $(BUILD)/prepare $(BUILD)/train_multitf $(if $(NVCC),$(BUILD)/train_multitf_cuda)
-	@[ -f data/train.h5 ] && [ -f data/val.h5 ] || $(BUILD)/prepare $(RUN_DATA)
+	@want="prepare $(RUN_DATA)"; sums() { echo "$$want $$(cksum < data/train.h5) $$(cksum < data/val.h5)"; }; \
+	 if [ -f data/train.h5 ] && [ -f data/val.h5 ] && [ -f $(RUN_STAMP) ] && [ "$$(cat $(RUN_STAMP))" = "$$(sums)" ]; then \
+	   echo "make run: reusing data/train.h5 and data/val.h5, the synthetic set an earlier make run wrote"; \
+	 else \
+	   for f in data/train.h5 data/val.h5; do if [ -f $$f ]; then mv -f $$f $$f.prev; \
+	     echo "make run: $$f was not written by make run (your own data?): kept as $$f.prev"; fi; done; \
+	   $(BUILD)/prepare $(RUN_DATA) && sums > $(RUN_STAMP) || exit 1; \
+	 fi; \
+	 echo "make run: training on data/train.h5 and data/val.h5 (synthetic: build/prepare $(RUN_DATA))"
 	@if [ -x $(BUILD)/train_multitf_cuda ] && nvidia-smi -L >/dev/null 2>&1; then \
 	  $(BUILD)/train_multitf_cuda $(RUN_TRAIN); else $(BUILD)/train_multitf $(RUN_TRAIN); fi
 

@@ -295,9 +295,9 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg);
  * about allocations still live. */
 MBDEF void mb_device_close(mb_device *dev);
 
-MBDEF mb_backend mb_device_backend(const mb_device *dev);
+MBDEF mb_backend mb_device_backend(const mb_device *dev); /* MB_CPU or MB_CUDA */
 MBDEF const char *mb_device_name(const mb_device *dev);   /* "cpu (x86_64, 2 threads)", "NVIDIA H100 ..." */
-MBDEF const mb_logger *mb_device_logger(const mb_device *dev);
+MBDEF const mb_logger *mb_device_logger(const mb_device *dev); /* the config's logger (NULL for a NULL dev) */
 /* Total and free memory of the device (host RAM for the CPU backend). */
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes);
 MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev);
@@ -373,6 +373,7 @@ typedef struct mb_param_info {
 
 typedef struct mb_params mb_params;
 
+/* An empty set of parameters on dev; destroy frees its buffers (NULL is fine). */
 MBDEF mb_result mb_params_create(mb_params **out, mb_device *dev);
 MBDEF void mb_params_destroy(mb_params *p);
 /* Register a tensor before mb_params_finalize. init_bound: uniform(-b, b) init (PyTorch
@@ -474,6 +475,35 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
  * thread of this process is inside HDF5 (the child would inherit a held lock and time
  * out). */
 MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg, mb_dataset_meta *meta);
+/* The one way to open a data file this program did not write itself (a user's file, a
+ * download; docs/RELIABILITY.md): mb_dataset_probe in a child process first, then, only
+ * when the probe succeeded, mb_dataset_open_file in this process, which must find the
+ * shape and metadata the probe reported (else MB_ERR_FORMAT: the file changed in
+ * between). A file that crashes or hangs HDF5 in the probe gives MB_ERR_FORMAT naming it,
+ * and this process has made no HDF5 call on it. cfg may be NULL; its isolate field is
+ * ignored (the probe always runs), probe_timeout_s bounds the probe (0 = 10 s). Costs a
+ * fork (a few ms). Call it while no other thread of this process is inside HDF5 (open
+ * files before starting loaders on others). MB_ERR_UNSUPPORTED where mb_dataset_probe is
+ * (MEGABATCH_NO_THREADS, MEGABATCH_NO_HDF5, off POSIX). Same as mb_dataset_open_file with
+ * cfg->isolate = 1. */
+MBDEF mb_result mb_dataset_open_untrusted(mb_dataset **out, const char *path, const mb_dataset_config *cfg);
+
+#ifndef MB_MAX_ATTR_VALUES
+#define MB_MAX_ATTR_VALUES (1 << 20) /* values of one attribute mb_dataset_read_attr reads */
+#endif
+enum { MB_ON_FEATURES = 0, MB_ON_TARGETS = 1 }; /* where an attribute sits (mb_dataset_read_attr) */
+/* A numeric attribute `name` of an open file dataset (on the features dataset, `ends` in
+ * the series layout, with MB_ON_FEATURES; on the targets dataset with MB_ON_TARGETS), e.g.
+ * prepare's feature_mean, converted to float32 into out (room for cap values). *count gets
+ * the number of values, 0 when the attribute is absent (and for in-memory datasets).
+ * MB_ERR_FORMAT when it is not an integer or float type, has a malformed type, or more
+ * than cap or MB_MAX_ATTR_VALUES values (nothing is written then). The probe (and so
+ * mb_dataset_open_untrusted) reads every such attribute of both datasets in its child
+ * first, so an attribute that crashes HDF5 fails the open instead (a dataset with more than
+ * 256 attributes fails the probe). name: under MB_MAX_NAME bytes. Not while a loader on ds
+ * is open (its reader thread uses the dataset). */
+MBDEF mb_result mb_dataset_read_attr(mb_dataset *ds, int on, const char *name, float *out, int64_t cap,
+                                     int64_t *count);
 
 // ---- end dataset ----
 
@@ -717,7 +747,7 @@ MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *
 /* Elementwise activations. GELU is the tanh approximation (torch's
  * gelu(approximate='tanh')): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 typedef enum mb_act { MB_ACT_IDENTITY = 0, MB_ACT_RELU = 1, MB_ACT_GELU = 2, MB_ACT_TANH = 3 } mb_act;
-MBDEF const char *mb_act_name(mb_act a);
+MBDEF const char *mb_act_name(mb_act a); /* "identity", "relu", "gelu", "tanh" ("unknown" otherwise) */
 /* y[i] = f(x[i]), n elements (y may equal x). */
 MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n);
 /* dx[i] = f'(x[i]) dy[i] from the pre-activation x (dx may equal dy). */
@@ -791,6 +821,8 @@ typedef struct mb_scaler_state {
 
 typedef struct mb_scaler mb_scaler;
 
+/* A loss scaler on dev, its state on the device (cfg NULL: the defaults above); destroy: NULL
+ * is fine. */
 MBDEF mb_result mb_scaler_create(mb_scaler **out, mb_device *dev, const mb_scaler_config *cfg);
 MBDEF void mb_scaler_destroy(mb_scaler *s);
 /* The current scale as a device float (for mb_loss's scale_dev). */
@@ -870,6 +902,8 @@ typedef struct mb_accum {
     int micro;        /* micro-batches done in the current window, 0..n-1 */
     int64_t windows;  /* completed windows (optimizer steps attempted) */
 } mb_accum;
+/* init: n micro-batches per step (n >= 1), at the start of a window; restore: the state a
+ * checkpoint saved (0 <= micro < n, windows >= 0). MB_ERR_INVALID_ARG otherwise. */
 MBDEF mb_result mb_accum_init(mb_accum *a, int n);
 MBDEF mb_result mb_accum_restore(mb_accum *a, int n, int micro, int64_t windows);
 MBDEF float mb_accum_loss_scale(const mb_accum *a);      /* 1/n */
@@ -2649,6 +2683,9 @@ static mb_result mb__h5_segments(mb_dataset *ds) {
         m->segments = (int)n;
     }
     if (H5Aexists(ds->dfeat, "segment_names") <= 0) return MB_OK;
+    if (!m->segments)
+        return MB_FAIL(lg, MB_ERR_FORMAT, "%s: the required attribute 'segments' of '%s' is missing (it has "
+                       "'segment_names' but no segment lengths)", m->source, ds->fname);
     char text[MB_MAX_SEGMENTS * MB_MAX_NAME];
     hid_t a = H5Aopen(ds->dfeat, "segment_names", H5P_DEFAULT);
     mb_result r = mb__h5_attr_string(ds, a, "segment_names", text, sizeof text);
@@ -2710,6 +2747,17 @@ static void mb__h5_close(mb_dataset *ds) {
     ds->dfeat = ds->dtarg = ds->file = -1;
 }
 
+/* The probe's report and the in-process open describe the same file. */
+static int mb__meta_same(const mb_dataset_meta *a, const mb_dataset_meta *b) {
+    int same = a->n == b->n && a->t == b->t && a->f == b->f && a->k == b->k && a->segments == b->segments &&
+               a->layout == b->layout && !strcmp(a->features_type, b->features_type) &&
+               !strcmp(a->targets_type, b->targets_type);
+    for (int i = 0; same && i < a->segments; i++)
+        same = a->segment_len[i] == b->segment_len[i] && a->bars[i] == b->bars[i] &&
+               !strcmp(a->segment_name[i], b->segment_name[i]);
+    return same;
+}
+
 MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const mb_dataset_config *cfg) {
     const mb_logger *lg = cfg ? &cfg->log : NULL;
     if (!out || !path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dataset_open_file: NULL argument");
@@ -2717,7 +2765,8 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     FILE *fp = fopen(path, "rb");
     if (!fp) return MB_FAIL(lg, MB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     fclose(fp);
-    if (cfg && cfg->isolate) MB_TRY(mb_dataset_probe(path, cfg, NULL));
+    mb_dataset_meta probed;
+    if (cfg && cfg->isolate) MB_TRY(mb_dataset_probe(path, cfg, &probed));
     mb_dataset *ds = NULL;
     MB_TRY(mb__ds_new(&ds, path, cfg));
     mb__h5quiet q = mb__h5_quiet();
@@ -2731,6 +2780,11 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     } else {
         r = mb__h5_validate(ds);
     }
+    if (r == MB_OK && cfg && cfg->isolate && !mb__meta_same(&probed, &ds->meta))
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: the file changed between the probe and the open (the probe saw N=%lld "
+                    "T=%lld F=%lld K=%lld, the open N=%lld T=%lld F=%lld K=%lld)", path, (long long)probed.n,
+                    (long long)probed.t, (long long)probed.f, (long long)probed.k, (long long)ds->meta.n,
+                    (long long)ds->meta.t, (long long)ds->meta.f, (long long)ds->meta.k);
     if (r != MB_OK) { mb__h5_close(ds); mb__sr_free(ds); MB_FREE(ds); }
     else *out = ds;
     H5Eclear2(H5E_DEFAULT);
@@ -2764,6 +2818,78 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
                    "datasets", path ? path : "(null)");
 }
 #endif
+
+#ifndef MEGABATCH_NO_HDF5
+/* A numeric attribute of dataset obj (named oname) into out (mb_dataset_read_attr). */
+static mb_result mb__h5_read_attr(mb_dataset *ds, hid_t obj, const char *oname, const char *name, float *out,
+                                  int64_t cap, int64_t *count) {
+    const mb_logger *lg = &ds->cfg.log;
+    const char *src = ds->meta.source;
+    char st[512], tn[32];
+    htri_t ex = H5Aexists(obj, name);
+    if (ex < 0) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s': %s", src, name, oname, mb__h5_stack(st));
+    if (ex == 0) return MB_OK;
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (a < 0) return MB_FAIL(lg, MB_ERR_FORMAT, "%s: cannot open attribute '%s' of '%s': %s", src, name, oname,
+                              mb__h5_stack(st));
+    hid_t ty = H5Aget_type(a), sp = H5Aget_space(a);
+    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    H5T_class_t c = ty >= 0 ? H5Tget_class(ty) : H5T_NO_CLASS;
+    float *buf = NULL;
+    mb_result r = MB_OK;
+    if (ty < 0 || np < 0) r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s': %s", src, name, oname,
+                                      mb__h5_stack(st));
+    else if (c != H5T_INTEGER && c != H5T_FLOAT)
+        mb__h5_type_name(ty, tn, sizeof tn), r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s' is %s, not a "
+                                                           "number", src, name, oname, tn);
+    else if (!mb__h5_type_sane(ty, c))
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s' has a malformed type", src, name, oname);
+    else if (np < 1 || np > cap || np > MB_MAX_ATTR_VALUES)
+        r = MB_FAIL(lg, MB_ERR_FORMAT, "%s: attribute '%s' of '%s' has %lld values (1..%lld fit)", src, name, oname,
+                    (long long)np, (long long)(cap < MB_MAX_ATTR_VALUES ? cap : MB_MAX_ATTR_VALUES));
+    else if (!(buf = (float *)mb__host_alloc((size_t)np * sizeof(float))))
+        r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "%s: no host memory for attribute '%s'", src, name);
+    else if (H5Aread(a, H5T_NATIVE_FLOAT, buf) < 0)
+        r = MB_FAIL(lg, MB_ERR_IO, "%s: reading attribute '%s' of '%s': %s", src, name, oname, mb__h5_stack(st));
+    if (r == MB_OK) {
+        memcpy(out, buf, (size_t)np * sizeof(float));
+        *count = (int64_t)np;
+    }
+    MB_FREE(buf);
+    if (sp >= 0) H5Sclose(sp);
+    if (ty >= 0) H5Tclose(ty);
+    H5Aclose(a);
+    return r;
+}
+#endif
+
+MBDEF mb_result mb_dataset_read_attr(mb_dataset *ds, int on, const char *name, float *out, int64_t cap,
+                                     int64_t *count) {
+    if (count) *count = 0;
+    if (!ds || !name || !count || cap < 0 || (!out && cap > 0) || (on != MB_ON_FEATURES && on != MB_ON_TARGETS) ||
+        strlen(name) >= MB_MAX_NAME)
+        return MB_FAIL(ds ? &ds->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_dataset_read_attr: bad argument (NULL, cap "
+                       "< 0, `on` not MB_ON_FEATURES or MB_ON_TARGETS, or a name of %d bytes or more)", MB_MAX_NAME);
+#ifndef MEGABATCH_NO_HDF5
+    if (ds->file < 0) return MB_OK; /* in memory: no attributes */
+    mb__h5quiet q = mb__h5_quiet();
+    mb_result r = mb__h5_read_attr(ds, on ? ds->dtarg : ds->dfeat, on ? ds->tname : ds->ser ? "ends" : ds->fname, name,
+                                   out, cap, count);
+    mb__h5_restore(q);
+    return r;
+#else
+    (void)out;
+    return MB_OK;
+#endif
+}
+
+MBDEF mb_result mb_dataset_open_untrusted(mb_dataset **out, const char *path, const mb_dataset_config *cfg) {
+    mb_dataset_config c;
+    if (cfg) c = *cfg;
+    else memset(&c, 0, sizeof c);
+    c.isolate = 1;
+    return mb_dataset_open_file(out, path, &c);
+}
 
 MBDEF void mb_dataset_close(mb_dataset *ds) {
     if (!ds) return;
@@ -2834,6 +2960,48 @@ static mb_result mb__probe_read(mb_dataset *ds) {
     return r;
 }
 
+/* Child: the names of every attribute of obj (H5Aiterate2), at most MB__PROBE_ATTRS. */
+enum { MB__PROBE_ATTRS = 256 };
+typedef struct mb__attr_names { int n, more; char name[MB__PROBE_ATTRS][MB_MAX_NAME]; } mb__attr_names;
+static herr_t mb__probe_attr_name(hid_t loc, const char *name, const H5A_info_t *info, void *user) {
+    mb__attr_names *a = (mb__attr_names *)user;
+    (void)loc; (void)info;
+    if (strlen(name) >= MB_MAX_NAME) return 0; /* mb_dataset_read_attr refuses such a name */
+    if (a->n == MB__PROBE_ATTRS) { a->more = 1; return 1; }
+    strcpy(a->name[a->n++], name);
+    return 0;
+}
+
+/* Child: read every numeric attribute of both datasets as mb_dataset_read_attr would in the
+ * host, so an attribute that crashes HDF5 fails the probe, not the host later. A refused
+ * attribute (a string, too many values) is not an error here: the host's read refuses it too. */
+static mb_result mb__probe_attrs(mb_dataset *ds) {
+    mb__attr_names *names = (mb__attr_names *)calloc(1, sizeof *names);
+    float *buf = (float *)malloc((size_t)MB_MAX_ATTR_VALUES * sizeof(float));
+    mb_result r = names && buf ? MB_OK : MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: probe: no memory", ds->meta.source);
+    for (int on = 0; on < 2 && r == MB_OK && ds->file >= 0; on++) {
+        hid_t obj = on ? ds->dtarg : ds->dfeat;
+        const char *oname = on ? ds->tname : ds->ser ? "ends" : ds->fname;
+        hsize_t idx = 0;
+        char st[512];
+        names->n = names->more = 0;
+        mb__h5quiet q = mb__h5_quiet();
+        herr_t e = H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, mb__probe_attr_name, names);
+        if (e < 0) r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: cannot list the attributes of '%s': %s", ds->meta.source, oname,
+                               mb__h5_stack(st));
+        else if (names->more)
+            r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: '%s' has more than %d attributes", ds->meta.source, oname,
+                        MB__PROBE_ATTRS);
+        mb__h5_restore(q);
+        int64_t count;
+        for (int i = 0; i < names->n && r == MB_OK; i++)
+            mb_dataset_read_attr(ds, on, names->name[i], buf, MB_MAX_ATTR_VALUES, &count);
+    }
+    free(names);
+    free(buf);
+    return r;
+}
+
 /* Child: everything HDF5 does with the file happens here; never returns. */
 static void mb__probe_child(int wfd, const char *path, const mb_dataset_config *cfg) {
     /* the host's crash handlers (test frameworks, ASan) must not run on in the child */
@@ -2854,6 +3022,7 @@ static void mb__probe_child(int wfd, const char *path, const mb_dataset_config *
     if (r == MB_OK) {
         msg.meta = ds->meta;
         r = mb__probe_read(ds);
+        if (r == MB_OK) r = mb__probe_attrs(ds);
         mb_dataset_close(ds);
     }
     msg.code = (int32_t)r;

@@ -7,6 +7,7 @@
  * 2313536: the seeds' shape (5 encoders F=128 H=256, head 256, K=36). */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
+#include "examples/mb_args.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -32,28 +33,40 @@ static mb_result bench(mb_dist *d, mb_device *dev, int64_t n, int reps, double *
     return r;
 }
 
+static const char usage[] =
+    "usage: [mpirun -np N] " MBA_TOOL("bench_dist") " [REPS [N ...]]   defaults 50 calls, 12160 39552 2313536 floats\n"
+    "The gradient all-reduce alone: microseconds per call over REPS calls for buffers of N floats\n"
+    "(docs/DIST.md). -h, --help: this text.\n";
+
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
+    for (int i = 1; i < argc; i++) if (mba_flag_like(argv[i])) return mba_unknown(argv[i]);
+    int reps = 50;
+    static int64_t sizes[64] = {12160, 39552, 2313536};
+    if (argc > 1 && !mba_arg("REPS", argv[1], MBA_INT, &reps, 1, 1e6, NULL)) return 2;
+    if (argc > 2 + 64) return mba_error("more than 64 sizes (see --help)");
+    for (int i = 2; i < argc; i++)
+        if (!mba_arg("N", argv[i], MBA_I64, &sizes[i - 2], 1, 1e9, NULL)) return 2;
     mb_device *dev;
     mb_dist *d;
     if (mb_device_open(&dev, NULL) != MB_OK || mb_dist_open(&d, dev) != MB_OK) {
         fprintf(stderr, "error: %s\n", mb_last_error());
-        return 1;
+        return 2;
     }
-    int reps = argc > 1 ? atoi(argv[1]) : 50, lead = mb_dist_rank(d) == 0;
+    int lead = mb_dist_rank(d) == 0;
     if (mb_dist_size(d) < 2) {
         if (lead) printf("bench_dist: a world of one (build with mpicc -DMEGABATCH_MPI, run under mpirun -np N >= 2)\n");
         mb_dist_close(d);
         mb_device_close(dev);
         return 0;
     }
-    static const int64_t defaults[] = {12160, 39552, 2313536};
     int nsizes = argc > 2 ? argc - 2 : 3;
-    double *t = (double *)malloc((size_t)(reps > 0 ? reps : 1) * sizeof(double));
-    if (reps < 1 || !t) return 1;
+    double *t = (double *)malloc((size_t)reps * sizeof(double));
+    if (!t) return 1;
     if (lead) printf("ranks %d, %d calls each: floats, bytes sent per rank per call, us median [min-max], MB/s (sent/median)\n",
                      mb_dist_size(d), reps);
     for (int s = 0; s < nsizes; s++) {
-        int64_t n = argc > 2 ? atoll(argv[2 + s]) : defaults[s];
+        int64_t n = sizes[s];
         uint64_t sent0 = mb_dist_get_stats(d).bytes_sent;
         if (bench(d, dev, n, reps, t) != MB_OK) {
             fprintf(stderr, "error: %s\n", mb_last_error());

@@ -11,6 +11,7 @@
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "examples/mtf_live.h"
+#include "examples/mb_args.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,18 +60,33 @@ static mb_result write_model(const char *path, int64_t F, int64_t H) {
     return r;
 }
 
+static const char usage[] =
+    "usage: bench_live [bars [F [H [threads [window|stateful]]]]]   defaults 2000 12 32 1 window\n"
+    "Latency per closed M1 bar of the live predictor (examples/mtf_live.h), batch 1, CPU, with the\n"
+    "example's model shape and random weights (docs/BENCHMARKS.md). -h, --help: this text.\n";
+
 int main(int argc, char **argv) {
-    int n = argc > 1 ? atoi(argv[1]) : 2000, threads = argc > 4 ? atoi(argv[4]) : 1;
-    int mode = argc > 5 && !strcmp(argv[5], "stateful") ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW;
-    int64_t F = argc > 2 ? atoi(argv[2]) : 12, H = argc > 3 ? atoi(argv[3]) : 32;
+    static const char *const modes[] = {"window", "stateful", NULL};
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
+    for (int i = 1; i < argc; i++) if (mba_flag_like(argv[i])) return mba_unknown(argv[i]);
+    if (argc > 6) return mba_error("more than 5 arguments (see --help)");
+    int n = 2000, threads = 1, mode = 0;
+    int64_t F = 12, H = 32;
+    if ((argc > 1 && !mba_arg("bars", argv[1], MBA_INT, &n, 1, 1e8, NULL)) ||
+        (argc > 2 && !mba_arg("F", argv[2], MBA_I64, &F, 1, MTF_MAX_F, NULL)) ||
+        (argc > 3 && !mba_arg("H", argv[3], MBA_I64, &H, 1, 4096, NULL)) ||
+        (argc > 4 && !mba_arg("threads", argv[4], MBA_INT, &threads, 0, 1024, NULL)) ||
+        (argc > 5 && !mba_arg("mode", argv[5], MBA_CHOICE, &mode, 0, 0, modes)))
+        return 2;
+    mode = mode ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW;
     char path[64];
     snprintf(path, sizeof path, "/tmp/bench_live_%d.safetensors", (int)getpid());
     mtf_live *lv = NULL;
     mb_result r = write_model(path, F, H);
     if (r == MB_OK) r = mtf_live_open(&lv, path, MB_CPU, threads, mode);
     remove(path);
-    if (r != MB_OK || n < 1) {
-        fprintf(stderr, "error: %s\n", r != MB_OK ? mb_last_error() : "bars must be >= 1");
+    if (r != MB_OK) {
+        fprintf(stderr, "error: %s\n", mb_last_error());
         return 2;
     }
     printf("live predictor, CPU, batch 1, %s mode: F=%lld H=%lld head 64 K=36, T=1104 (480,288,192,96,48), "

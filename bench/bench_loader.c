@@ -23,6 +23,7 @@
 #else
 #include "megabatch.h"
 #endif
+#include "examples/mb_args.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -54,43 +55,30 @@ static int die(const char *what) {
 
 // ---- options ----
 
-static int num(const char *flag, const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end || errno || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "error: %s '%s': expected a number in [%g, %g]\n", flag, v ? v : "", lo, hi);
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
+static const char usage[] =
+    "usage: " MBA_TOOL("bench_loader") " [--bytes MiB] [--batch 32] [--chunk-mb MiB] [--slab-mb 64] [--compute-ms 20]\n"
+    "       [--epochs 2] [--t 1104] [--f 128] [--file bench_loader.h5] [--keep] [--gpu]\n"
+    "HDF5 -> device loader throughput against the file read rate and the pinned -> device copy\n"
+    "rate, on a file it writes itself (--file, removed unless --keep), and how much of the next\n"
+    "chunk's load hides behind a simulated compute load (docs/BENCHMARKS.md). --bytes [256;\n"
+    "1024 with --gpu], --chunk-mb [bytes/2]. -h, --help: this text.\n";
 
 static int parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->batch = 32; o->t = 1104; o->f = 128; o->epochs = 2; o->slab_mb = 64; o->compute_ms = 20;
     o->file = "bench_loader.h5";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x = 0;
-        int used = 1;
-        if (!strcmp(a, "--keep")) { o->keep = 1; used = 0; }
-        else if (!strcmp(a, "--gpu")) { o->gpu = 1; used = 0; }
-        else if (!strcmp(a, "--file")) { if (!v) { fprintf(stderr, "error: --file needs a path\n"); return 0; } o->file = v; }
-        else if (!strcmp(a, "--bytes")) { if (!num(a, v, 1, 1e6, &o->mib)) return 0; }
-        else if (!strcmp(a, "--chunk-mb")) { if (!num(a, v, 1, 1e6, &o->chunk_mb)) return 0; }
-        else if (!strcmp(a, "--slab-mb")) { if (!num(a, v, 1, 1e5, &o->slab_mb)) return 0; }
-        else if (!strcmp(a, "--compute-ms")) { if (!num(a, v, 0, 1e4, &o->compute_ms)) return 0; }
-        else if (!strcmp(a, "--batch")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->batch = (int64_t)x; }
-        else if (!strcmp(a, "--epochs")) { if (!num(a, v, 1, 100, &x)) return 0; o->epochs = (int)x; }
-        else if (!strcmp(a, "--t")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->t = (int64_t)x; }
-        else if (!strcmp(a, "--f")) { if (!num(a, v, 1, 1e6, &x)) return 0; o->f = (int64_t)x; }
-        else { fprintf(stderr, "error: unknown flag '%s' (see the comment at the top of bench/bench_loader.c)\n", a); return 0; }
-        i += used;
-    }
+    const mba_flag flags[] = {
+        {"--keep", MBA_SET, &o->keep, 0, 0, NULL}, {"--gpu", MBA_SET, &o->gpu, 0, 0, NULL},
+        {"--file", MBA_STR, &o->file, 0, 0, NULL}, {"--bytes", MBA_F64, &o->mib, 1, 1e6, NULL},
+        {"--chunk-mb", MBA_F64, &o->chunk_mb, 1, 1e6, NULL}, {"--slab-mb", MBA_F64, &o->slab_mb, 1, 1e5, NULL},
+        {"--compute-ms", MBA_F64, &o->compute_ms, 0, 1e4, NULL}, {"--batch", MBA_I64, &o->batch, 1, 1e6, NULL},
+        {"--epochs", MBA_INT, &o->epochs, 1, 8, NULL}, {"--t", MBA_I64, &o->t, 1, 1e6, NULL},
+        {"--f", MBA_I64, &o->f, 1, 1e6, NULL}};
+    if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
 #ifndef __CUDACC__
-    if (o->gpu) { fprintf(stderr, "error: --gpu: this build has no CUDA (use build/bench/bench_loader_cuda)\n"); return 0; }
+    if (o->gpu) return mba_error("--gpu: this build has no CUDA (use build/bench/bench_loader_cuda)"), 0;
 #endif
+    if (!mba_writable("--file", o->file)) return 0;
     if (o->mib == 0) o->mib = o->gpu ? 1024 : 256;
     if (o->chunk_mb == 0) o->chunk_mb = o->mib / 2;
     return 1;
@@ -240,7 +228,7 @@ static int run_loader(mb_device *dev, const bench_opts *o, double ms, loader_run
     lc.chunk_bytes = (size_t)(o->chunk_mb * 1048576.0);
     lc.slab_bytes = (size_t)(o->slab_mb * 1048576.0);
     drop_cache(o->file);
-    if (mb_dataset_open_file(&ds, o->file, NULL)) return die("mb_dataset_open_file");
+    if (mba_open_data(o->file, 1, &ds)) return die("opening the file"); /* the one way (it wrote the file itself) */
     if (mb_loader_open(&ld, dev, ds, &lc)) { mb_dataset_close(ds); return die("mb_loader_open"); }
     r->plan = *mb_loader_get_plan(ld);
     size_t bps = mb_dataset_info(ds)->bytes_per_sample;
@@ -270,6 +258,7 @@ static int run_loader(mb_device *dev, const bench_opts *o, double ms, loader_run
 static const char *warmth(double f) { return f < 0 ? "unknown" : f < 0.05 ? "cold" : f > 0.95 ? "warm" : "partly warm"; }
 
 int main(int argc, char **argv) {
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     bench_opts o;
     if (!parse(argc, argv, &o)) return 2;
     mb_device_config dc;

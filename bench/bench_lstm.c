@@ -18,10 +18,17 @@
 #include "megabatch.h"
 #define BACKEND MB_CPU
 #endif
+#include "examples/mb_args.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static const char usage[] =
+    "usage: " MBA_TOOL("bench_lstm") " [--no-ftz] [B T F H [iters [f32|bf16|f16 [threads]]]]\n"
+    "One LSTM layer: forward+backward time per step and kept activation memory, full storage\n"
+    "against checkpointed (docs/BENCHMARKS.md). Defaults 128 480 128 256, 1 iteration, f32,\n"
+    "threads 0 (the cores). --no-ftz: keep IEEE denormals. -h, --help: this text.\n";
 
 static double now(void) {
     struct timespec ts;
@@ -90,16 +97,19 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
 }
 
 int main(int argc, char **argv) {
+    static const char *const precisions[] = {"f32", "bf16", "f16", NULL};
+    if (mba_wants_help(argc, argv)) return mba_help(usage);
     if (argc > 1 && !strcmp(argv[1], "--no-ftz")) { keep_denormals = 1; argv[1] = argv[0]; argv++; argc--; }
-    int64_t B = argc > 4 ? atoll(argv[1]) : 128, T = argc > 4 ? atoll(argv[2]) : 480;
-    int64_t F = argc > 4 ? atoll(argv[3]) : 128, H = argc > 4 ? atoll(argv[4]) : 256;
-    int iters = argc > 5 ? atoi(argv[5]) : 1;
-    const char *ps = argc > 6 ? argv[6] : "f32";
-    mb_dtype prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
-    int threads = argc > 7 ? atoi(argv[7]) : 0;
-    if (B < 1 || T < 1 || F < 1 || H < 1 || iters < 1 || threads < 0 || (prec == MB_F32 && strcmp(ps, "f32"))) {
-        fprintf(stderr, "usage: %s [--no-ftz] [B T F H [iters [f32|bf16|f16 [threads]]]]\n", argv[0]);
+    for (int i = 1; i < argc; i++) if (mba_flag_like(argv[i])) return mba_unknown(argv[i]);
+    if (argc != 1 && (argc < 5 || argc > 8)) return mba_error("give B T F H [iters [f32|bf16|f16 [threads]]] (see --help)");
+    int64_t B = 128, T = 480, F = 128, H = 256;
+    int iters = 1, threads = 0, pi = 0;
+    if (argc > 1 && !(mba_arg("B", argv[1], MBA_I64, &B, 1, 1e6, NULL) && mba_arg("T", argv[2], MBA_I64, &T, 1, 1e7, NULL) &&
+                      mba_arg("F", argv[3], MBA_I64, &F, 1, 1e6, NULL) && mba_arg("H", argv[4], MBA_I64, &H, 1, 1e6, NULL)))
         return 2;
-    }
+    if (argc > 5 && !mba_arg("iters", argv[5], MBA_INT, &iters, 1, 1e6, NULL)) return 2;
+    if (argc > 6 && !mba_arg("precision", argv[6], MBA_CHOICE, &pi, 0, 0, precisions)) return 2;
+    if (argc > 7 && !mba_arg("threads", argv[7], MBA_INT, &threads, 0, 1024, NULL)) return 2;
+    mb_dtype prec = pi == 1 ? MB_BF16 : pi == 2 ? MB_F16 : MB_F32;
     return run(B, T, F, H, -1, iters, prec, threads) || run(B, T, F, H, 0, iters, prec, threads);
 }

@@ -21,10 +21,42 @@ static int buf(mb_device *dev, size_t n, float **p) {
            mb_zero(dev, 0, *p, n * sizeof(float)) == MB_OK;
 }
 
-int main(int argc, char **argv) {
-    int ck = argc > 1 ? atoi(argv[1]) : 0;
+/* The command line as examples/mb_args.h answers (not included: this file builds against
+ * older headers too): --help, unknown flags and bad values, exit 2 with one `error:` line. */
+static int args(int argc, char **argv, int *ck, mb_dtype *prec) {
+    static const char usage[] = "usage: bench_lstm_launches [checkpoint [f32|bf16|f16]]   (default 0 = auto, f32)\n"
+                                "Kernel launches + cuBLAS calls of one forward + backward of the example's five\n"
+                                "encoders, counted by the simulator (docs/BENCHMARKS.md). -h, --help: this text.\n";
+    char *end = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
+    for (int i = 1; i < argc; i++)
+        if (argv[i][0] == '-' && (argv[i][1] < '0' || argv[i][1] > '9')) {
+            fprintf(stderr, "error: unknown flag '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    long v = argc > 1 ? strtol(argv[1], &end, 10) : 0;
+    if (argc > 3 || (argc > 1 && (*end || end == argv[1] || v < -1 || v > 100000))) {
+        fprintf(stderr, argc > 3 ? "error: more than 2 arguments (see --help)\n"
+                                 : "error: checkpoint '%s': expected an integer in [-1, 100000]\n", argv[1]);
+        return 2;
+    }
     const char *ps = argc > 2 ? argv[2] : "f32";
-    mb_dtype prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
+    if (strcmp(ps, "f32") && strcmp(ps, "bf16") && strcmp(ps, "f16")) {
+        fprintf(stderr, "error: precision '%s': expected f32, bf16 or f16\n", ps);
+        return 2;
+    }
+    *ck = (int)v;
+    *prec = !strcmp(ps, "bf16") ? MB_BF16 : !strcmp(ps, "f16") ? MB_F16 : MB_F32;
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    int ck = 0;
+    mb_dtype prec = MB_F32;
+    int done = args(argc, argv, &ck, &prec);
+    if (done >= 0) return done;
+    const char *ps = mb_dtype_name(prec);
     enum { N = 5 };
     const int64_t B = 128, F = 8, H = 32, Ts[N] = {480, 288, 192, 96, 48};
     mb_device_config dc;

@@ -28,40 +28,20 @@ static const char usage[] =
 
 int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
+    static const char *const dtypes[] = {"f32", "bf16", NULL};
     const char *path = NULL;
-    double gb = 16, x;
-    long long batch = 128;
-    mb_dtype dtype = MB_F32;
-    int probe = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = mba_value(argc, argv, i);
-        if (!strcmp(a, "--gpu-mem") || !strcmp(a, "--batch") || !strcmp(a, "--dtype")) {
-            if (!v) return mba_missing(a);
-            i++;
-            if (!strcmp(a, "--gpu-mem")) {
-                if (mba_number(v, 1e-9, 1e6, &x)) return mba_error("--gpu-mem wants a positive number of GB: %s", v);
-                gb = x;
-            } else if (!strcmp(a, "--batch")) {
-                if (mba_long(v, 1, 100000000, &batch)) return mba_error("--batch wants a positive integer: %s", v);
-            } else if (!strcmp(v, "f32")) dtype = MB_F32;
-            else if (!strcmp(v, "bf16")) dtype = MB_BF16;
-            else return mba_error("--dtype wants f32 or bf16: %s", v);
-        } else if (!strcmp(a, "--no-probe")) {
-            probe = 0;
-        } else if (a[0] == '-' && a[1]) {
-            return mba_unknown(a);
-        } else if (path) {
-            return mba_error("more than one file: %s (see --help)", a);
-        } else {
-            path = a;
-        }
-    }
+    double gb = 16;
+    int64_t batch = 128;
+    int dt = 0, no_probe = 0;
+    const mba_flag flags[] = {
+        {"", MBA_STR, &path, 0, 0, NULL}, {"--gpu-mem", MBA_F64, &gb, 1e-9, 1e6, NULL},
+        {"--batch", MBA_I64, &batch, 1, 1e8, NULL}, {"--dtype", MBA_CHOICE, &dt, 0, 0, dtypes},
+        {"--no-probe", MBA_SET, &no_probe, 0, 0, NULL}};
+    if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
     if (!path) return mba_error("no file given (see --help)");
+    mb_dtype dtype = dt ? MB_BF16 : MB_F32;
     mb_dataset *ds = NULL;
-    mb_dataset_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.isolate = probe;
-    if (mb_dataset_open_file(&ds, path, &dc) != MB_OK) {
+    if (mba_open_data(path, !no_probe, &ds) != MB_OK) {
         fprintf(stderr, "error: %s\n", mb_last_error());
         return 2;
     }
@@ -99,7 +79,7 @@ int main(int argc, char **argv) {
            p.buffers == 1 ? "resident (loaded once)" : "2 chunk buffers (double-buffered)");
     printf("chunks:           %lld of %lld samples (%.3f GB each)\n", (long long)p.chunks,
            (long long)p.samples_per_chunk, (double)p.chunk_bytes / 1e9);
-    printf("batches/epoch:    %lld of %lld\n", (long long)p.batches, batch);
+    printf("batches/epoch:    %lld of %lld\n", (long long)p.batches, (long long)batch);
     mb_dataset_close(ds);
     return 0;
 }

@@ -1,10 +1,15 @@
-/* mb_args.h - the command-line helpers the example tools share (prepare, train_multitf,
- * train_minimal, inspect, predict), so that they answer alike:
+/* mb_args.h - what the programs (examples/ and bench/) share so that they answer alike:
+ * the command line, the check of output paths, and the one way to open a user's data file.
  *   tool --help, tool -h       the usage text on stdout, exit 0
  *   a flag without its value   error: --epochs needs a value (see --help)      exit 2
  *   an unknown flag            error: unknown flag '--bogus' (see --help)      exit 2
+ *   a number out of range      error: --epochs '0': expected an integer in [1, 1000000]   exit 2
+ *   an output it cannot write  error: --out 'x/p.csv': cannot write: No such file or directory   exit 2
+ *   any other bad input        error: ... (one line)                          exit 2
  * A value may not start with "--" (`--out --quiet` is a missing value, not a file named
- * "--quiet"); negative numbers ("-1") are values. */
+ * "--quiet"); negative numbers ("-1") are values. Include after megabatch.h.
+ * MBA_TOOL(name) is the program's name as built: name, name_cuda (nvcc, or the CUDA
+ * simulator), name_mpi, name_cuda_mpi; usage lines use it. */
 #ifndef MB_ARGS_H
 #define MB_ARGS_H
 #include <errno.h>
@@ -13,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Print "error: ..." and a newline on stderr; returns 2, the tools' exit status. */
 static inline int mba_error(const char *fmt, ...) {
@@ -35,6 +42,12 @@ static inline int mba_wants_help(int argc, char **argv) {
     return 0;
 }
 
+/* 1 when a looks like a flag ("--x", "-x"; "-1" is a number): programs that take numbers
+ * only refuse such an argument as an unknown flag. */
+static inline int mba_flag_like(const char *a) {
+    return a[0] == '-' && (a[1] == '-' || (a[1] >= 'a' && a[1] <= 'z') || (a[1] >= 'A' && a[1] <= 'Z'));
+}
+
 /* The usage text on stdout; returns 0, the exit status. */
 static inline int mba_help(const char *usage) {
     fputs(usage, stdout);
@@ -46,6 +59,16 @@ static inline const char *mba_value(int argc, char **argv, int i) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     return v && strncmp(v, "--", 2) != 0 ? v : NULL;
 }
+
+#if defined(__CUDACC__) && defined(MEGABATCH_MPI)
+#define MBA_TOOL(name) name "_cuda_mpi"
+#elif defined(__CUDACC__)
+#define MBA_TOOL(name) name "_cuda"
+#elif defined(MEGABATCH_MPI)
+#define MBA_TOOL(name) name "_mpi"
+#else
+#define MBA_TOOL(name) name
+#endif
 
 /* s as a number in [lo, hi] (the whole string); 0 on success, -1 otherwise. */
 static inline int mba_number(const char *s, double lo, double hi, double *out) {
@@ -101,16 +124,23 @@ static inline int mba_choice(const mba_flag *f, const char *v) {
     return mba_bad(f->name, v, want);
 }
 
+/* "error: FLAG 'VALUE': expected an integer in [LO, HI]" (or "a number"); returns 0. */
+static inline int mba_range(const mba_flag *f, const char *v) {
+    char want[128];
+    if (f->kind == MBA_INT || f->kind == MBA_I64 || f->kind == MBA_U64)
+        snprintf(want, sizeof want, "expected an integer in [%.0f, %.0f]", f->lo, f->hi);
+    else
+        snprintf(want, sizeof want, "expected a number in [%.9g, %.9g]", f->lo, f->hi);
+    return mba_bad(f->name, v, want);
+}
+
 /* The value v of flag f into its field; 1 when good, else the error printed and 0. */
 static inline int mba_store(const mba_flag *f, const char *v) {
     double x = 0;
     if (f->kind == MBA_STR) { *(const char **)f->dst = v; return 1; }
     if (f->kind == MBA_CHOICE) return mba_choice(f, v);
-    if (mba_number(v, f->lo, f->hi, &x)) {
-        char want[96];
-        snprintf(want, sizeof want, "expected a number in [%g, %g]", f->lo, f->hi);
-        return mba_bad(f->name, v, want);
-    }
+    int integral = f->kind == MBA_INT || f->kind == MBA_I64 || f->kind == MBA_U64;
+    if (mba_number(v, f->lo, f->hi, &x) || (integral && x != (double)(long long)x)) return mba_range(f, v);
     switch (f->kind) {
     case MBA_INT: *(int *)f->dst = (int)x; break;
     case MBA_I64: *(int64_t *)f->dst = (int64_t)x; break;
@@ -121,12 +151,29 @@ static inline int mba_store(const mba_flag *f, const char *v) {
     return 1;
 }
 
+/* One positional argument (a benchmark's B, T, ...) into dst, checked as a flag's value
+ * is: 1, or `error: NAME 'V': expected ...` printed and 0 (choices: for MBA_CHOICE). */
+static inline int mba_arg(const char *name, const char *v, mba_kind kind, void *dst, double lo, double hi,
+                          const char *const *choices) {
+    mba_flag f = {name, kind, dst, lo, hi, choices};
+    return mba_store(&f, v);
+}
+
 /* Every argument of argv against the n flags; 1 when all are good, else the one error
- * line printed and 0 (the tool exits 2). */
+ * line printed and 0 (the tool exits 2). A flag named "" (MBA_STR) takes the one argument
+ * that is not a flag (inspect's FILE); without it such an argument is an error. */
 static inline int mba_parse(int argc, char **argv, const mba_flag *flags, int n) {
+    int positional = 0;
     for (int i = 1; i < argc; i++) {
         const mba_flag *f = NULL;
         for (int k = 0; k < n && !f; k++) f = strcmp(argv[i], flags[k].name) ? NULL : &flags[k];
+        if (!f && argv[i][0] != '-') {
+            for (int k = 0; k < n && !f; k++) f = flags[k].name[0] ? NULL : &flags[k];
+            if (!f) return mba_error("unexpected argument '%s' (see --help)", argv[i]), 0;
+            if (positional++) return mba_error("more than one file: '%s' (see --help)", argv[i]), 0;
+            *(const char **)f->dst = argv[i];
+            continue;
+        }
         if (!f) return mba_unknown(argv[i]), 0;
         if (f->kind == MBA_SET) { *(int *)f->dst = 1; continue; }
         const char *v = mba_value(argc, argv, i++);
@@ -134,6 +181,37 @@ static inline int mba_parse(int argc, char **argv, const mba_flag *flags, int n)
         if (!mba_store(f, v)) return 0;
     }
     return 1;
+}
+
+/* Can the program write path (a file it will create or replace)? Checked before any work,
+ * without touching the file: it is writable, or it is absent and its directory writable.
+ * 1, or `error: FLAG 'PATH': cannot write: REASON` printed and 0. */
+static inline int mba_writable(const char *flag, const char *path) {
+    char dir[1024], why[160];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    int n = slash ? (int)(slash - path) : 0, bad = 0;
+    snprintf(dir, sizeof dir, "%.*s", n ? n : 1, slash ? path : ".");
+    if (!path[0] || (slash && !slash[1])) bad = EISDIR;
+    else if (stat(path, &st) == 0) bad = S_ISDIR(st.st_mode) ? EISDIR : access(path, W_OK) ? errno : 0;
+    else bad = errno != ENOENT ? errno : access(dir, W_OK) ? errno : 0;
+    if (!bad) return 1;
+    snprintf(why, sizeof why, "cannot write: %s", strerror(bad));
+    return mba_bad(flag, path, why);
+}
+
+/* The one way every program opens a data file it is handed (docs/RELIABILITY.md): probe = 1
+ * (always, but for inspect --no-probe) is mb_dataset_open_untrusted: the file opened,
+ * validated and read in a child process first, so a file that crashes or hangs HDF5 ends in
+ * an error, then opened in this process. The probe gives up after 10 s, or MB_PROBE_TIMEOUT
+ * seconds (0.1..3600) from the environment (slow disks; the hostile-file tests use 2).
+ * Open every file before any loader starts (the probe forks). */
+static inline mb_result mba_open_data(const char *path, int probe, mb_dataset **ds) {
+    mb_dataset_config dc;
+    double to = 0;
+    memset(&dc, 0, sizeof dc);
+    if (!mba_number(getenv("MB_PROBE_TIMEOUT"), 0.1, 3600, &to)) dc.probe_timeout_s = to;
+    return probe ? mb_dataset_open_untrusted(ds, path, &dc) : mb_dataset_open_file(ds, path, &dc);
 }
 
 #endif /* MB_ARGS_H */

@@ -257,17 +257,26 @@ static inline void mbf__close(mbf_state *s, int k, mbf_out *out) {
     for (int j = 0; j < s->nf; j++) row->x[j] = (float)f[j];
 }
 
+/* Would mbf_push take bar b after a bar starting at `last` (started = 0: b is the first)?
+ * MBF_OK or the code mbf_push returns. prepare checks each CSV row with it, so a file's
+ * rows are taken or refused alike by prepare and by the live predictor. */
+static inline int mbf_check(const mbf_bar *b, int started, int64_t last) {
+    if (started && b->t < last) return MBF_ERR_ORDER;
+    if (started && b->t == last) return MBF_ERR_DUPLICATE;
+    if (mbf__floor_mod(b->t, 60) != 0) return MBF_ERR_ALIGN;
+    double p[4] = {b->o, b->h, b->l, b->c};
+    for (int j = 0; j < 4; j++) if (!(p[j] > 0) || !isfinite(p[j])) return MBF_ERR_BAR;
+    if (!(b->h >= b->l) || !(b->v >= 0) || !isfinite(b->v)) return MBF_ERR_BAR;
+    return MBF_OK;
+}
+
 /* Feed one closed M1 bar (start time b->t on a minute, after the previous bar). Fills out
  * with the rows of every bar that closed with it (M1's always). On an error nothing
  * changes: out->n = 0 and the state is as before. */
 static inline int mbf_push(mbf_state *s, const mbf_bar *b, mbf_out *out) {
     out->n = 0;
-    if (s->started && b->t < s->last) return MBF_ERR_ORDER;
-    if (s->started && b->t == s->last) return MBF_ERR_DUPLICATE;
-    if (mbf__floor_mod(b->t, 60) != 0) return MBF_ERR_ALIGN;
-    double p[4] = {b->o, b->h, b->l, b->c};
-    for (int j = 0; j < 4; j++) if (!(p[j] > 0) || !isfinite(p[j])) return MBF_ERR_BAR;
-    if (!(b->h >= b->l) || !(b->v >= 0) || !isfinite(b->v)) return MBF_ERR_BAR;
+    int e = mbf_check(b, s->started, s->last);
+    if (e != MBF_OK) return e;
     s->started = 1;
     s->last = b->t;
     for (int k = 0; k < MBF_TFS; k++) {

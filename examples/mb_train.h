@@ -3,7 +3,7 @@
  *   clock          mbt_now, mbt_rate
  *   run state      mbt_run: the loop's counters (epoch, step, batches, losses, loader position,
  *                  accumulation window), the part of a checkpoint that is not weights
- *   data           mbt_dataset_open (untrusted files, probed in a child), mbt_log_warnings
+ *   logging        mbt_log_warnings (data files: mb_args.h's mba_open_data, probed in a child)
  *   progress bar   mbt_progress_draw: one line on stderr, redrawn in place
  *   metrics        mbt_metrics_open/_step/_epoch: the CSV, kept exact across --resume
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
@@ -71,17 +71,7 @@ MBT_API void mbt_run_new_epoch(mbt_run *rs) {
     rs->epoch_loss_sum = 0;
 }
 
-// ---- data ----
-
-/* Untrusted files: each is validated first in a child process (mb_dataset_probe), so a
- * file that crashes or hangs HDF5 ends in an error line. Open them before the device and
- * the loaders start threads: the probe must not fork while another thread is inside HDF5. */
-MBT_API mb_result mbt_dataset_open(const char *path, mb_dataset **ds) {
-    mb_dataset_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.isolate = 1;
-    return mb_dataset_open_file(ds, path, &dc);
-}
+// ---- logging ----
 
 /* Warnings and info from the library go to stderr; errors are printed once, by main. */
 MBT_API void mbt_log_warnings(mb_log_level level, const char *msg, const char *file, int line, void *user) {
@@ -216,19 +206,13 @@ MBT_API mb_result mbt_metrics_close(FILE *f, const char *path, mb_result r) {
 // baseline in percent, the epochs' losses on a y range of their own, the batch losses in
 // a small panel below (docs/EXAMPLE.md).
 
-/* plot (--plot FILE), or the metrics file's name with .svg for its extension, into buf;
- * checked writable before training, the file left as it was. */
+/* plot (--plot FILE), or the metrics file's name with .svg for its extension, into buf
+ * (check it with mba_writable before training). */
 MBT_API mb_result mbt_plot_path(const char *metrics, const char *plot, char *buf, size_t cap) {
     const char *dot = strrchr(metrics, '.'), *slash = strrchr(metrics, '/');
     int stem = dot && (!slash || dot > slash) ? (int)(dot - metrics) : (int)strlen(metrics);
     int n = plot ? snprintf(buf, cap, "%s", plot) : snprintf(buf, cap, "%.*s.svg", stem, metrics);
     if (n < 0 || (size_t)n >= cap) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "picture path too long: %s", buf);
-    FILE *f = fopen(buf, "r");
-    int existed = f != NULL;
-    if (f) fclose(f);
-    if (!(f = fopen(buf, "a"))) return MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", buf, strerror(errno));
-    fclose(f);
-    if (!existed) remove(buf);
     return MB_OK;
 }
 

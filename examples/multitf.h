@@ -181,37 +181,28 @@ MTF_API mb_result mtf_meta_of(const mtf_spec *s, mtf_meta_text *t) {
 
 MTF_API void mtf_meta_free(mtf_meta_text *t) { free(t->mean); free(t->std); }
 
-#ifndef MEGABATCH_NO_HDF5
-/* prepare's normalisation attributes of a data file (feature_mean/feature_std [S, F] on
- * `features`, target_scale on `targets`) into s; absent attributes leave s as it was. */
-MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) {
-    hid_t file = H5Fopen(h5path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (file < 0) return;
-    /* the statistics sit on `features` (window layout) or on `ends` (series layout) */
-    const char *holder = H5Lexists(file, "features", H5P_DEFAULT) > 0 ? "features" : "ends";
-    hid_t feat = H5Dopen2(file, holder, H5P_DEFAULT), targ = H5Dopen2(file, "targets", H5P_DEFAULT);
+/* prepare's normalisation attributes of an open data file (feature_mean/feature_std [S, F]
+ * on `features`, or `ends` in the series layout; target_scale on `targets`) into s; absent
+ * or unfit attributes leave s without them. Through mb_dataset_read_attr: a file opened with
+ * the probe (mba_open_data) had these attributes read in the probe's child first. Before a
+ * loader on ds opens. */
+MTF_API mb_result mtf_spec_read_norm(mtf_spec *s, mb_dataset *ds) {
     const char *names[2] = {"feature_mean", "feature_std"};
     float *dst[2] = {s->mean, s->std};
-    int ok = feat >= 0 && s->F <= MTF_MAX_F;
+    int64_t want = (int64_t)s->nseg * s->F, got = 0;
+    int ok = s->F <= MTF_MAX_F;
     for (int i = 0; ok && i < 2; i++) {
-        hid_t a = H5Aexists(feat, names[i]) > 0 ? H5Aopen(feat, names[i], H5P_DEFAULT) : -1;
-        hid_t sp = a >= 0 ? H5Aget_space(a) : -1;
-        ok = sp >= 0 && H5Sget_simple_extent_npoints(sp) == (hssize_t)(s->nseg * s->F) &&
-             H5Aread(a, H5T_NATIVE_FLOAT, dst[i]) >= 0;
-        if (sp >= 0) H5Sclose(sp);
-        if (a >= 0) H5Aclose(a);
+        mb_result r = mb_dataset_read_attr(ds, MB_ON_FEATURES, names[i], dst[i], want, &got);
+        if (r == MB_ERR_INVALID_ARG || r == MB_ERR_OUT_OF_MEMORY) return r;
+        ok = r == MB_OK && got == want; /* another shape: not this model's normalisation */
     }
     s->has_norm = ok;
-    hid_t a = targ >= 0 && H5Aexists(targ, "target_scale") > 0 ? H5Aopen(targ, "target_scale", H5P_DEFAULT) : -1;
-    if (a >= 0 && H5Aread(a, H5T_NATIVE_FLOAT, &s->target_scale) < 0) s->target_scale = 0;
-    if (a >= 0) H5Aclose(a);
-    if (feat >= 0) H5Dclose(feat);
-    if (targ >= 0) H5Dclose(targ);
-    H5Fclose(file);
+    mb_result r = mb_dataset_read_attr(ds, MB_ON_TARGETS, "target_scale", &s->target_scale, 1, &got);
+    if (r == MB_ERR_INVALID_ARG || r == MB_ERR_OUT_OF_MEMORY) return r;
+    if (r != MB_OK || got != 1) s->target_scale = 0;
+    mb_clear_error();
+    return MB_OK;
 }
-#else
-MTF_API void mtf_spec_read_norm(mtf_spec *s, const char *h5path) { (void)s; (void)h5path; }
-#endif
 
 /* ---- the model ----
  * The one definition of train_multitf.c's model, for training and for inference: enc{s}
@@ -346,27 +337,16 @@ MTF_API mb_result mtf_model_init_file(mtf_model *m, const char *path) {
     return r;
 }
 
-/* The weights file of the model, with the normalisation of the data file it trained on. */
-MTF_API mb_result mtf_model_export(const mtf_model *m, const char *path, const char *train_h5) {
-    mtf_spec s = m->spec;
+/* The weights file of the model, with the normalisation in its spec (mtf_spec_read_norm of
+ * the data file it trained on). */
+MTF_API mb_result mtf_model_export(const mtf_model *m, const char *path) {
     mtf_meta_text t;
-    mtf_spec_read_norm(&s, train_h5);
-    mb_result r = mtf_meta_of(&s, &t);
+    mb_result r = mtf_meta_of(&m->spec, &t);
     if (r == MB_OK) r = mb_st_save_params(path, m->params, mtf_rename, t.kv, t.n);
     mtf_meta_free(&t);
     return r;
 }
 
-/* Can the weights file be written (checked before training, not after it)? */
-MTF_API mb_result mtf_export_writable(const char *path) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path); /* what mb_st_write creates first */
-    FILE *f = fopen(tmp, "w");
-    if (!f) return MB_FAIL(NULL, MB_ERR_IO, "--export: cannot create '%s': %s", tmp, strerror(errno));
-    fclose(f);
-    remove(tmp);
-    return MB_OK;
-}
 
 /* ---- carried state in a checkpoint ----
  * With carry, each encoder's carried (h, c) and its batch size (0: none): enc{s}.carry_batch,

@@ -49,40 +49,31 @@ typedef struct options {
 } options;
 
 static const char predict_usage[] =
-    "usage: predict --model FILE.safetensors --data FILE.h5 --out preds.csv [--batch 256] [--threads 0] [--quiet]\n"
-    "       predict --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]\n"
+    "usage: " MBA_TOOL("predict") " --model FILE.safetensors --data FILE.h5 --out preds.csv [--batch 256] [--threads 0] [--quiet]\n"
+    "       " MBA_TOOL("predict") " --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]\n"
     "  The K predictions of a trained multi-timeframe model (docs/TRADING.md): one CSV row per\n"
     "  sample of an HDF5 file written by prepare, or (--live) one line per closed M1 bar of an\n"
     "  MT5/MT4 export replayed through the live predictor; --stateful: the O(1)-per-bar mode of\n"
-    "  a model trained with --carry.\n";
+    "  a model trained with --carry. The data file is checked in a child process first\n"
+    "  (docs/RELIABILITY.md). -h, --help: this text.\n"
+    "Exit 2 with one line `error: ...` on stderr on bad flags, files or data.\n";
 
 /* 0 when the options are usable; else the exit status (2), the error printed (mb_args.h). */
 static int parse_options(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->batch = 256;
-    for (int i = 1; i < argc; i++, i++) {
-        const char *a = argv[i], *v = mba_value(argc, argv, i);
-        long long x;
-        if (!strcmp(a, "--quiet")) { o->quiet = 1; i--; continue; }
-        if (!strcmp(a, "--live")) { o->live = 1; i--; continue; }
-        if (!strcmp(a, "--stateful")) { o->stateful = 1; i--; continue; }
-        const char **text = !strcmp(a, "--model") ? &o->model : !strcmp(a, "--data") ? &o->data
-                          : !strcmp(a, "--out") ? &o->out : !strcmp(a, "--csv") ? &o->csv : NULL;
-        if (!text && strcmp(a, "--batch") && strcmp(a, "--threads")) return mba_unknown(a);
-        if (!v) return mba_missing(a);
-        if (text) *text = v;
-        else if (!strcmp(a, "--batch")) {
-            if (mba_long(v, 1, 1000000, &x)) return mba_error("--batch wants an integer 1..1000000: %s", v);
-            o->batch = x;
-        } else {
-            if (mba_long(v, 0, 1024, &x)) return mba_error("--threads wants an integer 0..1024: %s", v);
-            o->threads = (int)x;
-        }
-    }
+    const mba_flag flags[] = {
+        {"--model", MBA_STR, &o->model, 0, 0, NULL}, {"--data", MBA_STR, &o->data, 0, 0, NULL},
+        {"--out", MBA_STR, &o->out, 0, 0, NULL}, {"--csv", MBA_STR, &o->csv, 0, 0, NULL},
+        {"--batch", MBA_I64, &o->batch, 1, 1e6, NULL}, {"--threads", MBA_INT, &o->threads, 0, 1024, NULL},
+        {"--quiet", MBA_SET, &o->quiet, 0, 0, NULL}, {"--live", MBA_SET, &o->live, 0, 0, NULL},
+        {"--stateful", MBA_SET, &o->stateful, 0, 0, NULL}};
+    if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
     if (!o->model) return mba_error("--model is needed (see --help)");
     if (o->live != !!o->csv || (o->stateful && !o->live))
         return mba_error("--live and --csv go together, and --stateful needs them (see --help)");
     if (!o->live && (!o->data || !o->out)) return mba_error("--data and --out are needed (see --help)");
+    if (o->out && !mba_writable("--out", o->out)) return 2;
     return 0;
 }
 
@@ -139,16 +130,14 @@ static mb_result run(const options *o, int64_t *n) {
     mtf_spec spec;
     memset(&m, 0, sizeof m);
     FILE *out = NULL;
-    mb_dataset_config dc;
-    memset(&dc, 0, sizeof dc);
     mb_loader_config lc;
     memset(&lc, 0, sizeof lc);
     lc.batch = o->batch;
     mb_result r = mb_st_open(&f, o->model);
     if (r == MB_OK) r = mtf_spec_of(f, o->model, &spec);
-    if (r == MB_OK) r = mtf_device_open(&dev, BACKEND, o->threads);
-    if (r == MB_OK) r = mb_dataset_open_file(&ds, o->data, &dc);
+    if (r == MB_OK) r = mba_open_data(o->data, 1, &ds); /* probed in a child first */
     if (r == MB_OK) r = check_fit(&spec, mb_dataset_info(ds), o);
+    if (r == MB_OK) r = mtf_device_open(&dev, BACKEND, o->threads);
     if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, o->batch, 0);
     if (r == MB_OK) r = mtf_model_load(&m, f);
     if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
@@ -171,14 +160,16 @@ typedef struct replay { int64_t rows, ok, warmup, refused, timed; double *lat; }
 
 /* One data row of the file: parse it as prepare does, push it, print its line. */
 static mb_result replay_row(mtf_live *lv, char *line, size_t lineno, FILE *out, float *pred, replay *rp) {
-    int64_t t = 0;
-    double v[5];
-    char when[32] = "?";
+    int64_t t = INT64_MIN; /* parse_bar sets it once the date and time parse */
+    double v[5] = {0, 0, 0, 0, 0};
+    char when[32];
     int ready = 0;
     int bad = parse_bar(line, &t, v);
     time_t tt = (time_t)t;
     struct tm tm;
-    if (!bad && gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d %H:%M", &tm);
+    snprintf(when, sizeof when, "line %zu", lineno); /* a row without a time: its line */
+    if (t != INT64_MIN && gmtime_r(&tt, &tm)) /* seconds shown when the bar is off the minute */
+        strftime(when, sizeof when, t % 60 ? "%Y.%m.%d %H:%M:%S" : "%Y.%m.%d %H:%M", &tm);
     mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
     double t0 = mtf_now_s();
     mb_result r = bad ? MB_ERR_INVALID_ARG : mtf_live_push(lv, &b, pred, &ready);

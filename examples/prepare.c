@@ -6,6 +6,7 @@
  *
  *   build/prepare --synthetic [--bars N] [--seed S]          (the embedded default series)
  *   build/prepare --csv FILE [--skip-bad]                     (MetaTrader 5/4, histdata)
+ *   build/prepare --synthetic --write-mt5 FILE                (a sample MT5 export, no HDF5)
  *   options: --out-train data/train.h5 --out-val data/val.h5 --features F (1..169) --targets K
  *            --stride S --val-fraction X --max-samples N --quiet
  *
@@ -16,7 +17,10 @@
  * Exit 0 on success, 2 with one line `error: ...` on bad flags or data.
  */
 #ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* isatty, fileno */
+#define _POSIX_C_SOURCE 200809L /* isatty, fileno, gmtime_r */
+#endif
+#ifndef MEGABATCH_IMPLEMENTATION
+#define MEGABATCH_IMPLEMENTATION /* standalone (an includer, predict.c, has it already) */
 #endif
 #include "megabatch.h"
 #include "mb_args.h"
@@ -172,7 +176,8 @@ static int split_fields(char *line, char **f, int max) {
     return n;
 }
 
-/* Parse one data line into a bar. Returns 0, or -1 with a reason in prep_error. */
+/* Parse one data line into a bar. Returns 0, or -1 with a reason in prep_error. *t is set
+ * as soon as the date and time parse: a row refused for its values still has its time. */
 static int parse_bar(char *line, int64_t *t, double v[5]) {
     char *f[12];
     int n = split_fields(line, f, 12);
@@ -180,6 +185,7 @@ static int parse_bar(char *line, int64_t *t, double v[5]) {
     int64_t days, secs;
     if (parse_date(f[0], &days)) return prep_fail("bad date '%s'", f[0]);
     if (parse_time(f[1], &secs)) return prep_fail("bad time '%s'", f[1]);
+    *t = days * 86400 + secs;
     for (int i = 0; i < 4; i++)
         if (parse_number(f[2 + i], &v[i])) return prep_fail("bad number '%s'", f[2 + i]);
     v[4] = 0;
@@ -187,11 +193,13 @@ static int parse_bar(char *line, int64_t *t, double v[5]) {
     if (v[0] <= 0 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0) return prep_fail("non-positive price");
     if (v[1] < v[2]) return prep_fail("high %g < low %g", v[1], v[2]);
     if (v[4] < 0) return prep_fail("negative volume");
-    *t = days * 86400 + secs;
     return 0;
 }
 
-/* Parse CSV text into M1 bars. skip_bad: count bad rows instead of failing on the first. */
+/* Parse CSV text into M1 bars. skip_bad: count bad rows instead of failing on the first.
+ * A row is bad when it does not parse or when the live predictor would refuse its bar
+ * (mbf_check: out of order, duplicate, not on a minute, bad values), so a file that
+ * prepares with --skip-bad replays alike through `predict --live`. Errors name the line. */
 static int parse_csv(char *text, int skip_bad, bars *out, size_t *skipped) {
     memset(out, 0, sizeof *out);
     *skipped = 0;
@@ -206,7 +214,9 @@ static int parse_csv(char *text, int skip_bad, bars *out, size_t *skipped) {
         int64_t t = 0;
         double v[5] = {0};
         int bad = parse_bar(line, &t, v);
-        if (!bad && out->n && t <= out->t[out->n - 1]) bad = prep_fail("time does not increase");
+        mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
+        int e = bad ? MBF_OK : mbf_check(&b, out->n > 0, out->n ? out->t[out->n - 1] : 0);
+        if (e != MBF_OK) bad = prep_fail("%s", mbf_error_text(e));
         if (bad) {
             if (!skip_bad) {
                 char why[sizeof prep_error];
@@ -635,6 +645,20 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
     return r;
 }
 
+/* A file written, read back through the one open every tool uses (mba_open_data: the probe
+ * in a child, then the in-process open): what train_multitf and predict will see. */
+static int read_back(const char *path, size_t n, const prep_config *c) {
+    mb_dataset *ds = NULL;
+    if (mba_open_data(path, 1, &ds) != MB_OK) return prep_fail("reading back '%s': %s", path, mb_last_error());
+    const mb_dataset_meta *m = mb_dataset_info(ds);
+    int ok = m->n == (int64_t)n && m->t == 1104 && m->f == c->nf && m->k == c->k && m->segments == NTF;
+    if (!ok) prep_fail("'%s' reads back as N=%lld T=%lld F=%lld K=%lld, %d segments, not the N=%zu T=1104 F=%d K=%d, "
+                       "%d segments written", path, (long long)m->n, (long long)m->t, (long long)m->f, (long long)m->k,
+                       m->segments, n, c->nf, c->k, NTF);
+    mb_dataset_close(ds);
+    return ok ? 0 : -1;
+}
+
 static int prepare(const bars *m1, const prep_config *c) {
     series s;
     prep_plan p;
@@ -652,6 +676,8 @@ static int prepare(const bars *m1, const prep_config *c) {
             r = write_split(&s, &p, 0, p.n_train, c, c->out_train, "train", mean, std, scale);
             if (r == 0) r = write_split(&s, &p, p.first_val, p.n, c, c->out_val, "val", mean, std, scale);
         }
+        if (r == 0) r = read_back(c->out_train, p.n_train, c);
+        if (r == 0) r = read_back(c->out_val, p.n - p.first_val, c);
         if (r == 0 && !c->quiet)
             printf("prepare: %zu M1 bars -> %zu train samples (%s), %zu val samples (%s), T=1104 F=%d K=%d, "
                    "target scale %.3g, %s layout\n", m1->n, p.n_train, c->out_train, p.n - p.first_val, c->out_val, c->nf,
@@ -668,6 +694,7 @@ static int prepare(const bars *m1, const prep_config *c) {
 static const char usage[] =
     "usage: prepare --synthetic [--bars N] [--seed S]     the embedded synthetic M1 series\n"
     "       prepare --csv FILE [--skip-bad]               MetaTrader 5/4 or histdata M1 bars\n"
+    "       prepare --synthetic --write-mt5 FILE          the synthetic bars as an MT5 export, no HDF5\n"
     "       prepare --list-features                       the feature names, one a line\n"
     "Makes data/train.h5 and data/val.h5: samples of the last 480 M1, 288 M5, 192 M15, 96 H1\n"
     "and 48 H4 closed bars x F features, K forward-return targets (docs/PREPARE.md).\n"
@@ -682,18 +709,14 @@ static const char usage[] =
     "                       + per-sample bar indices; docs/SERIES.md) [window]\n"
     "  --bars N             synthetic M1 bars, 1..1e8 [400000]\n"
     "  --seed S             synthetic series seed [1]\n"
-    "  --skip-bad           count and skip bad CSV rows instead of stopping\n"
+    "  --skip-bad           skip the CSV rows the live predictor would refuse (unparsable, bad\n"
+    "                       values, out of order, duplicate, not on a minute) instead of stopping\n"
+    "  --write-mt5 FILE     write the M1 bars (synthetic or --csv's) as a MetaTrader 5 export\n"
+    "                       (tab-separated, <DATE> <TIME> ...) and stop: a sample file for docs/TRADING.md\n"
     "  --quiet              no progress and no summary line\n"
     "  -h, --help           this text\n"
+    "The files written are read back through the probe every tool uses (docs/RELIABILITY.md).\n"
     "Exit 0 on success, 2 with one line `error: ...` on stderr otherwise.\n";
-
-static int value_flag(const char *a) {
-    static const char *const flags[] = {"--csv", "--out-train", "--out-val", "--bars", "--seed", "--features",
-                                        "--targets", "--stride", "--max-samples", "--val-fraction", "--layout"};
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        if (!strcmp(a, flags[i])) return 1;
-    return 0;
-}
 
 static int list_features(void) {
     for (int j = 0; j < MAXF; j++) {
@@ -704,48 +727,61 @@ static int list_features(void) {
     return 0;
 }
 
+/* The M1 bars as a MetaTrader 5 export (what docs/TRADING.md starts from). */
+static int write_mt5(const bars *m1, const char *path, int quiet) {
+    FILE *f = fopen(path, "w");
+    if (!f) return prep_fail("cannot write '%s': %s", path, strerror(errno));
+    fputs("<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n", f);
+    for (size_t i = 0; i < m1->n; i++) {
+        time_t tt = (time_t)m1->t[i];
+        struct tm tm;
+        char when[32] = "";
+        if (gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d\t%H:%M:%S", &tm);
+        fprintf(f, "%s\t%.5f\t%.5f\t%.5f\t%.5f\t%.0f\t0\t10\n", when, m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i]);
+    }
+    if (fclose(f) != 0) return prep_fail("cannot write '%s'", path);
+    if (!quiet) printf("prepare: %zu M1 bars -> %s (MetaTrader 5 export)\n", m1->n, path);
+    return 0;
+}
+
+/* The output files can be written (their directory made, as the writers make it): checked
+ * before any work. 0, or the error printed and 2. */
+static int outputs_writable(const prep_config *c, const char *mt5) {
+    if (mt5) return mba_writable("--write-mt5", mt5) ? 0 : 2;
+    make_parent_dir(c->out_train);
+    make_parent_dir(c->out_val);
+    return mba_writable("--out-train", c->out_train) && mba_writable("--out-val", c->out_val) ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
+    static const char *const layouts[] = {"window", "series", NULL};
     prep_config c = {12, 36, 15, 0.2, 0, 0, "data/train.h5", "data/val.h5", 0};
-    const char *csv = NULL;
-    int synthetic = 0, skip_bad = 0;
-    long long nbars = 400000, seed = 1, v;
-    double x;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = mba_value(argc, argv, i);
-        int takes = 1;
-        if (!strcmp(a, "--synthetic")) { synthetic = 1; takes = 0; }
-        else if (!strcmp(a, "--skip-bad")) { skip_bad = 1; takes = 0; }
-        else if (!strcmp(a, "--quiet")) { c.quiet = 1; takes = 0; }
-        else if (!strcmp(a, "--list-features")) return list_features();
-        else if (!value_flag(a)) return mba_unknown(a);
-        else if (!val) return mba_missing(a);
-        else if (!strcmp(a, "--csv")) csv = val;
-        else if (!strcmp(a, "--out-train")) c.out_train = val;
-        else if (!strcmp(a, "--out-val")) c.out_val = val;
-        else if (!strcmp(a, "--layout")) {
-            if (strcmp(val, "window") && strcmp(val, "series")) return mba_error("--layout: '%s' is not window or series", val);
-            c.series = !strcmp(val, "series");
-        }
-        else if (!strcmp(a, "--bars")) { if (mba_long(val, 1, 100000000, &nbars)) return mba_error("--bars: '%s' is not 1..1e8", val); }
-        else if (!strcmp(a, "--seed")) { if (mba_long(val, 0, 2147483647, &seed)) return mba_error("--seed: '%s' is not a non-negative integer", val); }
-        else if (!strcmp(a, "--features")) { if (mba_long(val, 1, MAXF, &v)) return mba_error("--features: '%s' is not 1..%d", val, MAXF); c.nf = (int)v; }
-        else if (!strcmp(a, "--targets")) { if (mba_long(val, 1, 1000, &v)) return mba_error("--targets: '%s' is not 1..1000", val); c.k = (int)v; }
-        else if (!strcmp(a, "--stride")) { if (mba_long(val, 1, 100000, &v)) return mba_error("--stride: '%s' is not 1..100000", val); c.stride = (int)v; }
-        else if (!strcmp(a, "--max-samples")) { if (mba_long(val, 1, 100000000, &v)) return mba_error("--max-samples: '%s' is not 1..1e8", val); c.max_samples = (size_t)v; }
-        else if (!strcmp(a, "--val-fraction")) {
-            if (mba_number(val, 1e-9, 1 - 1e-9, &x)) return mba_error("--val-fraction: '%s' is not in (0, 1)", val);
-            c.val_fraction = x;
-        }
-        i += takes;
-    }
+    const char *csv = NULL, *mt5 = NULL;
+    int synthetic = 0, skip_bad = 0, list = 0;
+    int64_t nbars = 400000, seed = 1, max_samples = 0;
+    const mba_flag flags[] = {
+        {"--synthetic", MBA_SET, &synthetic, 0, 0, NULL}, {"--skip-bad", MBA_SET, &skip_bad, 0, 0, NULL},
+        {"--quiet", MBA_SET, &c.quiet, 0, 0, NULL}, {"--list-features", MBA_SET, &list, 0, 0, NULL},
+        {"--csv", MBA_STR, &csv, 0, 0, NULL}, {"--out-train", MBA_STR, &c.out_train, 0, 0, NULL},
+        {"--out-val", MBA_STR, &c.out_val, 0, 0, NULL}, {"--write-mt5", MBA_STR, &mt5, 0, 0, NULL},
+        {"--layout", MBA_CHOICE, &c.series, 0, 0, layouts}, {"--bars", MBA_I64, &nbars, 1, 1e8, NULL},
+        {"--seed", MBA_I64, &seed, 0, 2147483647, NULL}, {"--features", MBA_INT, &c.nf, 1, MAXF, NULL},
+        {"--targets", MBA_INT, &c.k, 1, 1000, NULL}, {"--stride", MBA_INT, &c.stride, 1, 100000, NULL},
+        {"--max-samples", MBA_I64, &max_samples, 1, 1e8, NULL},
+        {"--val-fraction", MBA_F64, &c.val_fraction, 1e-9, 1 - 1e-9, NULL}};
+    if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
+    if (list) return list_features();
+    c.max_samples = (size_t)max_samples;
     if (synthetic == (csv != NULL)) return mba_error("give exactly one of --synthetic or --csv FILE (see --help)");
+    int bad = outputs_writable(&c, mt5);
+    if (bad) return bad;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
     bars m1 = {0};
     size_t skipped = 0;
     int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : read_csv_file(csv, skip_bad, &m1, &skipped);
     if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows\n", skipped);
-    if (r == 0) r = prepare(&m1, &c);
+    if (r == 0) r = mt5 ? write_mt5(&m1, mt5, c.quiet) : prepare(&m1, &c);
     bars_free(&m1);
     if (r) { fprintf(stderr, "error: %s\n", prep_error); return 2; }
     return 0;

@@ -6,6 +6,13 @@
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include <stdio.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: quickstart\n"
+    "The API on one page (README.md, \"Using it\"): opens the CPU device, registers parameters in\n"
+    "one flat buffer, initialises them from a seed, runs the one matrix multiply and shows an\n"
+    "error value. Takes no arguments. -h, --help: this text.\n";
 
 #define CHECK(call)                                                               \
     do {                                                                          \
@@ -15,7 +22,20 @@
         }                                                                         \
     } while (0)
 
-int main(void) {
+/* --help: the usage (0); any other argument: one error line, as every tool answers (2);
+ * none: -1, run. (Standalone: a user's program builds from this file alone.) */
+static int arguments(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
+    if (argc < 2) return -1;
+    fprintf(stderr, argv[1][0] == '-' ? "error: unknown flag '%s' (see --help)\n"
+                                      : "error: unexpected argument '%s' (see --help)\n", argv[1]);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    int done = arguments(argc, argv);
+    if (done >= 0) return done;
     enum { B = 4, F = 16, H = 8 };
     mb_device *dev;
     CHECK(mb_device_open(&dev, NULL)); /* CPU; MB_CUDA needs megabatch_cuda.cuh */

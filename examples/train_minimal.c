@@ -5,7 +5,7 @@
  * train_multitf.c; this file is the same loop with nothing else (the flags and the data
  * files' opening come from examples/mb_train.h, which both share).
  *
- *   make build/train_minimal && build/train_minimal          (data from `make run`)
+ *   make build/train_minimal && build/train_minimal          (the data `make run` wrote)
  *   build/train_minimal [--train FILE] [--val FILE] [--epochs N] [--hidden H] [--batch B]
  *                       [--lr LR] [--seed S]
  */
@@ -18,7 +18,9 @@
 static const char usage[] =
     "usage: train_minimal [--train FILE] [--val FILE] [--epochs N] [--hidden H] [--batch B] [--lr LR] [--seed S]\n"
     "  one LSTM + a linear head trained with AdamW on an HDF5 file of features (N, T, F) and\n"
-    "  targets (N, K); defaults: data/train.h5, data/val.h5, 4 epochs, H 32, B 32, lr 1e-3, seed 1\n";
+    "  targets (N, K); defaults: data/train.h5, data/val.h5 (from `make run`), 4 epochs, H 32,\n"
+    "  B 32, lr 1e-3, seed 1. The files are checked in a child process first. -h, --help: this text.\n"
+    "Exit 2 with one line `error: ...` on stderr on bad flags, files or data.\n";
 
 typedef struct options {
     const char *train, *val;
@@ -141,8 +143,8 @@ static mb_result open_loader(run *r, mb_dataset *ds, const options *o, mb_loader
 }
 
 static mb_result run_open(run *r, const options *o) {
-    MB_TRY(mbt_dataset_open(o->train, &r->dtr));                    /* probed in a child: a bad file is an error */
-    MB_TRY(mbt_dataset_open(o->val, &r->dva));
+    MB_TRY(mba_open_data(o->train, 1, &r->dtr));                    /* probed in a child: a bad file is an error */
+    MB_TRY(mba_open_data(o->val, 1, &r->dva));
     MB_TRY(mb_device_open(&r->dev, NULL));                          /* the CPU */
     MB_TRY(open_loader(r, r->dtr, o, &r->tr));
     MB_TRY(open_loader(r, r->dva, o, &r->va));
@@ -186,5 +188,5 @@ int main(int argc, char **argv) {
     run_close(&r);
     if (res == MB_OK) return 0;
     fprintf(stderr, "error: %s\n", mb_last_error());
-    return 1;
+    return 2;
 }

@@ -50,7 +50,8 @@ typedef struct options { /* its bytes (but paths and run-only flags) are in each
 } options;
 
 static const char usage[] =
-    "usage: train_multitf [--train data/train.h5] [--val data/val.h5] [flags]   (train_multitf_cuda: the GPU)\n"
+    "usage: " MBA_TOOL("train_multitf") " [--train data/train.h5] [--val data/val.h5] [flags]\n"
+    "       (build/train_multitf_cuda: the GPU; build/train_multitf_mpi under mpirun: data parallel)\n"
     "Trains five LSTM encoders (one per timeframe segment) + fusion + head on the files that\n"
     "build/prepare writes; a line per epoch and a last `summary:` line (docs/EXAMPLE.md).\n"
     "model:      --hidden H [32]  --head N [64]  --layers L [1]  --loss mse|huber [mse]\n"
@@ -64,7 +65,22 @@ static const char usage[] =
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
     "            -h, --help: this text\n"
-    "Exit 2 with one line `error: ...` on stderr on bad flags or data.\n";
+    "The data files are checked in a child process first (docs/RELIABILITY.md); the output\n"
+    "files' places are checked before anything else. Exit 2 with one line `error: ...` on\n"
+    "stderr on bad flags, files or data.\n";
+
+/* Every file the run will write can be written: checked before the data, the device and
+ * training (mb_args.h). 1, or the error printed and 0. */
+static int outputs_writable(const options *o) {
+    char plot[1024], tmp[1040];
+    if (o->metrics && !mba_writable("--metrics", o->metrics)) return 0;
+    if (o->metrics && mbt_plot_path(o->metrics, o->plot, plot, sizeof plot) != MB_OK)
+        return mba_error("%s", mb_last_error()), 0;
+    if (o->metrics && !mba_writable("--plot", plot)) return 0;
+    if (o->ckpt && !mba_writable("--ckpt", o->ckpt)) return 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp", o->export_path ? o->export_path : ""); /* mb_st_write writes it first */
+    return !o->export_path || mba_writable("--export", tmp);
+}
 
 /* The defaults, then the flags; 1 when they are good, else `error: ...` printed and 0. */
 static int parse_options(int argc, char **argv, options *o) {
@@ -97,7 +113,7 @@ static int parse_options(int argc, char **argv, options *o) {
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return mba_bad("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
-    return 1;
+    return outputs_writable(o);
 }
 
 // ---- model ----
@@ -128,16 +144,17 @@ typedef struct model {
     float *xb, *yb;      /* the batch copied into fixed device buffers, which the graphs read */
 } model;
 
-static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *meta, const options *o) {
+/* The model of spec (the training file's shape and normalisation: trainer_open). */
+static mb_result model_create(model *m, mb_device *dev, const mtf_spec *spec, const mb_dataset_meta *meta,
+                              const options *o) {
     memset(m, 0, sizeof *m);
     if (meta->segments > MAX_SEG)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: %d segments, this example handles at most %d", meta->source,
                        meta->segments, MAX_SEG);
-    mtf_spec spec = mtf_spec_of_data(meta, o->hidden, o->head, o->layers, o->carry);
     mtf_config c = {o->batch, o->carry, 1, o->checkpoint_k, o->precision};
     size_t zeros = (size_t)(o->batch * meta->k) * sizeof(float);
     m->loss_cfg.kind = o->loss;
-    MB_TRY(mtf_model_build(&m->net, dev, &spec, &c));
+    MB_TRY(mtf_model_build(&m->net, dev, spec, &c));
     MB_TRY(mb_params_init(m->net.params, o->seed));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, zeros, (void **)&m->zeros));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, sizeof(float), (void **)&m->loss));
@@ -225,6 +242,7 @@ typedef struct trainer {
     mb_dist *dist;
     mb_device *dev;
     mb_dataset *dtr, *dva;
+    mtf_spec spec;         /* the model's, from the training file (with prepare's normalisation) */
     mb_loader *tr, *va;
     model m;
     mb_adamw *opt;
@@ -278,8 +296,13 @@ static void checkpoint_init(trainer *t) {
 static mb_result trainer_open(trainer *t, const options *opts) {
     const options *o = &t->o;
     t->o = *opts;
-    MB_TRY(mbt_dataset_open(o->train, &t->dtr)); /* probed in a child: before any thread starts */
-    MB_TRY(mbt_dataset_open(o->val, &t->dva));
+    MB_TRY(mba_open_data(o->train, 1, &t->dtr)); /* probed in a child: before any thread starts */
+    MB_TRY(mba_open_data(o->val, 1, &t->dva));
+    const mb_dataset_meta *mt = mb_dataset_info(t->dtr), *mv = mb_dataset_info(t->dva);
+    if (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k)
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
+    t->spec = mtf_spec_of_data(mt, o->hidden, o->head, o->layers, o->carry);
+    MB_TRY(mtf_spec_read_norm(&t->spec, t->dtr)); /* for --export; before the loaders read the file */
     MB_TRY(mb_dist_open(&t->dist, NULL));
     t->o.world = mb_dist_size(t->dist);
     t->lead = mb_dist_rank(t->dist) == 0;
@@ -294,14 +317,10 @@ static mb_result trainer_open(trainer *t, const options *opts) {
         return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "--accum > 1 and --carry are not supported with %d ranks", o->world);
     MB_TRY(open_loader(t, t->dtr, t->dist, &t->tr));
     MB_TRY(open_loader(t, t->dva, NULL, &t->va));
-    const mb_dataset_meta *mt = mb_dataset_info(t->dtr), *mv = mb_dataset_info(t->dva);
-    if (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k)
-        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
-    MB_TRY(model_create(&t->m, t->dev, mt, o));
+    MB_TRY(model_create(&t->m, t->dev, &t->spec, mt, o));
     t->m.dist = t->dist;
     if (o->init && !o->resume) MB_TRY(mtf_model_init_file(&t->m.net, o->init));
     MB_TRY(mb_dist_broadcast_params(t->dist, t->m.net.params));
-    if (o->export_path && t->lead) MB_TRY(mtf_export_writable(o->export_path));
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     MB_TRY(mb_adamw_create(&t->opt, t->m.net.params, &ac));
@@ -320,7 +339,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
         if (!o->quiet && t->lead)
             printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
     }
-    if (o->metrics && t->lead) MB_TRY(mbt_plot_path(o->metrics, o->plot, t->plot, sizeof t->plot));
+    if (o->metrics && t->lead) MB_TRY(mbt_plot_path(o->metrics, o->plot, t->plot, sizeof t->plot)); /* checked writable */
     if (o->metrics && t->lead) MB_TRY(mbt_metrics_open(&t->csv, o->metrics, o->resume, &t->rs));
     schedule_init(t);
     return MB_OK;
@@ -603,7 +622,7 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
              mb_dtype_name(o->precision), (unsigned long long)o->seed);
     if (t->plot[0]) MB_TRY(mbt_plot_write(t->plot, o->metrics, title)); /* t->plot: rank 0 only */
     if (t->plot[0] && !o->quiet) printf("loss curves: %s\n", t->plot);
-    if (o->export_path && t->lead) MB_TRY(mtf_model_export(&t->m.net, o->export_path, o->train));
+    if (o->export_path && t->lead) MB_TRY(mtf_model_export(&t->m.net, o->export_path));
     if (o->export_path && t->lead && !o->quiet) printf("weights: %s\n", o->export_path);
     return MB_OK;
 }

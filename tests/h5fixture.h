@@ -85,6 +85,20 @@ static void fx_data(float *feat, float *targ, size_t n, size_t t, size_t f, size
     }
 }
 
+/* fx_data into feat/targ, then a file `name` in the test directory with the `segments` and
+ * `segment_names` attributes given (either may be NULL); returns its path. */
+static inline const char *fx_write_named(const char *name, float *feat, float *targ, size_t n, size_t t,
+                                         size_t f, size_t k, const char *segments, const char *names) {
+    fx_opts o;
+    memset(&o, 0, sizeof o);
+    o.segments = segments;
+    o.names = names;
+    fx_data(feat, targ, n, t, f, k);
+    const char *p = fx_path(name);
+    fx_write(p, feat, targ, n, t, f, k, &o);
+    return p;
+}
+
 static void fx_cleanup(void) {
     if (!fx_dir[0]) return;
     char cmd[128];

@@ -1,15 +1,18 @@
-/* The example tools' command lines answer alike (examples/mb_args.h; run from the
- * repository root, after `make build`): --help and -h print the usage on stdout (every
- * flag the tool takes is in it) and exit 0; each flag given without its value, or followed
- * by the next flag, and an unknown flag exit 2 with exactly one line in one style. */
+/* Every program's command line answers alike (examples/mb_args.h; run from the repository
+ * root, after `make build`): --help and -h print the usage on stdout (every flag the program
+ * takes is in it, and the first line names the build: predict, predict_cuda, ...) and exit 0;
+ * each flag given without its value, or followed by the next flag, and an unknown flag exit
+ * 2 with exactly one line in one style. Every program under examples/ and bench/ must have
+ * its row here (test_every_program_listed), so a new one cannot skip these checks. */
 #define _POSIX_C_SOURCE 200809L /* popen */
 #include "megabatch.h"
 #include "testutil.h"
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 typedef struct tool {
-    const char *bin;
+    const char *bin;             /* build/NAME; its _cuda, _mpi and _cuda_mpi builds run too where built */
     const char *value_flags[32]; /* flags that take a value */
     const char *plain_flags[8];  /* flags without one */
 } tool;
@@ -17,17 +20,29 @@ typedef struct tool {
 static const tool tools[] = {
     {"build/prepare",
      {"--csv", "--out-train", "--out-val", "--bars", "--seed", "--features", "--targets", "--stride", "--max-samples",
-      "--val-fraction"},
+      "--val-fraction", "--layout", "--write-mt5"},
      {"--synthetic", "--skip-bad", "--quiet", "--list-features"}},
     {"build/train_multitf",
      {"--train", "--val", "--metrics", "--plot", "--ckpt", "--ckpt-every", "--epochs", "--batch", "--hidden", "--head",
       "--layers", "--accum", "--threads", "--checkpoint-k", "--max-batches", "--warmup", "--seed", "--lr", "--clip",
       "--weight-decay", "--chunk-fraction", "--schedule", "--precision", "--loss", "--export", "--init"},
-     {"--carry", "--quiet", "--resume"}},
+     {"--carry", "--quiet", "--resume", "--no-ftz"}},
     {"build/inspect", {"--gpu-mem", "--batch", "--dtype"}, {"--no-probe"}},
     {"build/predict", {"--model", "--data", "--out", "--csv", "--batch", "--threads"}, {"--live", "--stateful", "--quiet"}},
     {"build/train_minimal", {"--train", "--val", "--epochs", "--hidden", "--batch", "--lr", "--seed"}, {NULL}},
+    {"build/quickstart", {NULL}, {NULL}},
+    {"build/bench/bench_loader",
+     {"--bytes", "--batch", "--chunk-mb", "--slab-mb", "--compute-ms", "--epochs", "--t", "--f", "--file"},
+     {"--keep", "--gpu"}},
+    {"build/bench/bench_series", {"--window", "--series", "--batch", "--epochs", "--reps", "--chunk-mb"},
+     {"--shuffle", "--gpu"}},
+    {"build/bench/bench_lstm", {NULL}, {"--no-ftz"}},
+    {"build/bench/bench_live", {NULL}, {NULL}},
+    {"build/bench/bench_dist", {NULL}, {NULL}},
+    {"build/bench/bench_lstm_launches", {NULL}, {NULL}},
 };
+enum { NTOOLS = sizeof tools / sizeof *tools };
+static const char *const variants[] = {"", "_cuda", "_mpi", "_cuda_mpi"};
 
 /* Run "bin args"; stdout and stderr into out/err; the exit status (-1: a signal). */
 static int run(const char *bin, const char *args, char *out, size_t ocap, char *err, size_t ecap) {
@@ -56,54 +71,103 @@ static void expect_one_error(const char *bin, const char *args, const char *want
         fail_msg("%s %s: exit %d, stderr '%s', stdout '%.80s'; want exit 2 and '%s'", bin, args, rc, err, out, want);
 }
 
+/* 1 when the first line of out has name as a word (between spaces or brackets). */
+static int names(const char *out, const char *name) {
+    size_t len = strcspn(out, "\n"), n = strlen(name);
+    for (const char *p = out; p + n <= out + len; p++)
+        if (!strncmp(p, name, n) && (p == out || strchr(" [", p[-1])) && (p + n == out + len || strchr(" ]", p[n])))
+            return 1;
+    return 0;
+}
+
+/* The builds of tool t that exist: path of variant v into buf; 0 when not built. */
+static int built(int t, int v, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s", tools[t].bin, variants[v]);
+    return access(buf, X_OK) == 0;
+}
+
 static void test_help(void **state) {
     (void)state;
     int ran = 0;
-    for (size_t t = 0; t < sizeof tools / sizeof *tools; t++) {
-        if (access(tools[t].bin, X_OK) != 0) continue;
-        static char out[1 << 16], err[4096], first[1 << 16];
-        const char *forms[] = {"--help", "-h", "--quiet --help"};
-        for (int f = 0; f < 3; f++) {
-            assert_int_equal(run(tools[t].bin, forms[f], out, sizeof out, err, sizeof err), 0);
-            assert_string_equal(err, "");
-            assert_int_equal(strncmp(out, "usage: ", 7), 0);
-            if (f == 0) strcpy(first, out);
-            else assert_string_equal(out, first);
+    for (int t = 0; t < NTOOLS; t++)
+        for (int v = 0; v < 4; v++) {
+            char bin[128];
+            if (!built(t, v, bin, sizeof bin)) continue;
+            static char out[1 << 16], err[4096], first[1 << 16];
+            const char *forms[] = {"--help", "-h", "--quiet --help"};
+            for (int f = 0; f < 3; f++) {
+                int rc = run(bin, forms[f], out, sizeof out, err, sizeof err);
+                if (rc != 0 || err[0] || strncmp(out, "usage: ", 7) != 0)
+                    fail_msg("%s %s: exit %d, stderr '%s', stdout '%.60s'", bin, forms[f], rc, err, out);
+                if (f == 0) strcpy(first, out);
+                else assert_string_equal(out, first);
+            }
+            /* the first line names this build: "predict_cuda" in predict_cuda's, no "_cuda" in predict's */
+            if (!names(out, strrchr(bin, '/') + 1))
+                fail_msg("%s --help: the usage line '%.*s' does not name %s", bin, (int)strcspn(out, "\n"), out, bin);
+            for (int i = 0; i < 32 && tools[t].value_flags[i]; i++)
+                if (!strstr(out, tools[t].value_flags[i])) fail_msg("%s --help lacks %s", bin, tools[t].value_flags[i]);
+            for (int i = 0; i < 8 && tools[t].plain_flags[i]; i++)
+                if (!strstr(out, tools[t].plain_flags[i])) fail_msg("%s --help lacks %s", bin, tools[t].plain_flags[i]);
+            ran++;
         }
-        for (int i = 0; i < 32 && tools[t].value_flags[i]; i++)
-            if (!strstr(out, tools[t].value_flags[i])) fail_msg("%s --help lacks %s", tools[t].bin, tools[t].value_flags[i]);
-        for (int i = 0; i < 8 && tools[t].plain_flags[i]; i++)
-            if (!strstr(out, tools[t].plain_flags[i])) fail_msg("%s --help lacks %s", tools[t].bin, tools[t].plain_flags[i]);
-        ran++;
-    }
     if (!ran) skip();
 }
 
 static void test_missing_value_and_unknown_flag(void **state) {
     (void)state;
     int ran = 0;
-    for (size_t t = 0; t < sizeof tools / sizeof *tools; t++) {
-        const char *bin = tools[t].bin;
-        if (access(bin, X_OK) != 0) continue;
-        char args[128], want[256];
-        for (int i = 0; i < 32 && tools[t].value_flags[i]; i++) {
-            const char *flag = tools[t].value_flags[i];
-            snprintf(want, sizeof want, "error: %s needs a value (see --help)\n", flag);
-            expect_one_error(bin, flag, want);               /* at the end */
-            snprintf(args, sizeof args, "%s --quiet", flag); /* followed by a flag */
-            expect_one_error(bin, args, want);
+    for (int t = 0; t < NTOOLS; t++)
+        for (int v = 0; v < 4; v++) {
+            char bin[128];
+            if (!built(t, v, bin, sizeof bin)) continue;
+            char args[128], want[256];
+            for (int i = 0; i < 32 && tools[t].value_flags[i]; i++) {
+                const char *flag = tools[t].value_flags[i];
+                snprintf(want, sizeof want, "error: %s needs a value (see --help)\n", flag);
+                expect_one_error(bin, flag, want);               /* at the end */
+                snprintf(args, sizeof args, "%s --quiet", flag); /* followed by a flag */
+                expect_one_error(bin, args, want);
+            }
+            expect_one_error(bin, "--bogus", "error: unknown flag '--bogus' (see --help)\n");
+            expect_one_error(bin, "-x", "error: unknown flag '-x' (see --help)\n");
+            ran++;
         }
-        expect_one_error(bin, "--bogus", "error: unknown flag '--bogus' (see --help)\n");
-        expect_one_error(bin, "-x", "error: unknown flag '-x' (see --help)\n");
-        ran++;
-    }
     if (!ran) skip();
+}
+
+/* Every program under examples/ and bench/ (a .c or .cu with a main) has its row in tools[]
+ * (a .cu build of a .c is the same program: NAME_cuda.cu -> NAME). */
+static void test_every_program_listed(void **state) {
+    (void)state;
+    const char *dirs[] = {"examples", "bench"};
+    int seen = 0;
+    for (int d = 0; d < 2; d++) {
+        DIR *dir = opendir(dirs[d]);
+        if (!dir) skip(); /* not run from the repository root */
+        for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+            char name[256];
+            snprintf(name, sizeof name, "%s", e->d_name);
+            char *dot = strrchr(name, '.');
+            if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".cu"))) continue;
+            *dot = 0;
+            size_t n = strlen(name);
+            if (n > 5 && !strcmp(name + n - 5, "_cuda")) name[n - 5] = 0;
+            int found = 0;
+            for (int t = 0; t < NTOOLS && !found; t++) found = !strcmp(strrchr(tools[t].bin, '/') + 1, name);
+            if (!found) fail_msg("%s/%s has no row in tests/test_cli.c's tools[]", dirs[d], e->d_name);
+            seen++;
+        }
+        closedir(dir);
+    }
+    assert_true(seen >= NTOOLS);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_missing_value_and_unknown_flag),
+        cmocka_unit_test(test_every_program_listed),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
-/* hostile: the isolated probe (mb_dataset_probe) and the tightened HDF5 validation.
+/* hostile: the isolated probe (mb_dataset_probe, mb_dataset_open_untrusted, the attributes
+ * the probe reads first: mb_dataset_read_attr) and the tightened HDF5 validation.
  * Valid files probe fine; soft/external links, compact layout, external storage, filters
  * off the allow list and absurd chunks are refused; every file of the HDF5 CVE corpus
  * (MB_CVE_DIR, default ../shared/testdata/hdf5-cve) ends in a clear error through the
@@ -392,6 +393,177 @@ static void test_cve_corpus(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* mb_dataset_open_untrusted: the probe, then the in-process open. A valid file reads back
+ * exactly; files that crash or hang HDF5 (committed reproducers) end in MB_ERR_FORMAT with
+ * no HDF5 file ever opened in this process; nothing on stderr, the handler restored. */
+static void test_open_untrusted(void **state) {
+    (void)state;
+    const char *p = valid_file();
+    mb_dataset *ds = NULL;
+    install_sentinel();
+    stderr_begin();
+    mb_result r = mb_dataset_open_untrusted(&ds, p, NULL);
+    static float f[N * T * F], t[N * K];
+    if (r == MB_OK) r = mb_dataset_read(ds, 0, N, f, t, NULL);
+    mb_dataset_close(ds);
+    mb_dataset_config c;
+    memset(&c, 0, sizeof c);
+    c.probe_timeout_s = 1;
+    struct { const char *file, *want, *or_want; } bad[] = {
+        {"tests/fuzz/regress/hdf5-segv-accum-read-36b8e1b3.h5", "HDF5 crashed while parsing", NULL},
+        {"tests/fuzz/regress/hdf5-hang-global-heap-9d56041e.h5", "timed out after 1.0 s", NULL},
+        /* refused in the child; under ASan the child dies on HDF5's own memory error there */
+        {"tests/fuzz/regress/hdf5-stuck-close-bb338bcf.h5", "missing dataset 'features'", "HDF5 crashed while parsing"}};
+    mb_result rb[3];
+    char msg[3][MB_MAX_ERROR];
+    for (int i = 0; i < 3; i++) {
+        ds = (mb_dataset *)&c;
+        rb[i] = mb_dataset_open_untrusted(&ds, bad[i].file, &c);
+        snprintf(msg[i], sizeof msg[i], "%s", mb_last_error());
+        assert_null(ds);
+    }
+    long err = stderr_end();
+    tu_ok(r);
+    assert_memory_equal(f, g_feat, sizeof f);
+    assert_memory_equal(t, g_targ, sizeof t);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rb[i], MB_ERR_FORMAT);
+        int said = strstr(msg[i], bad[i].want) || (bad[i].or_want && strstr(msg[i], bad[i].or_want));
+        if (!said || !strstr(msg[i], bad[i].file))
+            fail_msg("%s: '%s' lacks '%s' or the file's name", bad[i].file, msg[i], bad[i].want);
+    }
+    assert_int_equal(err, 0);
+    assert_sentinel();
+    assert_int_equal(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE), 0); /* no file of theirs opened here */
+    H5Eset_auto2(H5E_DEFAULT, g_orig_fn, g_orig_data);
+    /* the in-process open must find what the probe reported (a file changed in between) */
+    mb_dataset_meta a, b;
+    tu_ok(mb_dataset_probe(p, NULL, &a));
+    b = a;
+    assert_true(mb__meta_same(&a, &b));
+    b.n++;
+    assert_false(mb__meta_same(&a, &b));
+    b = a;
+    strcpy(b.features_type, "float64");
+    assert_false(mb__meta_same(&a, &b));
+}
+
+/* An attribute written as doubles with file type ftype (rank 0: scalar) on dataset obj. */
+static void add_attr(const char *path, const char *obj, const char *name, hid_t ftype, int rank, hsize_t n,
+                     const double *v) {
+    hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT), d = H5Dopen2(file, obj, H5P_DEFAULT);
+    hid_t sp = rank ? H5Screate_simple(1, &n, NULL) : H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(d, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(file >= 0 && d >= 0 && a >= 0);
+    assert_true(H5Awrite(a, H5T_NATIVE_DOUBLE, v) >= 0);
+    H5Aclose(a); H5Sclose(sp); H5Dclose(d); H5Fclose(file);
+}
+
+/* mb_dataset_read_attr: numeric attributes of features (or ends) and targets as float32;
+ * absent: 0 values; a string, too many values or bad arguments refused with nothing written. */
+static void test_read_attr(void **state) {
+    (void)state;
+    const char *p = fx_write_named("attrs.h5", g_feat, g_targ, N, T, F, K, "3,1", "A,B");
+    double mean[6] = {0.5, -1.25, 3, 1e-3, 7, -8}, ints[4] = {1, -2, 3, 32767}, scale = 2.5e-3;
+    add_attr(p, "features", "feature_mean", H5T_IEEE_F32LE, 1, 6, mean);
+    add_attr(p, "features", "ints", H5T_STD_I16LE, 1, 4, ints);
+    add_attr(p, "targets", "target_scale", H5T_IEEE_F64LE, 0, 1, &scale);
+    mb_dataset *ds = NULL;
+    install_sentinel();
+    stderr_begin();
+    mb_result r = mb_dataset_open_untrusted(&ds, p, NULL);
+    long err = stderr_end();
+    tu_ok(r);
+    assert_int_equal(err, 0);
+    float out[8];
+    int64_t n = -1;
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_FEATURES, "feature_mean", out, 8, &n));
+    assert_int_equal(n, 6);
+    for (int i = 0; i < 6; i++) assert_true(out[i] == (float)mean[i]);
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_FEATURES, "ints", out, 4, &n));
+    assert_int_equal(n, 4);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == (float)ints[i]);
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_TARGETS, "target_scale", out, 1, &n));
+    assert_true(n == 1 && out[0] == (float)scale);
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_TARGETS, "feature_mean", out, 8, &n)); /* on the other dataset: absent */
+    assert_int_equal(n, 0);
+    for (int i = 0; i < 8; i++) out[i] = 42;
+    tu_assert_error(mb_dataset_read_attr(ds, MB_ON_FEATURES, "feature_mean", out, 5, &n), MB_ERR_FORMAT,
+                    "has 6 values (1..5 fit)");
+    tu_assert_error(mb_dataset_read_attr(ds, MB_ON_FEATURES, "segment_names", out, 8, &n), MB_ERR_FORMAT,
+                    "is string, not a number");
+    for (int i = 0; i < 8; i++) assert_true(out[i] == 42); /* nothing written */
+    assert_int_equal(n, 0);
+    tu_assert_error(mb_dataset_read_attr(ds, 2, "ints", out, 8, &n), MB_ERR_INVALID_ARG, "MB_ON_FEATURES");
+    tu_assert_error(mb_dataset_read_attr(ds, MB_ON_FEATURES, "ints", out, -1, &n), MB_ERR_INVALID_ARG, "bad argument");
+    tu_assert_error(mb_dataset_read_attr(ds, MB_ON_FEATURES, "ints", out, 8, NULL), MB_ERR_INVALID_ARG, "bad argument");
+    char longname[MB_MAX_NAME + 1];
+    memset(longname, 'a', MB_MAX_NAME);
+    longname[MB_MAX_NAME] = 0;
+    tu_assert_error(mb_dataset_read_attr(ds, MB_ON_FEATURES, longname, out, 8, &n), MB_ERR_INVALID_ARG, "bad argument");
+    assert_sentinel();
+    mb_dataset_close(ds);
+    H5Eset_auto2(H5E_DEFAULT, g_orig_fn, g_orig_data);
+    /* in memory: no attributes */
+    tu_ok(mb_dataset_open_memory(&ds, g_feat, g_targ, N, T, F, K, NULL));
+    n = -1;
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_FEATURES, "feature_mean", out, 8, &n));
+    assert_int_equal(n, 0);
+    mb_dataset_close(ds);
+    /* the series layout: the attributes of `ends` */
+    const char *sp = fx_path("series_attrs.h5");
+    write_series(sp, H5P_DEFAULT, 0);
+    add_attr(sp, "ends", "feature_mean", H5T_IEEE_F32LE, 1, 3, mean);
+    tu_ok(mb_dataset_open_untrusted(&ds, sp, NULL));
+    tu_ok(mb_dataset_read_attr(ds, MB_ON_FEATURES, "feature_mean", out, 8, &n));
+    assert_true(n == 3 && out[2] == 3);
+    mb_dataset_close(ds);
+}
+
+/* The probe reads every attribute of both datasets (what the host may read later): a
+ * dataset with more than 256 of them fails the probe, though a plain open takes it. */
+static void test_probe_reads_attributes(void **state) {
+    (void)state;
+    const char *p = valid_file();
+    for (int i = 0; i < 257; i++) {
+        char name[32];
+        double v = i;
+        snprintf(name, sizeof name, "a%03d", i);
+        add_attr(p, i % 2 ? "features" : "targets", name, H5T_IEEE_F32LE, 0, 1, &v);
+    }
+    mb_dataset *ds = NULL;
+    tu_ok(mb_dataset_open_untrusted(&ds, p, NULL)); /* 128 and 129: fine */
+    mb_dataset_close(ds);
+    double v = 1;
+    for (int i = 0; i < 130; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "b%03d", i);
+        add_attr(p, "targets", name, H5T_IEEE_F32LE, 0, 1, &v);
+    }
+    tu_assert_error(mb_dataset_probe(p, NULL, NULL), MB_ERR_FORMAT, "'targets' has more than 256 attributes");
+    tu_ok(mb_dataset_open_file(&ds, p, NULL));
+    mb_dataset_close(ds);
+}
+
+/* `segment_names` without `segments`: the missing attribute is named, in both layouts. */
+static void test_names_without_segments(void **state) {
+    (void)state;
+    const char *p = fx_write_named("names_only.h5", g_feat, g_targ, N, T, F, K, NULL, "M1,M5");
+    mb_dataset *ds = NULL;
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT,
+                    "the required attribute 'segments' of 'features' is missing (it has 'segment_names'");
+    p = fx_path("series_names_only.h5");
+    write_series(p, H5P_DEFAULT, 0);
+    hid_t file = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT), e = H5Dopen2(file, "ends", H5P_DEFAULT);
+    hid_t st = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+    H5Tset_size(st, 5);
+    hid_t a = H5Acreate2(e, "segment_names", st, sp, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Adelete(e, "segments") >= 0 && a >= 0 && H5Awrite(a, st, "M1,M5") >= 0);
+    H5Aclose(a); H5Sclose(sp); H5Tclose(st); H5Dclose(e); H5Fclose(file);
+    tu_assert_error(mb_dataset_open_file(&ds, p, NULL), MB_ERR_FORMAT, "the required attribute 'segments' of 'ends' is missing");
+    assert_null(ds);
+}
+
 /* Cost of the probe against a plain open on a small valid file (printed, not asserted). */
 static void test_probe_cost(void **state) {
     (void)state;
@@ -421,6 +593,10 @@ int main(void) {
         cmocka_unit_test(test_filter_not_allowed),
         cmocka_unit_test(test_absurd_chunks),
         cmocka_unit_test(test_series_hostile),
+        cmocka_unit_test(test_open_untrusted),
+        cmocka_unit_test(test_read_attr),
+        cmocka_unit_test(test_probe_reads_attributes),
+        cmocka_unit_test(test_names_without_segments),
         cmocka_unit_test(test_probe_cost),
         cmocka_unit_test(test_cve_corpus),
     };

@@ -42,13 +42,7 @@ static void test_inspect_valid(void **state) {
     (void)state;
     enum { N = 40, T = 5, F = 2, K = 3 };
     static float feat[N * T * F], targ[N * K];
-    fx_data(feat, targ, N, T, F, K);
-    fx_opts o;
-    memset(&o, 0, sizeof o);
-    o.segments = "3,2";
-    o.names = "M1,H1";
-    const char *p = fx_path("ok.h5");
-    fx_write(p, feat, targ, N, T, F, K, &o);
+    const char *p = fx_write_named("ok.h5", feat, targ, N, T, F, K, "3,2", "M1,H1");
     char args[512];
     snprintf(args, sizeof args, "%s --gpu-mem 16 --batch 8", p);
     assert_int_equal(run(args), 0);
@@ -94,7 +88,7 @@ static void test_inspect_bad_files(void **state) {
     assert_one_error_line("sums to 3, but T = 2");
     snprintf(args, sizeof args, "%s --dtype f64", p);
     assert_int_equal(run(args), 2);
-    assert_one_error_line("--dtype wants f32 or bf16");
+    assert_one_error_line("--dtype 'f64': expected f32 or bf16");
 }
 
 static void test_inspect_bad_arguments(void **state) {
@@ -102,7 +96,7 @@ static void test_inspect_bad_arguments(void **state) {
     assert_int_equal(run(""), 2);
     assert_one_error_line("no file given");
     assert_int_equal(run("a.h5 --batch -3"), 2);
-    assert_one_error_line("--batch wants a positive integer");
+    assert_one_error_line("--batch '-3': expected an integer in [1, 100000000]");
     assert_int_equal(run("a.h5 --gpu-mem"), 2);
     assert_one_error_line("--gpu-mem needs a value (see --help)");
     assert_int_equal(run("a.h5 --frobnicate"), 2);

@@ -1,6 +1,8 @@
 /* The live predictor (examples/mtf_live.h) against prepare + predict, on an MT5-format CSV
- * of random-walk M1 bars with weekends, missing minutes, a duplicate and an out-of-order
- * row (run from the repository root, as `make test` does):
+ * of random-walk M1 bars with weekends, missing minutes, and five rows the live predictor
+ * refuses (a duplicate, an out-of-order row, a bar off the minute, high < low, a date that
+ * does not parse), which prepare --skip-bad skips alike (run from the repository root, as
+ * `make test` does):
  *   - every sample prepare wrote (stride 1: a few thousand consecutive bars) has, at the
  *     same time, a live sample that is bitwise the same (features of every timeframe,
  *     normalised), and live predictions bitwise those of build/predict --batch 1 (batch 1
@@ -22,16 +24,26 @@
 enum { NBARS = 16500, K = 2 };
 
 static char dir[64];
-static mbf_bar *bars;   /* the CSV's rows as parsed (duplicate and out-of-order rows included) */
+static mbf_bar *bars;   /* the CSV's rows as parsed (the refused rows included) */
 static int nbars;
-static int dup_row, old_row; /* the rows that are refused */
+static int dup_row, old_row, off_row, hilo_row, nodate_row; /* the rows that are refused */
 
 static const char *path_of(const char *name) { return tu_path(dir, name); }
 
+/* What mtf_live_push says of row i's bar ("" when it takes it): the refused rows. The row
+ * without a date is kept in bars as a copy of the row before it (a duplicate), so that
+ * pushing it is refused too. */
+static const char *refusal(int i) {
+    return i == dup_row || i == nodate_row ? "duplicate" : i == old_row ? "out of order"
+           : i == off_row ? "not on a minute boundary" : i == hilo_row ? "bad bar" : "";
+}
+
 /* Random-walk M1 bars from Monday 2024-01-01 00:00 UTC: no bars from Friday 22:00 to Sunday
  * 22:00, about 1% of minutes missing, prices with 5 decimals; row dup_row repeats the row
- * before it, row old_row is an hour older than the row before it. Written as an MT5 export
- * (tab-separated, <DATE> header) and parsed back as prepare parses (strtod of the text). */
+ * before it, row old_row is an hour older than the row before it, off_row starts 30 s after
+ * a minute, hilo_row has high < low, nodate_row has a date that does not parse. Written as
+ * an MT5 export (tab-separated, <DATE> header) and parsed back as prepare parses (strtod of
+ * the text). prepare --skip-bad skips the same five rows that the live predictor refuses. */
 static void write_csv(void) {
     FILE *f = fopen(path_of("bars.csv"), "w");
     assert_non_null(f);
@@ -39,14 +51,18 @@ static void write_csv(void) {
     bars = (mbf_bar *)calloc(NBARS + 2, sizeof *bars);
     assert_non_null(bars);
     dup_row = 9000 + tu_int(0, 500);
+    off_row = 10000 + tu_int(0, 500);
+    hilo_row = 11000 + tu_int(0, 500);
     old_row = 12000 + tu_int(0, 500);
+    nodate_row = 13000 + tu_int(0, 500);
     double c = 1.1;
     int64_t t = 1704067200 - 60;
     for (nbars = 0; nbars < NBARS + 2;) {
         char row[256];
         int64_t bt;
-        if (nbars == dup_row) bt = bars[nbars - 1].t;
+        if (nbars == dup_row || nbars == nodate_row) bt = bars[nbars - 1].t;
         else if (nbars == old_row) bt = bars[nbars - 1].t - 3600;
+        else if (nbars == off_row) bt = t + 30;
         else {
             do t += 60; while (((t / 86400 + 3) % 7 == 4 && t % 86400 >= 22 * 3600) || (t / 86400 + 3) % 7 == 5 ||
                                ((t / 86400 + 3) % 7 == 6 && t % 86400 < 22 * 3600) || tu_int(0, 99) == 0);
@@ -55,17 +71,21 @@ static void write_csv(void) {
         double o = c;
         c = o * exp(3e-4 * (tu_uniform(-1, 1) + tu_uniform(-1, 1)));
         double h = fmax(o, c) * exp(1e-4 * tu_uniform(0, 1)), l = fmin(o, c) * exp(-1e-4 * tu_uniform(0, 1));
+        h = fmax(h, fmax(o, c));
+        l = fmin(l, fmin(o, c));
+        if (nbars == hilo_row) { double x = h; h = l * 0.999; l = x; }
         time_t tt = (time_t)bt;
         struct tm tm;
         gmtime_r(&tt, &tm);
         char when[32];
         strftime(when, sizeof when, "%Y.%m.%d\t%H:%M:%S", &tm);
-        snprintf(row, sizeof row, "%.5f\t%.5f\t%.5f\t%.5f\t%d", o, fmax(h, fmax(o, c)), fmin(l, fmin(o, c)), c,
-                 tu_int(1, 500));
+        if (nbars == nodate_row) memcpy(when, "2024.13.40", 10);
+        snprintf(row, sizeof row, "%.5f\t%.5f\t%.5f\t%.5f\t%d", o, h, l, c, tu_int(1, 500));
         fprintf(f, "%s\t%s\t0\t10\n", when, row);
         mbf_bar *b = &bars[nbars++];
         b->t = bt;
         assert_int_equal(sscanf(row, "%lf\t%lf\t%lf\t%lf\t%lf", &b->o, &b->h, &b->l, &b->c, &b->v), 5);
+        if (nbars - 1 == nodate_row) *b = bars[nbars - 2];
     }
     fclose(f);
 }
@@ -157,9 +177,9 @@ static void test_live_equals_prepare_predict(void **state) {
     for (int i = 0; i < nbars; i++) {
         int ready = 0;
         mb_result r = mtf_live_push(lv, &bars[i], pred, &ready);
-        if (i == dup_row || i == old_row) {
+        if (refusal(i)[0]) {
             assert_int_equal(r, MB_ERR_INVALID_ARG);
-            assert_non_null(strstr(mb_last_error(), i == dup_row ? "duplicate" : "out of order"));
+            if (!strstr(mb_last_error(), refusal(i))) fail_msg("row %d: '%s' lacks '%s'", i, mb_last_error(), refusal(i));
             refused++;
             continue;
         }
@@ -177,7 +197,8 @@ static void test_live_equals_prepare_predict(void **state) {
                 fail_msg("bar %d: live %.9g %.9g, predict %.9g %.9g", i, (double)pred[0], (double)pred[1],
                          (double)sp[k].pred[j * K], (double)sp[k].pred[j * K + 1]);
             compared++;
-            int prev = i - 1 == old_row || i - 1 == dup_row ? i - 2 : i - 1;
+            int prev = i - 1;
+            while (refusal(prev)[0]) prev--;
             after_gap += bars[prev].t != bars[i].t - 60;
         }
     }
@@ -204,13 +225,13 @@ static void test_refused_bars_change_nothing(void **state) {
     int ra = 0, rb = 0, checked = 0;
     for (int i = 0; i < nbars; i++) {
         mb_result r = mtf_live_push(a, &bars[i], pa, &ra);
-        if (i == dup_row || i == old_row) continue;
+        if (refusal(i)[0]) continue;
         assert_int_equal(r, MB_OK);
         if (i > 0 && tu_int(0, 19) == 0) { /* a bad bar before the good one */
             mbf_bar bad = bars[i];
             const char *want = NULL;
             switch (tu_int(0, 4)) {
-            case 0: bad = bars[i - 1]; want = i - 1 == dup_row || i - 1 == old_row ? NULL : "duplicate"; break;
+            case 0: bad = bars[i - 1]; want = refusal(i - 1)[0] ? NULL : "duplicate"; break;
             case 1: bad.t -= 7 * 86400; want = "out of order"; break;
             case 2: bad.h = bad.l * 0.5; want = "bad bar"; break;
             case 3: bad.t += 30; want = "minute"; break;
@@ -278,8 +299,16 @@ static void test_predict_live_replay(void **state) {
         char *status = strchr(line, ',');
         assert_non_null(status);
         status++;
-        if (r != MB_OK) {
-            assert_int_equal(strncmp(status, "refused: line ", 14), 0);
+        if (r != MB_OK) { /* the row's time (with its seconds when off the minute), or its line without one */
+            char want[96], lead[64];
+            int lineno = n + 2; /* the header is line 1 */
+            time_t tt = (time_t)bars[n].t;
+            struct tm tm;
+            gmtime_r(&tt, &tm);
+            strftime(lead, sizeof lead, n == off_row ? "%Y.%m.%d %H:%M:%S" : "%Y.%m.%d %H:%M", &tm);
+            if (n == nodate_row) snprintf(lead, sizeof lead, "line %d", lineno);
+            snprintf(want, sizeof want, "%s,refused: line %d: ", lead, lineno);
+            if (strncmp(line, want, strlen(want))) fail_msg("row %d: '%s' does not start with '%s'", n, line, want);
             refused++;
         } else if (!ready) {
             assert_string_equal(status, "warmup\n");
@@ -292,7 +321,7 @@ static void test_predict_live_replay(void **state) {
     }
     fclose(f);
     assert_int_equal(n, nbars);
-    assert_int_equal(refused, 2);
+    assert_int_equal(refused, 5);
     assert_true(ok > 2000);
     mtf_live_close(lv);
     snprintf(cmd, sizeof cmd, "build/predict --model tests/golden/multitf_torch.safetensors --csv %s --live "
@@ -343,6 +372,26 @@ static void check_stateful_at(int upto) {
     mtf_live_close(lv);
 }
 
+/* docs/TRADING.md's embedding example (tests/docs/live.c, built by the compile checks) does
+ * what the page says: no bar refused, the first prediction once the history is long enough
+ * (11,520 continuous M1 bars: 48 closed H4 bars). */
+static void test_docs_example_runs(void **state) {
+    (void)state;
+    if (access("build/compile/docs_live", X_OK) != 0) skip(); /* built by make build / make test */
+    char cmd[512], line[256] = "", cwd[256];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(cmd, sizeof cmd, "cp %s %s && cd %s && %s/build/compile/docs_live 2>&1", path_of("m.safetensors"),
+             path_of("model.safetensors"), dir, cwd);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int lines = 0;
+    while (fgets(line, sizeof line, p)) lines++;
+    assert_int_equal(WEXITSTATUS(pclose(p)), 0);
+    const char *want = "first prediction after 11520 bars: ";
+    if (lines != 1 || strncmp(line, want, strlen(want)) != 0)
+        fail_msg("the docs' example printed %d line(s), the last '%s'", lines, line);
+}
+
 static void test_stateful_mode(void **state) {
     (void)state;
     check_stateful_at(12000 + tu_int(0, 400));
@@ -360,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_refused_bars_change_nothing),
         cmocka_unit_test(test_gap_closes_bars),
         cmocka_unit_test(test_predict_live_replay),
+        cmocka_unit_test(test_docs_example_runs),
         cmocka_unit_test(test_stateful_mode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -44,8 +44,8 @@ static void test_csv_mt4_histdata_utf16(void **state) {
     assert_int_equal(b.n, 2);
     assert_int_equal(b.t[0], days_from_civil(2024, 1, 2) * 86400);
     bars_free(&b);
-    assert_int_equal(parse("2024-01-02,00:00:30,1,1,1,1\n", 0, &b, &sk), 0);
-    assert_int_equal(b.t[0] % 86400, 30);
+    assert_int_equal(parse("2024-01-02,00:01:00,1,1,1,1\n", 0, &b, &sk), 0);
+    assert_int_equal(b.t[0] % 86400, 60);
     bars_free(&b);
     /* UTF-16LE with BOM, as MetaTrader 5 writes it */
     const char *ascii = "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\n2024.01.02\t00:00\t1\t2\t0.5\t1.5\t3\n";
@@ -78,8 +78,9 @@ static void test_csv_bad_rows(void **state) {
         {"2024.01.02,25:01,1.1,1.2,1.0,1.15,10\n", "line 2: bad time '25:01'"},
         {"2024.01.02,00:01,1.1,abc,1.0,1.15,10\n", "line 2: bad number 'abc'"},
         {"2024.01.02,00:01,1.1,1.2\n", "line 2: expected at least 6 fields"},
-        {"2024.01.02,00:00,1.1,1.2,1.0,1.15,10\n", "line 2: time does not increase"},
-        {"2024.01.01,23:59,1.1,1.2,1.0,1.15,10\n", "line 2: time does not increase"},
+        {"2024.01.02,00:00,1.1,1.2,1.0,1.15,10\n", "line 2: bar has the same time as the previous bar (duplicate)"},
+        {"2024.01.01,23:59,1.1,1.2,1.0,1.15,10\n", "line 2: bar is older than the previous bar (out of order)"},
+        {"2024.01.02,00:01:20,1.1,1.2,1.0,1.15,10\n", "line 2: bar time is not on a minute boundary"},
         {"2024.01.02,00:01,1.1,1.0,1.2,1.15,10\n", "line 2: high 1 < low 1.2"},
         {"2024.01.02,00:01,0,1.2,1.0,1.15,10\n", "line 2: non-positive price"},
         {"2024.01.02,00:01,1.1,1.2,1.0,-1.15,10\n", "line 2: non-positive price"},
@@ -250,10 +251,14 @@ static void test_cli_errors(void **state) {
     struct { const char *args, *want; } cases[] = {
         {"", "give exactly one of --synthetic or --csv FILE"},
         {"--synthetic --csv x.csv", "give exactly one"},
-        {"--synthetic --features 170", "--features: '170' is not 1..169"},
-        {"--synthetic --features 0", "--features: '0' is not 1..169"},
-        {"--synthetic --stride 0", "--stride: '0' is not"},
-        {"--synthetic --val-fraction 1.5", "--val-fraction: '1.5' is not in (0, 1)"},
+        {"--synthetic --features 170", "--features '170': expected an integer in [1, 169]"},
+        {"--synthetic --features 0", "--features '0': expected an integer in [1, 169]"},
+        {"--synthetic --features 2.5", "--features '2.5': expected an integer in [1, 169]"},
+        {"--synthetic --stride 0", "--stride '0': expected an integer in [1, 100000]"},
+        {"--synthetic --val-fraction 1.5", "--val-fraction '1.5': expected a number in [1e-09, 0.999999999]"},
+        {"--synthetic --layout tiles", "--layout 'tiles': expected window or series"},
+        {"--synthetic --out-train /nonexistent/dir/t.h5", "--out-train '/nonexistent/dir/t.h5': cannot write: No such"},
+        {"--synthetic --write-mt5 /nonexistent/x.csv", "--write-mt5 '/nonexistent/x.csv': cannot write: No such"},
         {"--synthetic --bogus", "unknown flag '--bogus'"},
         {"--csv", "--csv needs a value"},
         {"--csv /nonexistent.csv", "cannot open '/nonexistent.csv'"},
@@ -261,7 +266,7 @@ static void test_cli_errors(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char cmd[256], line[512] = "";
-        snprintf(cmd, sizeof cmd, "build/prepare %s --out-train /tmp/mb_t.h5 --out-val /tmp/mb_v.h5 2>&1 >/dev/null", cases[i].args);
+        snprintf(cmd, sizeof cmd, "build/prepare --out-train /tmp/mb_t.h5 --out-val /tmp/mb_v.h5 %s 2>&1 >/dev/null", cases[i].args);
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         if (!fgets(line, sizeof line, p)) line[0] = 0;

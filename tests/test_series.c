@@ -454,6 +454,8 @@ static void test_prepare_and_train_same_losses(void **state) {
     /* the same weights file: the same weights and the normalisation read from either layout */
     snprintf(cmd, sizeof cmd, "cmp -s %s/w.safetensors %s/s.safetensors", dir, dir);
     assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "grep -q '\"feature_std\":\"[-0-9]' %s/s.safetensors", dir); /* it is there */
+    assert_int_equal(system(cmd), 0);
     long w = file_size(tu_path(dir, "w_tr.h5")), s = file_size(tu_path(dir, "s_tr.h5"));
     printf("    train file: window %ld bytes, series %ld bytes (%.0fx smaller)\n", w, s, (double)w / (double)s);
     assert_true(s > 0 && w > 20 * s);

@@ -162,13 +162,17 @@ static void test_minimal_example(void **state) {
     assert_true(line[0] != 0);
     assert_int_equal(run_cmd("build/train_minimal --bogus 1 2>&1", "error: unknown flag '--bogus'", line, sizeof line), 2);
     assert_true(line[0] != 0);
+    assert_int_equal(run_cmd("build/train_minimal --train /nonexistent.h5 2>&1", "error: /nonexistent.h5: cannot open",
+                             line, sizeof line), 2); /* bad input exits 2, as in every tool */
+    assert_true(line[0] != 0);
 }
 
 static void test_bad_flags_and_data(void **state) {
     (void)state;
     struct { const char *args, *want; } cases[] = {
         {"--bogus", "unknown"},
-        {"--epochs 0", "--epochs '0': expected a number in [1"},
+        {"--epochs 0", "--epochs '0': expected an integer in [1, 1000000]"},
+        {"--epochs 1.5", "--epochs '1.5': expected an integer in [1, 1000000]"},
         {"--lr -1", "--lr '-1'"},
         {"--schedule linear", "expected constant, cosine or onecycle"},
         {"--loss l1", "expected mse or huber"},
@@ -178,7 +182,9 @@ static void test_bad_flags_and_data(void **state) {
         {"--resume", "need --ckpt FILE"},
         {"--ckpt /nonexistent/dir/x.ckpt --resume", "/nonexistent/dir/x.ckpt"},
         {"--plot x.svg", "needs --metrics FILE"},
-        {"--metrics /dev/null --plot /nonexistent/dir/p.svg", "cannot write /nonexistent/dir/p.svg"},
+        {"--metrics /dev/null --plot /nonexistent/dir/p.svg", "--plot '/nonexistent/dir/p.svg': cannot write: No such"},
+        {"--metrics /nonexistent/dir/m.csv", "--metrics '/nonexistent/dir/m.csv': cannot write: No such"},
+        {"--export /nonexistent/dir/m.safetensors", "--export '/nonexistent/dir/m.safetensors.tmp': cannot write"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char cmd[512], line[1024];
@@ -188,6 +194,12 @@ static void test_bad_flags_and_data(void **state) {
         assert_int_equal(rc, 2);
         if (!strstr(line, cases[i].want)) fail_msg("'%s': got '%s', want '%s'", cases[i].args, line, cases[i].want);
     }
+    /* an output that cannot be written is refused before anything else: no device or data line first */
+    char cmd[512], line[1024];
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --metrics /nonexistent/dir/m.csv "
+             "2>/dev/null", dir, dir);
+    assert_int_equal(run_cmd(cmd, "", line, sizeof line), 2);
+    if (line[0]) fail_msg("stdout before the refusal: '%s'", line);
 }
 
 static int files_equal(const char *a, const char *b) {

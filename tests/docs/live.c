@@ -1,5 +1,6 @@
-/* live.c - docs/TRADING.md's embedding example: a whole program (compiled, not run, by the
- * Makefile's compile checks; the doc's block is the region between the snippet markers). */
+/* live.c - docs/TRADING.md's embedding example: a whole program (compiled by the Makefile's
+ * compile checks, run by tests/test_live.c with a model, which checks that it prints its first
+ * prediction and refuses no bar; the doc's block is the region between the snippet markers). */
 // snippet: trading-embed
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -22,8 +23,15 @@ int main(void) {
         return 1;
     }
     float pred[256];                                     /* >= K of the model (lv->m.spec.K) */
-    mbf_bar b = {1700000000, 1.1000, 1.1004, 1.0998, 1.1002, 120};  /* start (UTC s), o, h, l, c, volume */
-    if (on_bar(lv, &b, pred)) printf("first prediction: %g\n", (double)pred[0]);
+    int64_t start = 1704067200;                          /* Monday 2024-01-01 00:00 UTC: bars start on a minute */
+    for (int i = 0; i < 12000; i++) {                    /* history first: 48 closed H4 bars = 11,520 M1 bars */
+        double p = 1.1 + 1e-4 * (i % 13);
+        mbf_bar b = {start + 60 * (int64_t)i, p, p + 2e-4, p - 2e-4, p + 1e-4, 120};  /* start (UTC s), o, h, l, c, volume */
+        if (on_bar(lv, &b, pred)) {
+            printf("first prediction after %d bars: %g\n", i + 1, (double)pred[0]);
+            break;
+        }
+    }
     mtf_live_close(lv);
     return 0;
 }

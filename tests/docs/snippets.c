@@ -221,15 +221,15 @@ mb_result doc_reliability_probe(mb_dataset_meta *meta);
 mb_result doc_reliability_probe(mb_dataset_meta *meta) {
     mb_dataset *ds;
     // snippet: reliability-probe
-    /* open + validate + read the first and last samples in a child process */
-    mb_result pr = mb_dataset_probe("untrusted.h5", NULL, meta /* or NULL */);
-
+    /* the one call for a file you did not write: the probe in a child, then the open here */
     mb_dataset_config c = {0};
-    c.isolate = 1;            /* mb_dataset_open_file probes first (default 0: off) */
     c.probe_timeout_s = 5;    /* hung child is killed; 0 = 10 s */
-    mb_result r = mb_dataset_open_file(&ds, "untrusted.h5", &c);
+    mb_result r = mb_dataset_open_untrusted(&ds, "untrusted.h5", &c);  /* cfg may be NULL */
     /* r == MB_ERR_FORMAT, mb_last_error():
-       "HDF5 crashed while parsing 'untrusted.h5' (signal 11)" */
+       "HDF5 crashed while parsing 'untrusted.h5' (signal 11)"; this process never opened it */
+
+    /* the probe alone: open + validate + read the first and last samples in a child process */
+    mb_result pr = mb_dataset_probe("untrusted.h5", NULL, meta /* or NULL */);
     // end snippet
     if (r == MB_OK) mb_dataset_close(ds);
     return pr != MB_OK ? pr : r;
