@@ -4386,16 +4386,19 @@ static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
 }
 
 /* The recurrence's time per timestep of one layer, forward + backward, in microseconds on an
- * H100 at B = 128, T = 480 (docs/BENCHMARKS.md, "Latency model": bench/latency_model.sh prints
- * these constants' fit to the GPU runs of bench/results): the fused kernel with cl blocks a row
- * tile (a warp's step costs MB__US_STEP + MB__US_K per unit of the product's length Hp, more per
- * warp past four a block, as two then share a scheduler, plus the cluster's barriers), or, for
- * cl = 0, the per-step gemms (a chain of launches a timestep). */
-#define MB__US_STEP 3.5
-#define MB__US_K 0.0438
-#define MB__US_CROWD 0.0813
-#define MB__US_CLUSTER 0.75
-#define MB__US_PERSTEP 30.0
+ * H100 at B = 128, T = 480, bf16 (the latency model of docs/BENCHMARKS.md): the fused kernel
+ * with cl blocks a row tile, or for cl = 0 the per-step gemms (a chain of launches a timestep).
+ * Fused: a fixed part (the cell update, the fetches and stores of a warp's tile), a part that
+ * grows with the product's length Hp, a part for the warps past four a block (two then share a
+ * scheduler) and the cluster's barriers. The constants fit the H100 run of 2026-11-26
+ * (bench/results/2026-11-26-h100-fused, run 3: bench_lstm_cuda F=128 at H = 32, 64, 128 with 1
+ * and 2 blocks, 256 with 4; within 6%) and order the paths as measured (H = 128: 2 blocks 10.1,
+ * 1 block 11.4; H = 256: 4 blocks 14.1, per-step 44.7). */
+#define MB__US_STEP 3.1
+#define MB__US_K 0.04
+#define MB__US_CROWD 0.08
+#define MB__US_CLUSTER 1.4
+#define MB__US_PERSTEP 38.3
 static double mb__lstm_step_us(int64_t H, int cl) {
     if (cl == 0) return MB__US_PERSTEP + 0.025 * (double)H;
     double Hp = (double)((H + 16 * cl - 1) / (16 * cl) * (16 * cl)), warps = Hp / cl / 16;
