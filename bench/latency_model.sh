@@ -1,7 +1,7 @@
 #!/bin/sh
 # latency_model.sh [BUILD]: the GPU latency model of issue 24 (docs/BENCHMARKS.md, "Latency
-# model"), calibrated against two H100 runs of 2026-11-26: run 1, the old fused kernels
-# (bench/results/2026-11-26-h100), and run 3, the rebuilt ones (bench/results/2026-11-26-h100-fused/run3).
+# model"), calibrated against two H100 runs of 2026-11-26: the first (h100: the old fused kernels,
+# bench/results/2026-11-26-h100) and run 3 of the rebuilt ones (run3: bench/results/2026-11-26-h100-fused/run3).
 #
 # A recurrence timestep of a kernel is a row of term counts, each with a physical meaning, for
 # one block (16 batch rows) on the step's critical path (the chain that step t+1 waits on):
@@ -91,7 +91,7 @@ function row(w, r2, r1, ba, cl_, wv, in_, mm, mu) {
 # ---- the rows: one recurrence timestep of one block (16 batch rows, H units), cl blocks a tile ----
 function rows(k, dir, H, p, cl,    Hp, E, n, tw, kt, M, aw, O, Kd, w) {
     if (k == OLD) {
-        # the kernels of run 1 (commit 75136a4; mb__k_lstm_fused_fwd/bwd as they were): 256 threads = 8
+        # the kernels of the first run (commit 75136a4; mb__k_lstm_fused_fwd/bwd as they were): 256 threads = 8
         # warps, 2 a scheduler; one block a tile (cl 1); cell phase: thread e takes cells e, e+256,
         # ... (E each); SASS per cell: forward 361 instructions (bf16; 364 f32), 17 loads: g[q] +=
         # acc is load, add, store 4 times, each load issued after the previous store (g may
@@ -279,46 +279,46 @@ function grid2(w, ks, x0, x1, dx, y0, y1, dy,    x, y, e, best, bx, by) {
     set2(w, bx, by)
 }
 BEGIN {
-    # run 1: 2026-11-26, H100 80GB HBM3, commit 75136a4, the old kernels (bench/results/2026-11-26-h100)
-    pt(1, 1, "fused fwd, H=32 bf16, us/timestep (ncu)", 6.4, "n", OLD, "bf16", 32, 1, "fwd")
-    pt(2, 1, "fused bwd, H=32 bf16, us/timestep (ncu)", 3.8, "n", OLD, "bf16", 32, 1, "bwd")
-    pt(3, 1, "one layer F=12 H=32 bf16 fwd+bwd, us/timestep", 8.4, "l", OLD, "bf16", 32, 1)
-    pt(4, 1, "one layer F=12 H=32 f32 fwd+bwd, us/timestep", 17.6, "l", OLD, "f32", 32, 1)
-    pt(5, 1, "one layer F=128 H=256 bf16 (per-step), us/timestep", 36.3, "p", "", "bf16", 256, 0, "", 128)
-    pt(6, 1, "one layer F=128 H=256 f32 (per-step), us/timestep", 47.0, "p", "", "f32", 256, 0, "", 128)
-    pt(7, 1, "training step F=128 H=32 bf16, ms", 4.85, "s", OLD, "bf16", 32, 1, "", 128)
-    pt(8, 1, "training step F=128 H=64 bf16, ms", 10.7, "s", OLD, "bf16", 64, 1, "", 128)
-    pt(9, 1, "training step F=128 H=128 bf16 (fused), ms", 24.3, "s", OLD, "bf16", 128, 1, "", 128)
-    pt(10, 1, "training step F=128 H=256 bf16 (per-step), ms", 12.7, "s", "", "bf16", 256, 0, "", 128)
-    pt(11, 1, "one layer F=12 H=32 bf16 fwd, us/timestep", 5.2, "f", OLD, "bf16", 32, 1)
-    pt(12, 1, "one layer F=12 H=32 f32 fwd, us/timestep", 13.4, "f", OLD, "f32", 32, 1)
-    pt(13, 1, "one layer F=128 H=256 bf16 fwd (per-step), us/timestep", 17.6, "pf", "", "bf16", 256, 0, "", 128)
-    pt(14, 1, "one layer F=128 H=256 f32 fwd (per-step), us/timestep", 24.5, "pf", "", "f32", 256, 0, "", 128)
-    pt(15, 1, "training step F=12 H=32 bf16 (window layout), ms", 4.48, "s", OLD, "bf16", 32, 1, "", 12)
-    # run 3: 2026-11-26, H100 80GB HBM3, the rebuilt kernels at faf827c (bench/results/2026-11-26-h100-fused/run3)
+    # h100: the first run, 2026-11-26, H100 80GB HBM3, commit 75136a4, the old kernels (bench/results/2026-11-26-h100)
+    pt(1, "h100", "fused fwd, H=32 bf16, us/timestep (ncu)", 6.4, "n", OLD, "bf16", 32, 1, "fwd")
+    pt(2, "h100", "fused bwd, H=32 bf16, us/timestep (ncu)", 3.8, "n", OLD, "bf16", 32, 1, "bwd")
+    pt(3, "h100", "one layer F=12 H=32 bf16 fwd+bwd, us/timestep", 8.4, "l", OLD, "bf16", 32, 1)
+    pt(4, "h100", "one layer F=12 H=32 f32 fwd+bwd, us/timestep", 17.6, "l", OLD, "f32", 32, 1)
+    pt(5, "h100", "one layer F=128 H=256 bf16 (per-step), us/timestep", 36.3, "p", "", "bf16", 256, 0, "", 128)
+    pt(6, "h100", "one layer F=128 H=256 f32 (per-step), us/timestep", 47.0, "p", "", "f32", 256, 0, "", 128)
+    pt(7, "h100", "training step F=128 H=32 bf16, ms", 4.85, "s", OLD, "bf16", 32, 1, "", 128)
+    pt(8, "h100", "training step F=128 H=64 bf16, ms", 10.7, "s", OLD, "bf16", 64, 1, "", 128)
+    pt(9, "h100", "training step F=128 H=128 bf16 (fused), ms", 24.3, "s", OLD, "bf16", 128, 1, "", 128)
+    pt(10, "h100", "training step F=128 H=256 bf16 (per-step), ms", 12.7, "s", "", "bf16", 256, 0, "", 128)
+    pt(11, "h100", "one layer F=12 H=32 bf16 fwd, us/timestep", 5.2, "f", OLD, "bf16", 32, 1)
+    pt(12, "h100", "one layer F=12 H=32 f32 fwd, us/timestep", 13.4, "f", OLD, "f32", 32, 1)
+    pt(13, "h100", "one layer F=128 H=256 bf16 fwd (per-step), us/timestep", 17.6, "pf", "", "bf16", 256, 0, "", 128)
+    pt(14, "h100", "one layer F=128 H=256 f32 fwd (per-step), us/timestep", 24.5, "pf", "", "f32", 256, 0, "", 128)
+    pt(15, "h100", "training step F=12 H=32 bf16 (window layout), ms", 4.48, "s", OLD, "bf16", 32, 1, "", 12)
+    # run3: 2026-11-26, H100 80GB HBM3, the rebuilt kernels at faf827c (bench/results/2026-11-26-h100-fused/run3)
     # ncu fwd: the 15 launches of the whole tile (857.7 us each); the table of the run says 1.85, the
     # mean over all 16 with one bounds-checked launch of the last, partial validation batch
-    pt(16, 3, "fused fwd, H=32 bf16, us/timestep (ncu)", 1.79, "n", NEW, "bf16", 32, 1, "fwd")
-    pt(17, 3, "fused bwd, H=32 bf16, us/timestep (ncu)", 2.65, "n", NEW, "bf16", 32, 1, "bwd")
-    pt(18, 3, "one layer F=128 H=32 bf16, us/timestep", 4.2, "l", NEW, "bf16", 32, 1)
-    pt(19, 3, "one layer F=128 H=64 bf16, us/timestep", 6.0, "l", NEW, "bf16", 64, 1)
-    pt(20, 3, "one layer F=128 H=128 bf16 1 block, us/timestep", 11.4, "l", NEW, "bf16", 128, 1)
-    pt(21, 3, "one layer F=128 H=128 bf16 2 blocks, us/timestep", 10.1, "l", NEW, "bf16", 128, 2)
-    pt(22, 3, "one layer F=128 H=256 bf16 4 blocks, us/timestep", 14.1, "l", NEW, "bf16", 256, 4)
-    pt(23, 3, "one layer F=128 H=32 bf16 fwd, us/timestep", 1.7, "f", NEW, "bf16", 32, 1)
-    pt(24, 3, "one layer F=128 H=64 bf16 fwd, us/timestep", 2.5, "f", NEW, "bf16", 64, 1)
-    pt(25, 3, "one layer F=128 H=128 bf16 1 block fwd, us/timestep", 4.7, "f", NEW, "bf16", 128, 1)
-    pt(26, 3, "one layer F=128 H=128 bf16 2 blocks fwd, us/timestep", 3.9, "f", NEW, "bf16", 128, 2)
-    pt(27, 3, "one layer F=128 H=256 bf16 4 blocks fwd, us/timestep", 5.4, "f", NEW, "bf16", 256, 4)
-    pt(28, 3, "one layer F=12 H=32 bf16, us/timestep", 4.0, "l", NEW, "bf16", 32, 1)
-    pt(29, 3, "one layer F=128 H=256 bf16 (per-step), us/timestep", 44.7, "p", "", "bf16", 256, 0, "", 128)
-    pt(30, 3, "one layer F=128 H=256 bf16 fwd (per-step), us/timestep", 21.4, "pf", "", "bf16", 256, 0, "", 128)
-    pt(31, 3, "one layer F=128 H=256 f32 (per-step), us/timestep", 36.1, "p", "", "f32", 256, 0, "", 128)
-    pt(32, 3, "one layer F=128 H=256 f32 fwd (per-step), us/timestep", 18.3, "pf", "", "f32", 256, 0, "", 128)
-    pt(33, 3, "training step F=128 H=32 bf16, ms", 2.45, "s", NEW, "bf16", 32, 1, "", 128)
-    pt(34, 3, "training step F=128 H=64 bf16, ms", 3.40, "s", NEW, "bf16", 64, 1, "", 128)
-    pt(35, 3, "training step F=128 H=128 bf16 (2 blocks), ms", 5.41, "s", NEW, "bf16", 128, 2, "", 128)
-    pt(36, 3, "training step F=128 H=256 bf16 (4 blocks), ms", 7.73, "s", NEW, "bf16", 256, 4, "", 128)
+    pt(16, "run3", "fused fwd, H=32 bf16, us/timestep (ncu)", 1.79, "n", NEW, "bf16", 32, 1, "fwd")
+    pt(17, "run3", "fused bwd, H=32 bf16, us/timestep (ncu)", 2.65, "n", NEW, "bf16", 32, 1, "bwd")
+    pt(18, "run3", "one layer F=128 H=32 bf16, us/timestep", 4.2, "l", NEW, "bf16", 32, 1)
+    pt(19, "run3", "one layer F=128 H=64 bf16, us/timestep", 6.0, "l", NEW, "bf16", 64, 1)
+    pt(20, "run3", "one layer F=128 H=128 bf16 1 block, us/timestep", 11.4, "l", NEW, "bf16", 128, 1)
+    pt(21, "run3", "one layer F=128 H=128 bf16 2 blocks, us/timestep", 10.1, "l", NEW, "bf16", 128, 2)
+    pt(22, "run3", "one layer F=128 H=256 bf16 4 blocks, us/timestep", 14.1, "l", NEW, "bf16", 256, 4)
+    pt(23, "run3", "one layer F=128 H=32 bf16 fwd, us/timestep", 1.7, "f", NEW, "bf16", 32, 1)
+    pt(24, "run3", "one layer F=128 H=64 bf16 fwd, us/timestep", 2.5, "f", NEW, "bf16", 64, 1)
+    pt(25, "run3", "one layer F=128 H=128 bf16 1 block fwd, us/timestep", 4.7, "f", NEW, "bf16", 128, 1)
+    pt(26, "run3", "one layer F=128 H=128 bf16 2 blocks fwd, us/timestep", 3.9, "f", NEW, "bf16", 128, 2)
+    pt(27, "run3", "one layer F=128 H=256 bf16 4 blocks fwd, us/timestep", 5.4, "f", NEW, "bf16", 256, 4)
+    pt(28, "run3", "one layer F=12 H=32 bf16, us/timestep", 4.0, "l", NEW, "bf16", 32, 1)
+    pt(29, "run3", "one layer F=128 H=256 bf16 (per-step), us/timestep", 44.7, "p", "", "bf16", 256, 0, "", 128)
+    pt(30, "run3", "one layer F=128 H=256 bf16 fwd (per-step), us/timestep", 21.4, "pf", "", "bf16", 256, 0, "", 128)
+    pt(31, "run3", "one layer F=128 H=256 f32 (per-step), us/timestep", 36.1, "p", "", "f32", 256, 0, "", 128)
+    pt(32, "run3", "one layer F=128 H=256 f32 fwd (per-step), us/timestep", 18.3, "pf", "", "f32", 256, 0, "", 128)
+    pt(33, "run3", "training step F=128 H=32 bf16, ms", 2.45, "s", NEW, "bf16", 32, 1, "", 128)
+    pt(34, "run3", "training step F=128 H=64 bf16, ms", 3.40, "s", NEW, "bf16", 64, 1, "", 128)
+    pt(35, "run3", "training step F=128 H=128 bf16 (2 blocks), ms", 5.41, "s", NEW, "bf16", 128, 2, "", 128)
+    pt(36, "run3", "training step F=128 H=256 bf16 (4 blocks), ms", 7.73, "s", NEW, "bf16", 256, 4, "", 128)
 
     # ---- the fit: grids over the plausible range of each constant, least max relative error, in
     # three stages, each over the points that its constants (and those of the stages before) decide
@@ -352,11 +352,12 @@ BEGIN {
     printf "  big gemms %d TFLOP/s (fixed; 989 peak); memory outside the recurrence %d GB/s (fitted 500-3000;\n", TC, BW
     printf "    3350 peak; ncu, run 3: the time-major copy moves 2 x ~29 MB in 32.5 us, the series gather ~72 MB in 141 us)\n"
 
-    printf "\ncalibration: the 2026-11-26 H100 measurements (run 1: old kernels, 75136a4; run 3: rebuilt, faf827c) and the model\n"
-    printf "%-3s %-56s %9s %9s %7s\n", "run", "measured point", "measured", "model", "error"
+    printf "\ncalibration: the 2026-11-26 H100 measurements and the model (h100: the first run, old kernels, 75136a4,\n"
+    printf "bench/results/2026-11-26-h100; run3: the rebuilt kernels, faf827c, bench/results/2026-11-26-h100-fused/run3)\n"
+    printf "%-4s %-56s %9s %9s %7s\n", "data", "measured point", "measured", "model", "error"
     for (i = 1; i <= NP; i++) {
         v = model(i); x = (v / meas[i] - 1) * 100
-        printf "%-3d %-56s %9.2f %9.2f %+6.1f%%\n", grp[i], name[i], meas[i], v, x
+        printf "%-4s %-56s %9.2f %9.2f %+6.1f%%\n", grp[i], name[i], meas[i], v, x
     }
     e = maxerr(" n l f p pf s ") * 100
     printf "calibration: max_error=%.1f%%\n", e
