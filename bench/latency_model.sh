@@ -350,7 +350,7 @@ BEGIN {
     printf "  NODE %.2f us     a dependent launch from the host on a stream (fitted 2-8; ~2.5-6 a launch or cuBLAS call)\n", NODE_S
     printf "  gemm %d / %.1f TFLOP/s  a per-step small gemm bf16 (fixed) / f32 (fitted 5-40; SIMT peak 67)\n", R16, R32
     printf "  big gemms %d TFLOP/s (fixed; 989 peak); memory outside the recurrence %d GB/s (fitted 500-3000;\n", TC, BW
-    printf "    3350 peak; ncu, run 3: the time-major copy of x moves 2 x ~29 MB in 32.5 us: 1.8 TB/s; the series gather of a batch: 141 us)\n"
+    printf "    3350 peak; ncu, run 3: the time-major copy of the x of an encoder (2 x ~14.5 MB) 32.5 us: 0.9 TB/s; the series gather of a batch: 141 us)\n"
 
     printf "\ncalibration: the 2026-11-26 H100 measurements and the model (h100: the first run, old kernels, 75136a4,\n"
     printf "bench/results/2026-11-26-h100; run3: the rebuilt kernels, faf827c, bench/results/2026-11-26-h100-fused/run3)\n"
