@@ -451,16 +451,31 @@ static mb__cluster_launch<P...> mb__cluster_launcher(void (*k)(P...), dim3 grid,
 #define MB_LAUNCH_CLUSTER(k, grid, block, smem, stream, cl) mb__cluster_launcher(k, grid, block, smem, stream, cl)
 #endif
 
-/* The barrier of a row tile's blocks: the block's, or the cluster's (cl > 1, sm_90 only). */
-__device__ inline void mb__fused_sync(int cl) {
+/* The barrier of a row tile's blocks in two halves: the block's (arrive does nothing, wait is
+ * __syncthreads), or the cluster's (cl > 1, sm_90 only: barrier_arrive releases what this
+ * thread wrote, into other blocks' shared memory too, and barrier_wait returns when every
+ * thread of the cluster has arrived). Between the halves a thread does work the others do not
+ * wait for: a cluster's arrive fences this thread's memory operations before it, so the global
+ * stores of a step go after it and overlap the wait. */
+__device__ inline void mb__fused_arrive(int cl) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if (cl > 1) cooperative_groups::this_cluster().barrier_arrive();
+#endif
+    (void)cl;
+}
+__device__ inline void mb__fused_wait(int cl) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     if (cl > 1) {
-        cooperative_groups::this_cluster().sync();
+        cooperative_groups::this_cluster().barrier_wait();
         return;
     }
 #endif
     (void)cl;
     __syncthreads();
+}
+__device__ inline void mb__fused_sync(int cl) {
+    mb__fused_arrive(cl);
+    mb__fused_wait(cl);
 }
 
 /* Address p of this block's shared memory in block r of its cluster (cl 1: p itself). */
@@ -562,6 +577,63 @@ template <> struct mb__tile_of<float> { typedef mb__ftile type; };
 template <> struct mb__tile_of<__nv_bfloat16> { typedef mb__ftile type; };
 #endif
 
+// Tensor-core fragments to and from shared memory. The C++ wmma API takes any pointer and
+// issues generic loads, which queue behind the step's global stores and copies; on sm_80+ these
+// are the same PTX wmma instructions with the .shared state space, so a fragment's layout is
+// the API's. Elsewhere (the simulator, older GPUs) the API itself.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MB__WMMA_SHARED 1
+__device__ inline unsigned mb__saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+#define MB__LDS4(F, INS)                                                                                        \
+    __device__ inline void mb__lds(F &f, const void *p, unsigned ld) {                                         \
+        unsigned *r = (unsigned *)&f.x[0];                                                                       \
+        asm volatile(INS " {%0,%1,%2,%3}, [%4], %5;" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])          \
+                     : "r"(mb__saddr(p)), "r"(ld));                                                              \
+    }
+#define MB__LDS8(F, INS)                                                                                        \
+    __device__ inline void mb__lds(F &f, const void *p, unsigned ld) {                                         \
+        unsigned *r = (unsigned *)&f.x[0];                                                                       \
+        asm volatile(INS " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                                \
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),     \
+                       "=r"(r[7])                                                                                \
+                     : "r"(mb__saddr(p)), "r"(ld));                                                              \
+    }
+namespace mb__w = nvcuda::wmma;
+typedef mb__w::fragment<mb__w::matrix_a, 16, 16, 16, __nv_bfloat16, mb__w::row_major> mb__wa_bf16;
+typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __nv_bfloat16, mb__w::col_major> mb__wbc_bf16;
+typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __nv_bfloat16, mb__w::row_major> mb__wbr_bf16;
+typedef mb__w::fragment<mb__w::matrix_a, 16, 16, 16, __half, mb__w::row_major> mb__wa_f16;
+typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __half, mb__w::col_major> mb__wbc_f16;
+typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __half, mb__w::row_major> mb__wbr_f16;
+typedef mb__w::fragment<mb__w::accumulator, 16, 16, 16, float> mb__wc_f32;
+MB__LDS4(mb__wa_bf16, "wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16")
+MB__LDS4(mb__wbc_bf16, "wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16")
+MB__LDS4(mb__wbr_bf16, "wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16")
+MB__LDS8(mb__wa_f16, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
+MB__LDS8(mb__wbc_f16, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
+MB__LDS8(mb__wbr_f16, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
+MB__LDS8(mb__wc_f32, "wmma.load.c.sync.aligned.row.m16n16k16.shared.f32")
+#undef MB__LDS4
+#undef MB__LDS8
+__device__ inline void mb__sts(float *p, const mb__wc_f32 &f, unsigned ld) {
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+                 :: "r"(mb__saddr(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
+                    "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
+}
+#else
+template <class F, class T> __device__ inline void mb__lds(F &f, const T *p, unsigned ld) {
+    nvcuda::wmma::load_matrix_sync(f, p, ld);
+}
+__device__ inline void mb__lds(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> &f, const float *p,
+                               unsigned ld) {
+    nvcuda::wmma::load_matrix_sync(f, p, ld, nvcuda::wmma::mem_row_major);
+}
+__device__ inline void mb__sts(float *p, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> &f,
+                               unsigned ld) {
+    nvcuda::wmma::store_matrix_sync(p, f, ld, nvcuda::wmma::mem_row_major);
+}
+#endif
+
 __device__ inline int mb__lane() { return (int)(threadIdx.x & 31u); }
 __device__ inline int mb__frow(int i) { return (mb__lane() >> 4) * 8 + i; } /* mb__ftile element i */
 __device__ inline int mb__fcol() { return mb__lane() & 15; }
@@ -573,7 +645,7 @@ __device__ inline void mb__tile_fill(mb__ftile &f, float v) {
 
 /* Load from shared memory p, row stride ld floats (32-byte aligned, ld a multiple of 4). */
 __device__ inline void mb__tile_load(mb__wtile &f, const float *p, int ld) {
-    nvcuda::wmma::load_matrix_sync(f, p, (unsigned)ld, nvcuda::wmma::mem_row_major);
+    mb__lds(f, p, (unsigned)ld);
 }
 __device__ inline void mb__tile_load(mb__ftile &f, const float *p, int ld) {
     for (int i = 0; i < 8; i++) f.x[i] = p[mb__frow(i) * ld + mb__fcol()];
@@ -582,7 +654,7 @@ __device__ inline void mb__tile_load(mb__ftile &f, const float *p, int ld) {
 /* The tile through the warp's scratch: this lane gets its half row, row lane/2, columns
  * j0 = 8 (lane % 2) .. +7, in v. The caller's __syncwarp ends the scratch's use. */
 __device__ inline void mb__tile_row(const mb__wtile &f, float *scratch, float v[8]) {
-    nvcuda::wmma::store_matrix_sync(scratch, f, MB__FUSED_SCR_LD, nvcuda::wmma::mem_row_major);
+    mb__sts(scratch, f, MB__FUSED_SCR_LD);
     __syncwarp();
     const float4 *s = (const float4 *)(scratch + (mb__lane() >> 1) * MB__FUSED_SCR_LD + (mb__lane() & 1) * 8);
     float4 a = s[0], b = s[1];
@@ -621,22 +693,27 @@ __device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, i
 }
 
 /* The tile's rows < nr, columns < nc into the operand tile at o (row stride ld; the rest of its
- * 16 x 16 zeroed, so padding multiplies as zero) of each of the cl blocks of the cluster and,
- * when q is not NULL, to global memory at q (row stride qld) in the operand type too (whole:
- * 16-byte aligned). */
+ * 16 x 16 zeroed, so padding multiplies as zero) of each of the cl blocks of the cluster; this
+ * lane's half row, in the operand type, into *w and its count into *n (for mb__put_row). */
 template <class T, class F>
-__device__ void mb__tile_operand(T *o, int ld, int cl, T *q, size_t qld, const F &f, int nr, int nc, float *scratch,
-                                 bool whole) {
+__device__ void mb__tile_operand(T *o, int ld, int cl, const F &f, int nr, int nc, float *scratch, mb__vec8<T> *w,
+                                 int *n) {
     float v[8];
     mb__tile_row(f, scratch, v);
-    int n = mb__row_n(nr, nc), r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
-    for (int e = 0; e < 8; e++) v[e] = e < n ? v[e] : 0.0f;
-    mb__vec8<T> w = mb__pack8<T>(v);
-    if (cl == 1) mb__put8(o + r * ld + j0, w, 8, true);
+    int r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
+    *n = mb__row_n(nr, nc);
+    for (int e = 0; e < 8; e++) v[e] = e < *n ? v[e] : 0.0f;
+    *w = mb__pack8<T>(v);
+    if (cl == 1) mb__put8(o + r * ld + j0, *w, 8, true);
     else
-        for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, w, 8, true);
-    if (q && n) mb__put8(q + r * qld + j0, w, n, whole);
+        for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, *w, 8, true);
     __syncwarp();
+}
+
+/* This lane's half row (mb__tile_operand's w and n) to global memory at q, row stride ld
+ * (whole: 16-byte aligned). */
+template <class T> __device__ void mb__put_row(T *q, size_t ld, const mb__vec8<T> &w, int n, bool whole) {
+    if (n) mb__put8(q + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, w, n, whole);
 }
 
 // The recurrent products of a warp's 16 units, lu0.. of its block's Hc (shared memory: the
@@ -650,10 +727,10 @@ __device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, int tld, const T *w, i
     using namespace nvcuda;
     for (int kt = 0; kt < Hp / 16; kt++) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::load_matrix_sync(a, h + kt * 16, (unsigned)tld);
+        mb__lds(a, h + kt * 16, (unsigned)tld);
         for (int q = 0; q < 4; q++) {
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-            wmma::load_matrix_sync(b, w + (size_t)(q * Hc + lu0) * wld + kt * 16, (unsigned)wld);
+            mb__lds(b, w + (size_t)(q * Hc + lu0) * wld + kt * 16, (unsigned)wld);
             wmma::mma_sync(acc[q], a, b, acc[q]);
         }
     }
@@ -682,8 +759,8 @@ __device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, in
         for (int p = 0; p < 2; p++) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-            wmma::load_matrix_sync(a, dg + (kt + p) * 16, (unsigned)tld);
-            wmma::load_matrix_sync(b, w + (size_t)(kt + p) * 16 * wld + lu0, (unsigned)wld);
+            mb__lds(a, dg + (kt + p) * 16, (unsigned)tld);
+            mb__lds(b, w + (size_t)(kt + p) * 16 * wld + lu0, (unsigned)wld);
             wmma::mma_sync(part[p], a, b, part[p]);
         }
     for (int i = 0; i < acc.num_elements; i++) acc.x[i] = part[0].x[i] + part[1].x[i];
@@ -841,6 +918,8 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
     }
     __syncthreads();
     for (int t = 0; t < d.T; t++, g += gstep, o += hstep) {
+        mb__vec8<T> hw;
+        int hn = 0;
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
@@ -848,6 +927,9 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
             __syncwarp();
             if (t + 1 < d.T) mb__fused_fetch<4>(k, 0, g + gstep, (size_t)4 * H, (size_t)H, v16, W);
             __pipeline_commit();
+        }
+        if (t) mb__fused_wait(k.cl); /* h_{t-1} in every block's operand tile */
+        if (nu > 0) {
             mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, k.Hc, k.lu0);
             for (int i = 0; i < c.num_elements; i++) {
                 float z[4] = {acc[0].x[i] + bias[0].x[i], acc[1].x[i] + bias[1].x[i], acc[2].x[i] + bias[2].x[i],
@@ -855,14 +937,17 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
                 mb__gcell_fwd(z, &c.x[i], &h.x[i]);
                 acc[0].x[i] = z[0]; acc[1].x[i] = z[1]; acc[2].x[i] = z[2]; acc[3].x[i] = z[3];
             }
-            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, k.cl, d.hs_op ? (T *)d.hs_op + o : (T *)NULL,
-                             (size_t)H, h, nr, nu, k.scratch, W);
+            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, k.cl, h, nr, nu, k.scratch, &hw, &hn);
+        }
+        mb__fused_arrive(k.cl);
+        if (nu > 0) { /* the step's outputs, while the other blocks arrive */
+            if (d.hs_op) mb__put_row((T *)d.hs_op + o, (size_t)H, hw, hn, W);
             mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch, W);
             mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch, W);
             for (int q = 0; q < 4; q++) mb__tile_store(g + q * H, (size_t)4 * H, acc[q], nr, nu, k.scratch, W);
         }
-        mb__fused_sync(k.cl);
     }
+    mb__fused_wait(k.cl); /* no block leaves while another may still write into its tiles */
 }
 
 template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_fwd(mb__fused_args a) {
@@ -897,6 +982,8 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
         __pipeline_commit();
     }
     for (int t = d.T - 1; t >= 0; t--, gt -= gstep, ht -= hstep) {
+        mb__vec8<T> gw[4];
+        int gn = 0;
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
@@ -921,17 +1008,22 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
                 dc.x[e] = dcv * fg;
                 cn.x[e] = cp.x[e];
             }
+        }
+        if (t < d.T - 1) mb__fused_wait(k.cl); /* the operand tiles free again (the step after's product done) */
+        if (nu > 0)
             for (int q = 0; q < 4; q++)
-                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, k.cl, d.dg_op ? (T *)d.dg_op + gt + q * H : (T *)NULL,
-                                 (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
-        }
-        mb__fused_sync(k.cl); /* dg in the operand tiles */
-        if (nu > 0) {
-            mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
-            for (int q = 0; q < 4; q++) mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
-        }
-        mb__fused_sync(k.cl); /* the operand tiles free again */
+                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, k.cl, a4[q], nr, nu, k.scratch, &gw[q], &gn);
+        mb__fused_arrive(k.cl); /* dg in the operand tiles */
+        if (nu > 0) /* the step's outputs, while the other blocks arrive */
+            for (int q = 0; q < 4; q++) {
+                if (d.dg_op) mb__put_row((T *)d.dg_op + gt + q * H, (size_t)4 * H, gw[q], gn, W);
+                mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
+            }
+        mb__fused_wait(k.cl);
+        if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
+        mb__fused_arrive(k.cl);
     }
+    mb__fused_wait(k.cl);
     if (nu > 0) {
         mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch, W);
         mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch, W);

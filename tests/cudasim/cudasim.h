@@ -670,13 +670,15 @@ struct fiber {
     std::atomic<const std::atomic<uint64_t> *> wres{nullptr}; /* the warp's values, when resolved */
     pipe_state pipe;                             /* its cp.async copies (cudasim_pipeline.h) */
     struct block_run *blk = nullptr;             /* its block (a cluster runs several) */
+    int phase = -1;                              /* the cluster barrier phase it arrived in, -1: none */
 };
 /* The blocks of a cluster launch that run together (cudasim_cluster.h). */
 struct cluster_run {
     struct block_run *blocks = nullptr;
     unsigned n = 1;
-    char tsan_bar[2]; /* cluster.sync: release/acquire */
-    rint gen{0};      /* cluster.syncs passed (bookkeeping: relaxed atomics, as block_run's) */
+    char tsan_bar[2]; /* the cluster barrier's phases: release/acquire */
+    rint gen{0};      /* phases ended (bookkeeping: relaxed atomics, as block_run's) */
+    rint arrived{0};  /* threads arrived in this phase */
 };
 struct block_run {
     fctx sched;
@@ -924,16 +926,26 @@ static bool release_barrier(block_run &b, fiber *fs, int n) {
     return true;
 }
 
-/* Release a cluster.sync that every live thread of the cluster waits at. */
+/* End the cluster barrier's phase when every live thread of the cluster has arrived: its
+ * waiting threads go on. A thread that exited without arriving while others wait is an error. */
 static bool release_cluster(block_run *bs, fiber *fs, int total) {
-    for (int i = 0; i < total; i++)
-        if (fs[i].state != F_DONE && fs[i].state != F_CLUSTER) return false;
+    cluster_run *c = bs[0].cl;
+    int live = 0, waiting = 0;
     for (int i = 0; i < total; i++) {
-        if (fs[i].state != F_DONE) continue;
-        block_error(*fs[i].blk, fs[i], "cluster.sync waits for a thread of the cluster that exited");
+        live += fs[i].state != F_DONE;
+        waiting += fs[i].state == F_CLUSTER;
     }
-    bs[0].cl->gen++;
-    for (int i = 0; i < total; i++) fs[i].state = F_READY;
+    if (!waiting) return false;
+    if ((int)c->arrived < live) {
+        for (int i = 0; i < total; i++)
+            if (fs[i].state == F_DONE && fs[i].phase < 0)
+                block_error(*fs[i].blk, fs[i], "the cluster barrier waits for a thread of the cluster that exited");
+        return false;
+    }
+    c->arrived = 0;
+    c->gen++;
+    for (int i = 0; i < total; i++)
+        if (fs[i].state == F_CLUSTER) fs[i].state = F_READY;
     return true;
 }
 
@@ -1336,22 +1348,35 @@ void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
 void pipeline_commit() { my_pipe().commit(); }
 void pipeline_wait(size_t prior) { my_pipe().wait(prior); }
 
-/* Clusters (cudasim_cluster.h). Without a cluster launch a block is a cluster of one, and
- * cluster.sync is its barrier. */
-void cluster_sync() {
+/* Clusters (cudasim_cluster.h). Without a cluster launch a block is a cluster of one: arrive
+ * does nothing and wait is the block's barrier. */
+void cluster_arrive() {
     block_run *b = cur_block;
     fiber *f = cur_fiber;
-    if (!b) fatal("cluster.sync called outside a kernel");
+    if (!b) fatal("the cluster barrier used outside a kernel");
+    if (!b->cl) return;
+    cluster_run *c = b->cl;
+    if (f->phase >= 0) device_error("barrier_arrive twice without barrier_wait");
+    f->phase = (int)c->gen;
+    tsan_release(&c->tsan_bar[f->phase & 1]);
+    c->arrived++;
+}
+void cluster_wait() {
+    block_run *b = cur_block;
+    fiber *f = cur_fiber;
+    if (!b) fatal("the cluster barrier used outside a kernel");
     if (!b->cl) {
-        barrier(1, 0, (const void *)&cluster_sync);
+        barrier(1, 0, (const void *)&cluster_wait);
         return;
     }
     cluster_run *c = b->cl;
-    unsigned g = (unsigned)(int)c->gen;
-    tsan_release(&c->tsan_bar[g & 1]);
-    f->state = F_CLUSTER;
-    to_sched(f, false);
-    tsan_acquire(&c->tsan_bar[g & 1]);
+    if (f->phase < 0) device_error("barrier_wait without barrier_arrive");
+    if ((int)c->gen == f->phase) { /* the phase has not ended: wait for the others */
+        f->state = F_CLUSTER;
+        to_sched(f, false);
+    }
+    tsan_acquire(&c->tsan_bar[f->phase & 1]);
+    f->phase = -1;
 }
 unsigned cluster_rank() {
     if (!cur_block) fatal("cluster block_rank called outside a kernel");
