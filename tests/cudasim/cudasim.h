@@ -1046,7 +1046,7 @@ static void install_fault_handler() {
 }
 
 static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body, char *const *smem,
-                             unsigned cl);
+                             unsigned cl, block_run *bs);
 static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t smem, const task &body, unsigned cl) {
     /* a GPU's shared memory window is 1024-byte aligned; exactly smem bytes, so ASan sees overruns;
      * one for each block of a cluster */
@@ -1064,9 +1064,10 @@ static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t
     tl_dyn_bytes = smem;
     install_fault_handler();
     sigjmp_buf jb;
+    std::vector<block_run> bs(cl); /* here, not below: a fault's siglongjmp skips destructors there */
     if (sigsetjmp(jb, 1) == 0) {
         tl_fault_jmp = &jb;
-        run_grid_checked(name, key, g, blk, body, bufs.data(), cl);
+        run_grid_checked(name, key, g, blk, body, bufs.data(), cl, bs.data());
         tl_fault_jmp = nullptr;
     } else {
         tl_fault_jmp = nullptr;
@@ -1080,7 +1081,7 @@ static void run_grid(const char *name, const void *key, dim3 g, dim3 blk, size_t
     }
 }
 static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk, const task &body, char *const *smem,
-                             unsigned cl) {
+                             unsigned cl, block_run *bs) {
     auto &c = ctx();
     int mode;
     {
@@ -1090,9 +1091,8 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
     static const bool force_fibers = env_long("CUDASIM_FIBERS", 0) != 0;
     bool direct = mode == 2 && !force_fibers && cl == 1;
     int n = (int)(blk.x * blk.y * blk.z);
-    std::vector<block_run> bs(cl);
     cluster_run cr;
-    cr.blocks = bs.data();
+    cr.blocks = bs;
     cr.n = cl;
     for (unsigned r = 0; r < cl; r++) {
         bs[r].body = &body;
@@ -1125,7 +1125,7 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
                     }
                     c.direct += (unsigned long long)n;
                 } else {
-                    run_block_fibers(bs.data(), (int)cl, n);
+                    run_block_fibers(bs, (int)cl, n);
                 }
                 for (unsigned r = 1; r < cl; r++) b.saw_barrier = b.saw_barrier | bs[r].saw_barrier;
             }
