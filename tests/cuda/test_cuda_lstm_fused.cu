@@ -60,7 +60,7 @@ static ins make_inputs(const net *s) {
     tu_fill(in.data, total(s, 0), -1, 1);
     for (int i = 0; i < s->n; i++) mb_lstm_destroy(l[i]);
     mb_params_destroy(p);
-    mb_device_close(cpu);
+    tu_device_close(cpu);
     return in;
 }
 
@@ -190,7 +190,7 @@ static void test_fused_matches_cpu(void **state) {
         net r = random_net(p == MB_F32 ? 48 : 64);
         check_net(gpu, cpu, &r, (mb_dtype)p);
     }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 /* The fused path's one decision: GPU, full storage, W_hh fits in shared memory. */
@@ -229,7 +229,7 @@ static void test_fused_choice(void **state) {
         assert_true(fused_of(gpu, 64, -1, MB_F32) && fused_of(gpu, 128, -1, MB_BF16) && fused_of(gpu, 128, -1, MB_F16));
         assert_false(fused_of(gpu, 128, -1, MB_F32));
     }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 #ifdef CUDASIM
@@ -258,17 +258,17 @@ static void test_fused_launches_independent_of_T(void **state) {
     printf("kernel launches + cuBLAS calls (setup, forward, backward, read-back) at T = %d/%d/%d/%d/%d: %llu, at "
            "twice the T: %llu\n", s.T[0], s.T[1], s.T[2], s.T[3], s.T[4], a, b);
     assert_int_equal(a, b);
-    mb_device_close(gpu);
+    tu_device_close(gpu);
 }
 #endif
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fused_matches_cpu),
-        cmocka_unit_test(test_fused_choice),
+        tu_cuda_test(test_fused_matches_cpu),
+        tu_cuda_test(test_fused_choice),
 #ifdef CUDASIM
-        cmocka_unit_test(test_fused_launches_independent_of_T),
+        tu_cuda_test(test_fused_launches_independent_of_T),
 #endif
     };
     return cmocka_run_group_tests_name("cuda_lstm_fused", tests, NULL, NULL);
