@@ -444,7 +444,8 @@ struct stream {
     std::atomic<uint64_t> done{0};
     bool stop = false;
     std::thread th;
-    long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before each op: shakes out missing syncs */
+    long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before an op: other interleavings */
+    long delay_every = std::max(1L, env_long("CUDASIM_DELAY_EVERY", 1)); /* ... before one op in this many */
     bool legacy = false;             /* the legacy default stream (stream 0) */
     bool nonblocking = false;        /* cudaStreamNonBlocking: no implicit order with the legacy stream */
     std::atomic<uint64_t> cap_id{0}; /* the capture it takes part in (0: none); see "stream capture" */
@@ -465,7 +466,7 @@ struct stream {
             }
             tsan_acquire(o.queued);
             delete o.queued;
-            if (delay_us) usleep((useconds_t)(rand_r(&seed) % (delay_us + 1)));
+            if (delay_us && rand_r(&seed) % delay_every == 0) usleep((useconds_t)(rand_r(&seed) % (delay_us + 1)));
             if (o.always || sticky() == cudaSuccess) o.t(); /* after a fault, queued work is dropped */
             tsan_release(&done_sync); /* a host sync sees this operation's effects */
             quiet q_;

@@ -10,8 +10,8 @@
  *   hoststruct  the same inside a struct argument that declares its pointers (reported, sticky fault)
  *   backlog     the host rewrites pinned memory that a copy it queued behind a long kernel has
  *               yet to read (the stream takes the copy after the write)   (TSan: data race)
- *   finished    stream 1's kernel reads what stream 0's kernel wrote 20 ms before, no event
- *                                                                          (TSan: data race)
+ *   finished    stream 1's kernel reads what stream 0's kernel (run without fibers) wrote 20 ms
+ *               before, no event                                          (TSan: data race)
  *   unjoined    a capture forks a stream and does not join it back          (reported error)
  * The planted faults in the library itself are tests/cudasim/plant.sh's (neg.sh runs both).
  */
@@ -43,15 +43,19 @@ __global__ void divergent(float *y) {
     }
     __syncthreads();
 }
-struct two_ptrs { /* a kernel argument with pointers inside, declared below */
+// snippet: arg-pointers
+struct two_ptrs { /* a kernel argument with pointers inside */
     const float *x;
     float *y;
     int n;
 };
+#ifdef CUDASIM /* the simulator checks these at each launch, as it checks pointer arguments */
 CUDASIM_ARG_POINTERS(two_ptrs, a, v) {
     v(a.x, "x");
     v(a.y, "y");
 }
+#endif
+// end snippet
 __global__ void scale2_args(two_ptrs a) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += gridDim.x * blockDim.x) a.y[i] = 2 * a.x[i];
 }
@@ -127,6 +131,8 @@ int main(int argc, char **argv) {
         cudaStreamSynchronize(s0);
     }
     if (ok || !strcmp(c, "finished")) {
+        MB_LAUNCH(fill, 64, 256, 0, s0)(d, 5.0f, n); /* reaches no barrier: later launches run without fibers */
+        cudaStreamSynchronize(s0);
         MB_LAUNCH(fill, 64, 256, 0, s0)(d, 6.0f, n);
         usleep(20000); /* stream 0's kernel is long done, but nothing orders stream 1 after it */
         if (ok) { cudaEventRecord(e, s0); cudaStreamWaitEvent(s1, e, 0); }
