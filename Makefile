@@ -354,11 +354,26 @@ $(BUILD)/$(1)/%: $$(SIM_DEPS) $$(wildcard tests/cuda/*.cu tests/cudasim/*.cu exa
 	@mkdir -p $$(dir $$@)
 	$$(SIM_CXX) $$(SIM_FLAGS) $(2) -o $$@ $$(call SIM_SRC,$$*) -x none $$(CMOCKA_LIBS) $(3) -lpthread -lm
 endef
-$(eval $(call SIM_RULE,sim,-O2 $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
-$(eval $(call SIM_RULE,sim-asan,-O1 $(SAN_FLAGS) $(BLAS_CFLAGS),$(HDF5_LIBS) $(BLAS_LIBS)))
-$(eval $(call SIM_RULE,sim-tsan,-O1 -fsanitize=thread -DMEGABATCH_NO_CBLAS,$(HDF5_LIBS)))
+SIM_OPT_sim       := -O2 $(BLAS_CFLAGS)
+SIM_LIB_sim       := $(HDF5_LIBS) $(BLAS_LIBS)
+SIM_OPT_sim-asan  := -O1 $(SAN_FLAGS) $(BLAS_CFLAGS)
+SIM_LIB_sim-asan  := $(HDF5_LIBS) $(BLAS_LIBS)
+SIM_OPT_sim-tsan  := -O1 -fsanitize=thread -DMEGABATCH_NO_CBLAS
+SIM_LIB_sim-tsan  := $(HDF5_LIBS)
 SIM_VARIANTS := sim sim-asan sim-tsan
-SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS),$(BUILD)/$(v)/$(t)))
+$(foreach v,$(SIM_VARIANTS),$(eval $(call SIM_RULE,$(v),$(SIM_OPT_$(v)),$(SIM_LIB_$(v)))))
+# The planted faults of tests/cudasim/neg.sh: tests/cudasim/planted.cu built under TSan from
+# copies of the sources in which real library sites can be taken out at run time
+# (tests/cudasim/plant.sh).
+NEG_SRC    := $(BUILD)/neg-src
+NEG_BINS   := $(BUILD)/sim-tsan/planted
+$(NEG_SRC)/.planted: tests/cudasim/plant.sh $(HEADERS) $(wildcard examples/*.c examples/*.cu)
+	sh tests/cudasim/plant.sh $(NEG_SRC) && touch $@
+$(BUILD)/sim-tsan/planted: tests/cudasim/planted.cu $(NEG_SRC)/.planted $(wildcard tests/cudasim/*.h)
+	@mkdir -p $(dir $@)
+	$(SIM_CXX) -I$(NEG_SRC) -I$(NEG_SRC)/examples $(SIM_FLAGS) $(SIM_OPT_sim-tsan) -o $@ $< -x none $(SIM_LIB_sim-tsan) \
+	  -lpthread -lm
+SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS),$(BUILD)/$(v)/$(t))) $(NEG_BINS)
 .PHONY: sim-build sim-test
 sim-build: $(if $(SIM_OK),$(SIM_BINS) $(BUILD)/prepare $(BUILD)/train_multitf)
 sim-test:

@@ -1188,7 +1188,7 @@ MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out);
 /* Replay the captured work on the stream the capture began on, asynchronously, as one launch.
  * Launches of one graph run in order, one after the other. */
 MBDEF mb_result mb_graph_launch(mb_graph *g);
-MBDEF size_t mb_graph_nodes(const mb_graph *g); /* captured operations (kernels, cuBLAS calls, copies) */
+MBDEF size_t mb_graph_nodes(const mb_graph *g); /* graph nodes (cuBLAS may record several per call) */
 MBDEF void mb_graph_destroy(mb_graph *g);       /* NULL is fine; launches in flight finish */
 
 /* Run fn(user) through a graph: the first call captures fn into *g and launches it; later calls

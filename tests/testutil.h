@@ -131,31 +131,170 @@ static inline void tu_close_checked(mb_device *dev) {
 }
 
 /* Two epochs of a loader's batches into out, features then targets, batch after batch, each
- * copied on the compute stream as a training step would use it (then closes the loader and
- * its dataset). row: feature elements per sample, k: targets per sample, in the loader's
- * dtype (es bytes each). Returns the bytes written (at most cap). */
+ * copied on the compute stream into a device buffer as a training step would read it, with no
+ * host sync before the end: the loader itself must order a chunk's reload after the reads queued
+ * on compute (then closes the loader and its dataset). row: feature elements per sample, k:
+ * targets per sample, in the loader's dtype (es bytes each). Returns the bytes written (at most
+ * cap). */
 static inline size_t tu_drain_two_epochs(mb_device *dev, mb_loader *ld, mb_dataset *ds, size_t row, size_t k,
                                          size_t es, char *out, size_t cap) {
     size_t used = 0;
+    char *d = NULL;
+    tu_ok(mb_alloc(dev, MB_MEM_DEVICE, cap, (void **)&d));
     mb_batch b;
     for (int e = 0; e < 2;) {
         tu_ok(mb_loader_next(ld, &b));
         if (b.end_of_epoch) { e++; continue; }
         size_t nf = (size_t)b.count * row * es, nk = (size_t)b.count * k * es;
         assert_true(used + nf + nk <= cap);
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used, b.features, nf));
-        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out + used + nf, b.targets, nk));
-        tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, d + used, b.features, nf));
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, d + used + nf, b.targets, nk));
         used += nf + nk;
     }
+    tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, out, d, used));
+    tu_ok(mb_sync(dev, MB_STREAM_COMPUTE));
+    mb_free(dev, d);
     mb_loader_close(ld);
     mb_dataset_close(ds);
     return used;
 }
 
 #ifdef MEGABATCH_CUDA
+/* ---- the CUDA test fixture ----
+ * Every CUDA test runs as tu_cuda_test(fn), so that a failing test (cmocka leaves it at the failed
+ * assertion) leaves the device usable and one failure never hides the others. The teardown puts
+ * the thread back in the global capture mode; ends the captures left open on the streams the
+ * test holds (and on the streams of the devices it holds, through mb_graph_end too), dropping
+ * their graphs; drains the device; fails the test when the device has a sticky error
+ * (tu_cuda_sticky_expected() says that this one meant to make it); and releases what the test
+ * holds: streams, events, memory, cuBLAS handles, graphs (tu_hold, or the tu_cuda_* helpers), and
+ * devices from tu_open_cuda_or_skip (close them with tu_device_close; a device the test did not
+ * close is left open: a loader of the failed test may still use it). Under the simulator a capture
+ * that fails is an error unless the test called tu_cuda_capture_errors_expected(). */
+typedef enum { TU_DEVICE, TU_STREAM, TU_EVENT, TU_DEVMEM, TU_PINNED, TU_CUBLAS, TU_GRAPH, TU_EXEC } tu_kind;
+enum { TU_HELD_MAX = 256 };
+static struct tu_held_item { tu_kind kind; void *p; } tu_held[TU_HELD_MAX];
+static int tu_nheld, tu_sticky_ok;
+
+/* The fixture releases p (of that kind) after the test, unless tu_let_go(p) came first. */
+static inline void *tu_hold(tu_kind kind, void *p) {
+    if (tu_nheld == TU_HELD_MAX) fail_msg("tu_hold: more than %d things held", TU_HELD_MAX);
+    tu_held[tu_nheld].kind = kind;
+    tu_held[tu_nheld++].p = p;
+    return p;
+}
+static inline void tu_let_go(void *p) {
+    for (int i = tu_nheld - 1; i >= 0; i--)
+        if (tu_held[i].p == p) {
+            tu_held[i] = tu_held[--tu_nheld];
+            return;
+        }
+}
+static inline void tu_device_close(mb_device *dev) {
+    tu_let_go(dev);
+    mb_device_close(dev);
+}
+static inline void tu_cuda_sticky_expected(void) { tu_sticky_ok = 1; }
+static inline void tu_cuda_capture_errors_expected(void) { /* this test makes captures fail on purpose */
+#ifdef CUDASIM
+    cudasim::expect_capture_errors(true);
+#endif
+}
+static inline cudaStream_t tu_cuda_stream(void) {
+    cudaStream_t s = NULL;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    return (cudaStream_t)tu_hold(TU_STREAM, s);
+}
+static inline cudaEvent_t tu_cuda_event(void) {
+    cudaEvent_t e = NULL;
+    assert_int_equal(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+    return (cudaEvent_t)tu_hold(TU_EVENT, e);
+}
+static inline void *tu_cuda_malloc(size_t bytes) { /* zeroed */
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, bytes), cudaSuccess);
+    assert_int_equal(cudaMemset(p, 0, bytes), cudaSuccess);
+    return tu_hold(TU_DEVMEM, p);
+}
+
+/* End a capture left open on s (any error: cleared). 1 when there was one. */
+static inline int tu_end_capture(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &st) != cudaSuccess || st == cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    return 1;
+}
+
+static inline int tu_cuda_setup(void **state) {
+    (void)state;
+    tu_nheld = 0;
+    tu_sticky_ok = 0;
+    return 0;
+}
+
+static inline int tu_cuda_teardown(void **state) {
+    (void)state;
+    int ok = 1, open = 0, gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) { /* no GPU: the test skipped, nothing to do */
+        cudaGetLastError();
+        tu_nheld = 0;
+        return 0;
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+#ifdef CUDASIM
+    cudasim::expect_capture_errors(true); /* ending what a failed test left is no error */
+#endif
+    for (int i = 0; i < tu_nheld; i++) {
+        if (tu_held[i].kind == TU_STREAM) open += tu_end_capture((cudaStream_t)tu_held[i].p);
+        if (tu_held[i].kind != TU_DEVICE) continue;
+        mb_device *dev = (mb_device *)tu_held[i].p;
+        mb_graph *g = NULL;
+        if (mb_graph_end(dev, &g) != MB_ERR_STATE) open++; /* a capture of mb_graph_begin */
+        mb_graph_destroy(g);
+        for (int k = 0; k < mb_device_streams(dev); k++) open += tu_end_capture(mb_cuda_stream(dev, k));
+    }
+    mb_clear_error();
+#ifdef CUDASIM
+    cudasim::expect_capture_errors(false); /* the next test expects none, unless it says so */
+#endif
+    if (open) printf("tu_cuda_teardown: ended %d capture(s) the test left open\n", open);
+    cudaError_t e = cudaDeviceSynchronize();
+    cudaGetLastError();
+    cudaError_t sticky = cudaGetLastError(); /* still there after it was read: it sticks */
+    if (sticky != cudaSuccess && !tu_sticky_ok) {
+        printf("tu_cuda_teardown: the device has a sticky error: %s (%s); the tests after this one cannot "
+               "use it\n", cudaGetErrorName(sticky), cudaGetErrorString(sticky));
+        ok = 0;
+    }
+    (void)e;
+    for (int i = tu_nheld - 1; i >= 0; i--) {
+        void *p = tu_held[i].p;
+        switch (tu_held[i].kind) {
+        case TU_EXEC: cudaGraphExecDestroy((cudaGraphExec_t)p); break;
+        case TU_GRAPH: cudaGraphDestroy((cudaGraph_t)p); break;
+        case TU_CUBLAS: cublasDestroy((cublasHandle_t)p); break;
+        case TU_EVENT: cudaEventDestroy((cudaEvent_t)p); break;
+        case TU_STREAM: cudaStreamDestroy((cudaStream_t)p); break;
+        case TU_DEVMEM: cudaFree(p); break;
+        case TU_PINNED: cudaFreeHost(p); break;
+        case TU_DEVICE: break; /* not closed by the test: left open (see above) */
+        }
+    }
+    tu_nheld = 0;
+    cudaGetLastError();
+    return ok ? 0 : -1;
+}
+#define tu_cuda_test(f) cmocka_unit_test_setup_teardown(f, tu_cuda_setup, tu_cuda_teardown)
+
 /* Open the GPU (4 streams) or skip the calling test, after checking that a machine
- * without one gives MB_ERR_NO_DEVICE with a message naming CUDA. */
+ * without one gives MB_ERR_NO_DEVICE with a message naming CUDA. The fixture holds it. */
 static inline mb_device *tu_open_cuda_or_skip(int tf32) {
     mb_device_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -170,7 +309,7 @@ static inline mb_device *tu_open_cuda_or_skip(int tf32) {
         skip();
     }
     if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", mb_last_error());
-    return dev;
+    return (mb_device *)tu_hold(TU_DEVICE, dev);
 }
 #endif
 

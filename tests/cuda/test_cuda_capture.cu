@@ -3,8 +3,11 @@
  * events; the illegal calls and the error codes they give; replay, cudaGraphExecUpdate, child
  * graphs; and a randomized program over three streams whose replay must equal its eager run.
  * Under the simulator it also checks the counters. Built by nvcc too: on a GPU it checks the
- * simulator's model against the real runtime (the simulator's own choices are marked CUDASIM);
- * without a GPU every test skips. */
+ * simulator's model against the real runtime, and each failure names the call and both answers
+ * (docs/GPU.md lists which answers were read off a GPU). It asserts only what a program can rely
+ * on: the simulator's own choices (a cuBLAS call is one node, memory nodes are refused, the
+ * counters) are marked CUDASIM, and where the runtime documents only "an error" a GPU run checks
+ * just that. Without a GPU every test skips. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
@@ -24,35 +27,66 @@ __global__ void k_set(float *y, float v, int n) {
 enum { N = 64 };
 
 static void need_gpu(void) { /* skips the test where there is no device */
-    mb_device *d = tu_open_cuda_or_skip(0);
-    mb_device_close(d);
+    tu_device_close(tu_open_cuda_or_skip(0));
 }
 
-static float *dev_f32(size_t n) {
-    float *p = NULL;
-    assert_int_equal(cudaMalloc((void **)&p, n * sizeof(float)), cudaSuccess);
-    assert_int_equal(cudaMemset(p, 0, n * sizeof(float)), cudaSuccess);
-    return p;
-}
+static float *dev_f32(size_t n) { return (float *)tu_cuda_malloc(n * sizeof(float)); }
 static float get1(const float *d, int i) {
     float v;
     assert_int_equal(cudaMemcpy(&v, d + i, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
 }
-static cudaStream_t new_stream(void) {
-    cudaStream_t s;
-    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    return s;
+
+/* The call gave the model's answer, or the test fails naming both (the runtime's names). */
+#define EXPECT(call, want) expect_rc(#call, (call), (want))
+static void expect_rc(const char *call, cudaError_t got, cudaError_t want) {
+    if (got != want)
+        fail_msg("%s returned %s (%d); the model says %s (%d)", call, cudaGetErrorName(got), (int)got,
+                 cudaGetErrorName(want), (int)want);
 }
-static cudaStreamCaptureStatus status_of(cudaStream_t s) {
+/* Where the runtime documents an error but not its code: the code under the simulator, any error on a GPU. */
+#define EXPECT_ERROR(call, sim_code) expect_error(#call, (call), (sim_code))
+static void expect_error(const char *call, cudaError_t got, cudaError_t sim_code) {
+#ifdef CUDASIM
+    expect_rc(call, got, sim_code);
+#else
+    if (got == cudaSuccess) fail_msg("%s succeeded; the model says %s", call, cudaGetErrorName(sim_code));
+    printf("%s: %s (%d)\n", call, cudaGetErrorName(got), (int)got);
+#endif
+    cudaGetLastError();
+}
+/* Where the runtime documents nothing: the simulator's answer under it, what a GPU gives printed. */
+#define OBSERVE(call, sim_code) observe(#call, (call), (sim_code))
+static void observe(const char *call, cudaError_t got, cudaError_t sim_code) {
+#ifdef CUDASIM
+    expect_rc(call, got, sim_code);
+#else
+    printf("%s: %s (%d); the model says %s\n", call, cudaGetErrorName(got), (int)got, cudaGetErrorName(sim_code));
+#endif
+    cudaGetLastError();
+}
+static const char *status_name(cudaStreamCaptureStatus st) {
+    return st == cudaStreamCaptureStatusNone ? "none" : st == cudaStreamCaptureStatusActive ? "active" : "invalidated";
+}
+static void expect_status(cudaStream_t s, cudaStreamCaptureStatus want, const char *after) {
     cudaStreamCaptureStatus st;
-    assert_int_equal(cudaStreamIsCapturing(s, &st), cudaSuccess);
-    return st;
+    EXPECT(cudaStreamIsCapturing(s, &st), cudaSuccess);
+    if (st != want) fail_msg("after %s the capture status is %s; the model says %s", after, status_name(st), status_name(want));
 }
 static cudaGraphExec_t instantiate(cudaGraph_t g) {
     cudaGraphExec_t x = NULL;
-    assert_int_equal(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
-    return x;
+    EXPECT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+    return (cudaGraphExec_t)tu_hold(TU_EXEC, x);
+}
+static cudaGraph_t end_capture(cudaStream_t s) {
+    cudaGraph_t g = NULL;
+    EXPECT(cudaStreamEndCapture(s, &g), cudaSuccess);
+    return (cudaGraph_t)tu_hold(TU_GRAPH, g);
+}
+static size_t nodes_of(cudaGraph_t g) {
+    size_t n = 0;
+    EXPECT(cudaGraphGetNodes(g, NULL, &n), cudaSuccess);
+    return n;
 }
 
 /* Kernel, memset, copies and a cuBLAS call are recorded in order and run only at each launch;
@@ -60,55 +94,63 @@ static cudaGraphExec_t instantiate(cudaGraph_t g) {
 static void test_capture_records_not_runs(void **state) {
     (void)state;
     need_gpu();
-    cudaStream_t a = new_stream();
+    cudaStream_t a = tu_cuda_stream();
     float *y = dev_f32(N), *c = dev_f32(1), *pin = NULL, one = 1.0f, zero = 0.0f;
-    assert_int_equal(cudaMallocHost((void **)&pin, N * sizeof(float)), cudaSuccess);
+    EXPECT(cudaMallocHost((void **)&pin, N * sizeof(float)), cudaSuccess);
+    tu_hold(TU_PINNED, pin);
     for (int i = 0; i < N; i++) pin[i] = (float)i;
     cublasHandle_t h;
     assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    tu_hold(TU_CUBLAS, h);
     cublasSetStream(h, a);
 #ifdef CUDASIM
     cudasim::reset_stats();
 #endif
-    assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
-    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
-    assert_int_equal(status_of(a), cudaStreamCaptureStatusActive);
-    assert_int_equal(cudaMemcpyAsync(y, pin, N * sizeof(float), cudaMemcpyHostToDevice, a), cudaSuccess);
+    expect_status(a, cudaStreamCaptureStatusNone, "cudaStreamCreate");
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
+    expect_status(a, cudaStreamCaptureStatusActive, "cudaStreamBeginCapture");
+    EXPECT(cudaMemcpyAsync(y, pin, N * sizeof(float), cudaMemcpyHostToDevice, a), cudaSuccess);
     MB_LAUNCH(k_add, 1, 32, 0, a)(y, 0.5f, N);
     /* c = y[0:2] . y[0:2] (a 1x1 gemm over k = 2) */
     assert_int_equal(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 2, &one, y, CUDA_R_32F, 2, y, CUDA_R_32F, 2, &zero, c,
                                   CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      CUBLAS_STATUS_SUCCESS);
-    assert_int_equal(cudaMemsetAsync(y + N - 1, 0, sizeof(float), a), cudaSuccess);
-    assert_int_equal(cudaMemcpyAsync(pin, y, N * sizeof(float), cudaMemcpyDeviceToHost, a), cudaSuccess);
+    EXPECT(cudaMemsetAsync(y + N - 1, 0, sizeof(float), a), cudaSuccess);
+    EXPECT(cudaMemcpyAsync(pin, y, N * sizeof(float), cudaMemcpyDeviceToHost, a), cudaSuccess);
     cudaStreamCaptureStatus st;
     unsigned long long id = 0;
     cudaGraph_t during = NULL;
     size_t ndeps = 0;
-    assert_int_equal(cudaStreamGetCaptureInfo(a, &st, &id, &during, NULL, NULL, &ndeps), cudaSuccess);
+    EXPECT(cudaStreamGetCaptureInfo(a, &st, &id, &during, NULL, NULL, &ndeps), cudaSuccess);
     assert_true(st == cudaStreamCaptureStatusActive && id != 0 && during != NULL && ndeps == 1);
-    cudaGraph_t g = NULL;
-    assert_int_equal(cudaStreamEndCapture(a, &g), cudaSuccess);
+    cudaGraph_t g = end_capture(a);
     assert_ptr_equal(g, during);
-    assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
-    /* nothing ran: y is still zero (cudaMemcpy would be illegal during the capture, not after) */
+    expect_status(a, cudaStreamCaptureStatusNone, "cudaStreamEndCapture");
+    /* nothing ran: y is still zero (cudaMemcpy on the legacy stream is legal with non-blocking streams capturing) */
 #ifdef CUDASIM
     cudasim::stats s = cudasim::get_stats();
     assert_int_equal(s.launches + s.cublas_calls + s.bytes_h2d + s.bytes_d2h + s.graph_launches, 0);
 #endif
     assert_true(get1(y, 0) == 0.0f && pin[1] == 1.0f);
-    size_t nodes = 0;
-    assert_int_equal(cudaGraphGetNodes(g, NULL, &nodes), cudaSuccess);
+    /* 4 nodes of ours and the cuBLAS call's: 1 here, 4 on the H100 (CUDA 13.0), a number that
+     * depends on the cuBLAS version, so only "at least one" is asserted on a GPU */
+    size_t nodes = nodes_of(g);
+#ifdef CUDASIM
     assert_int_equal(nodes, 5);
+#else
+    printf("a capture with one cublasGemmEx has %zu nodes\n", nodes);
+    assert_true(nodes >= 5);
+#endif
     cudaGraphExec_t x = instantiate(g);
-    assert_int_equal(cudaGraphDestroy(g), cudaSuccess); /* the exec keeps its own copy */
+    EXPECT(cudaGraphDestroy(g), cudaSuccess); /* the exec keeps its own copy */
+    tu_let_go(g);
 #ifdef CUDASIM
     cudasim::reset_stats();
 #endif
     for (int rep = 0; rep < 2; rep++) {
         for (int i = 0; i < N; i++) pin[i] = (float)i; /* the copy node reads pinned memory at launch */
-        assert_int_equal(cudaGraphLaunch(x, a), cudaSuccess);
-        assert_int_equal(cudaStreamSynchronize(a), cudaSuccess);
+        EXPECT(cudaGraphLaunch(x, a), cudaSuccess);
+        EXPECT(cudaStreamSynchronize(a), cudaSuccess);
         assert_true(pin[0] == 0.5f && pin[1] == 1.5f && pin[N - 1] == 0.0f);
         assert_true(get1(c, 0) == 0.5f * 0.5f + 1.5f * 1.5f);
     }
@@ -121,220 +163,273 @@ static void test_capture_records_not_runs(void **state) {
     assert_int_equal(s.bytes_h2d, 2 * N * sizeof(float));
     assert_int_equal(s.bytes_d2h, 2 * N * sizeof(float) + 2 * sizeof(float)); /* + the two get1 */
 #endif
-    assert_int_equal(cudaGraphExecDestroy(x), cudaSuccess);
-    cublasDestroy(h);
-    cudaStreamDestroy(a);
-    cudaFree(y); cudaFree(c); cudaFreeHost(pin);
 }
 
 /* Fork/join: b joins a's capture through an event, a joins b back; without the join the capture
- * ends as unjoined. Ending on a joined stream, or on none, is refused. */
+ * ends as unjoined. */
 static void test_fork_join(void **state) {
     (void)state;
     need_gpu();
-    cudaStream_t a = new_stream(), b = new_stream();
-    cudaEvent_t fork, join;
-    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
-    cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+    tu_cuda_capture_errors_expected();
+    cudaStream_t a = tu_cuda_stream(), b = tu_cuda_stream();
+    cudaEvent_t fork = tu_cuda_event(), join = tu_cuda_event();
     float *y = dev_f32(N), *z = dev_f32(N);
     for (int joined = 0; joined < 2; joined++) {
-        assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
         MB_LAUNCH(k_set, 1, 32, 0, a)(y, 2.0f, N);
-        assert_int_equal(cudaEventRecord(fork, a), cudaSuccess);
-        assert_int_equal(cudaEventQuery(fork), cudaErrorCapturedEvent);
-        assert_int_equal(cudaGetLastError(), cudaErrorCapturedEvent);
-        assert_int_equal(status_of(b), cudaStreamCaptureStatusNone);
-        assert_int_equal(cudaStreamWaitEvent(b, fork, 0), cudaSuccess);
-        assert_int_equal(status_of(b), cudaStreamCaptureStatusActive);
+        EXPECT(cudaEventRecord(fork, a), cudaSuccess);
+        expect_status(b, cudaStreamCaptureStatusNone, "cudaEventRecord on the capturing stream");
+        EXPECT(cudaStreamWaitEvent(b, fork, 0), cudaSuccess);
+        expect_status(b, cudaStreamCaptureStatusActive, "cudaStreamWaitEvent on an event of the capture");
         MB_LAUNCH(k_axpy, 1, 32, 0, b)(z, y, 3.0f, N); /* z = 3z + y, after a's k_set */
-        cudaGraph_t g = NULL;
-        assert_int_equal(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureUnmatched); /* b did not begin it */
-        assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureUnmatched);
         if (joined) {
-            assert_int_equal(cudaEventRecord(join, b), cudaSuccess);
-            assert_int_equal(cudaStreamWaitEvent(a, join, 0), cudaSuccess);
+            EXPECT(cudaEventRecord(join, b), cudaSuccess);
+            EXPECT(cudaStreamWaitEvent(a, join, 0), cudaSuccess);
         }
         MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N); /* after b read y (when joined) */
+        cudaGraph_t g = NULL;
         cudaError_t e = cudaStreamEndCapture(a, &g);
-        assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
-        assert_int_equal(status_of(b), cudaStreamCaptureStatusNone);
+        expect_status(a, cudaStreamCaptureStatusNone, "cudaStreamEndCapture");
+        expect_status(b, cudaStreamCaptureStatusNone, "cudaStreamEndCapture on the origin");
         if (!joined) {
-            assert_int_equal(e, cudaErrorStreamCaptureUnjoined);
+            expect_rc("cudaStreamEndCapture (b not joined back)", e, cudaErrorStreamCaptureUnjoined);
             assert_null(g);
             cudaGetLastError();
             continue;
         }
-        assert_int_equal(e, cudaSuccess);
-        size_t nodes = 0;
-        cudaGraphGetNodes(g, NULL, &nodes);
-        assert_int_equal(nodes, 3);
+        expect_rc("cudaStreamEndCapture", e, cudaSuccess);
+        tu_hold(TU_GRAPH, g);
+        assert_int_equal(nodes_of(g), 3);
         cudaGraphExec_t x = instantiate(g);
-        cudaGraphDestroy(g);
-        assert_int_equal(cudaMemset(z, 0, N * sizeof(float)), cudaSuccess);
-        assert_int_equal(cudaGraphLaunch(x, a), cudaSuccess); /* replay in capture order */
-        assert_int_equal(cudaGraphLaunch(x, a), cudaSuccess);
-        assert_int_equal(cudaStreamSynchronize(a), cudaSuccess);
+        EXPECT(cudaMemset(z, 0, N * sizeof(float)), cudaSuccess);
+        EXPECT(cudaGraphLaunch(x, a), cudaSuccess); /* replay in capture order */
+        EXPECT(cudaGraphLaunch(x, a), cudaSuccess);
+        EXPECT(cudaStreamSynchronize(a), cudaSuccess);
         /* launch 1: y = 2, z = 0*3 + 2 = 2, y = 3; launch 2: y = 2, z = 2*3 + 2 = 8, y = 3 */
         assert_true(get1(y, 5) == 3.0f && get1(z, 5) == 8.0f);
-        cudaGraphExecDestroy(x);
     }
-    /* the events left no pending state behind: usable outside a capture */
-    assert_int_equal(cudaEventQuery(fork), cudaSuccess);
-    assert_int_equal(cudaEventRecord(fork, a), cudaSuccess);
-    assert_int_equal(cudaEventSynchronize(fork), cudaSuccess);
+    /* the events work outside a capture again */
+    EXPECT(cudaEventRecord(fork, a), cudaSuccess);
+    EXPECT(cudaEventSynchronize(fork), cudaSuccess);
+    EXPECT(cudaEventQuery(fork), cudaSuccess);
     cudaGraph_t g = NULL;
-    assert_int_equal(cudaStreamEndCapture(a, &g), cudaErrorIllegalState);
-    assert_int_equal(cudaGetLastError(), cudaErrorIllegalState);
-    cudaEventDestroy(fork); cudaEventDestroy(join);
-    cudaStreamDestroy(a); cudaStreamDestroy(b);
-    cudaFree(y); cudaFree(z);
+    EXPECT_ERROR(cudaStreamEndCapture(a, &g), cudaErrorIllegalState); /* no capture under way */
+}
+
+/* An event recorded in a capture cannot be queried (cudaErrorCapturedEvent, read off the H100),
+ * and the query invalidates the capture: a wait on the event from another stream is then
+ * cudaErrorInvalidValue (the H100), and the stream stays out of it. Ending a capture on a stream
+ * that only joined it is cudaErrorStreamCaptureUnmatched. */
+static void test_captured_event(void **state) {
+    (void)state;
+    need_gpu();
+    tu_cuda_capture_errors_expected();
+    cudaStream_t a = tu_cuda_stream(), b = tu_cuda_stream();
+    cudaEvent_t e = tu_cuda_event();
+    float *y = dev_f32(N);
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    MB_LAUNCH(k_set, 1, 32, 0, a)(y, 2.0f, N);
+    EXPECT(cudaEventRecord(e, a), cudaSuccess);
+    EXPECT(cudaEventQuery(e), cudaErrorCapturedEvent);
+    EXPECT(cudaGetLastError(), cudaErrorCapturedEvent);
+    expect_status(b, cudaStreamCaptureStatusNone, "cudaEventQuery on an event of a capture");
+    EXPECT(cudaStreamWaitEvent(b, e, 0), cudaErrorInvalidValue);
+    cudaGetLastError();
+    expect_status(b, cudaStreamCaptureStatusNone, "cudaStreamWaitEvent on that event");
+    expect_status(a, cudaStreamCaptureStatusInvalidated, "cudaEventQuery on an event of the capture");
+    cudaGraph_t g = (cudaGraph_t)1;
+    EXPECT(cudaStreamEndCapture(a, &g), cudaErrorStreamCaptureInvalidated);
+    assert_null(g);
+    cudaGetLastError();
+    /* ending on a stream that joined (and was joined back): refused; the origin ends it */
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT(cudaEventRecord(e, a), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+    MB_LAUNCH(k_add, 1, 32, 0, b)(y, 1.0f, N);
+    EXPECT(cudaEventRecord(e, b), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(a, e, 0), cudaSuccess);
+    EXPECT(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureUnmatched);
+    g = NULL;
+    OBSERVE(cudaStreamEndCapture(a, &g), cudaSuccess); /* the refused end left the capture as it was? */
+    if (g) {
+        tu_hold(TU_GRAPH, g);
+        assert_int_equal(nodes_of(g), 1);
+    }
 }
 
 /* Begins capture, runs bad(), and checks that it fails with err, that the capture is then
  * invalidated (a later launch says so, the end gives no graph), and that the stream works after. */
-template <class F> static void invalidated_by(cudaStream_t a, cudaStreamCaptureMode mode, cudaError_t err, F bad) {
+template <class F>
+static void invalidated_by(cudaStream_t a, cudaStreamCaptureMode mode, cudaError_t err, const char *what, F bad) {
     float *y = dev_f32(N);
-    assert_int_equal(cudaStreamBeginCapture(a, mode), cudaSuccess);
+    EXPECT(cudaStreamBeginCapture(a, mode), cudaSuccess);
     MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N);
-    assert_int_equal(bad(), err);
-    assert_int_equal(cudaGetLastError(), err);
-    assert_int_equal(status_of(a), cudaStreamCaptureStatusInvalidated);
+    expect_rc(what, bad(), err);
+    expect_rc("cudaGetLastError after it", cudaGetLastError(), err);
+    expect_status(a, cudaStreamCaptureStatusInvalidated, what);
     MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N);
-    assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
+    expect_rc("a launch into the invalidated capture", cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
     cudaGraph_t g = (cudaGraph_t)1;
-    assert_int_equal(cudaStreamEndCapture(a, &g), cudaErrorStreamCaptureInvalidated);
+    EXPECT(cudaStreamEndCapture(a, &g), cudaErrorStreamCaptureInvalidated);
     assert_null(g);
     cudaGetLastError();
     MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N); /* runs now */
-    assert_int_equal(cudaStreamSynchronize(a), cudaSuccess);
+    EXPECT(cudaStreamSynchronize(a), cudaSuccess);
     assert_true(get1(y, 0) == 1.0f);
-    cudaFree(y);
 }
+#define INVALIDATED_BY(a, mode, err, call) invalidated_by(a, mode, err, #call, [&] { return call; })
 
-/* The illegal calls during a capture and their errors. */
+/* Begins capture, runs ok(), which must succeed and leave the capture active; the end gives the graph. */
+template <class F> static void legal_during(cudaStream_t a, cudaStreamCaptureMode mode, const char *what, F ok) {
+    float *y = dev_f32(N);
+    EXPECT(cudaStreamBeginCapture(a, mode), cudaSuccess);
+    MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N);
+    expect_rc(what, ok(), cudaSuccess);
+    expect_status(a, cudaStreamCaptureStatusActive, what);
+    cudaGraph_t g = end_capture(a);
+    assert_int_equal(nodes_of(g), 1);
+}
+#define LEGAL_DURING(a, mode, call) legal_during(a, mode, #call, [&] { return call; })
+
+/* The illegal calls during a capture and their errors; the legal ones that look illegal. */
 static void test_illegal_during_capture(void **state) {
     (void)state;
     need_gpu();
-    cudaStream_t a = new_stream(), b = new_stream();
-    cudaEvent_t outside;
-    cudaEventCreate(&outside);
+    tu_cuda_capture_errors_expected();
+    cudaStream_t a = tu_cuda_stream(), b = tu_cuda_stream();
+    cudaEvent_t outside = tu_cuda_event(), e = tu_cuda_event();
     float *y = dev_f32(N), h = 0;
     void *p = NULL;
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamSynchronize(a); });
-    invalidated_by(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, [&] { return cudaDeviceSynchronize(); });
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported,
-                   [&] { return cudaMemcpy(&h, y, 4, cudaMemcpyDeviceToHost); });
-    invalidated_by(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&p, 16); });
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(y); });
+    INVALIDATED_BY(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, cudaStreamSynchronize(a));
+    INVALIDATED_BY(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, cudaDeviceSynchronize());
+    /* the legacy stream waits for no non-blocking stream: its synchronous calls are legal while
+     * non-blocking streams capture (the H100: cudaMemcpy returned success) */
+    LEGAL_DURING(a, cudaStreamCaptureModeGlobal, cudaMemcpy(&h, y, 4, cudaMemcpyDeviceToHost));
+    LEGAL_DURING(a, cudaStreamCaptureModeGlobal, cudaMemset(y, 0, 4));
+    INVALIDATED_BY(a, cudaStreamCaptureModeThreadLocal, cudaErrorStreamCaptureUnsupported, cudaMalloc(&p, 16));
+    INVALIDATED_BY(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, cudaFree(y));
 #ifdef CUDASIM /* the simulator's own refusals (CUDA captures memory nodes) */
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocAsync(&p, 16, a); });
-    invalidated_by(a, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamDestroy(a); });
+    INVALIDATED_BY(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported, cudaMallocAsync(&p, 16, a));
+    INVALIDATED_BY(a, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureUnsupported, cudaStreamDestroy(a));
 #endif
     cudaEventRecord(outside, b); /* plain execution: a capture may not wait on it */
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureIsolation, [&] { return cudaStreamWaitEvent(a, outside, 0); });
+    INVALIDATED_BY(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureIsolation, cudaStreamWaitEvent(a, outside, 0));
     /* a stream of another capture waits on an event of this one: the captures would merge (both
      * invalidated; b's capture is relaxed, so the helper's allocations stay legal) */
     cudaGraph_t g;
-    cudaEvent_t e;
-    cudaEventCreate(&e);
-    assert_int_equal(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureMerge, [&] {
+    EXPECT(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    invalidated_by(a, cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureMerge, "cudaStreamWaitEvent(b, e of a)", [&] {
         cudaEventRecord(e, a);
         return cudaStreamWaitEvent(b, e, 0);
     });
-    assert_int_equal(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
+    EXPECT(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
     cudaGetLastError();
-    cudaEventDestroy(e);
     /* relaxed: allocation is allowed during the capture, and so it is for a thread in relaxed mode */
-    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    assert_int_equal(cudaMalloc(&p, 16), cudaSuccess);
-    assert_int_equal(cudaFree(p), cudaSuccess);
-    assert_int_equal(cudaStreamEndCapture(a, &g), cudaSuccess);
-    cudaGraphDestroy(g);
-    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
+    LEGAL_DURING(a, cudaStreamCaptureModeRelaxed, cudaMalloc(&p, 16));
+    EXPECT(cudaFree(p), cudaSuccess);
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
     cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
-    assert_int_equal(cudaThreadExchangeStreamCaptureMode(&m), cudaSuccess);
+    EXPECT(cudaThreadExchangeStreamCaptureMode(&m), cudaSuccess);
     assert_int_equal(m, cudaStreamCaptureModeGlobal);
-    assert_int_equal(cudaMalloc(&p, 16), cudaSuccess);
-    assert_int_equal(cudaFree(p), cudaSuccess);
-    assert_int_equal(cudaThreadExchangeStreamCaptureMode(&m), cudaSuccess);
-    /* another thread (in global mode): refused under a global capture, which is invalidated
-     * (and may be ended from any thread); free under a thread-local one, which only its own
-     * thread may end */
+    EXPECT(cudaMalloc(&p, 16), cudaSuccess);
+    EXPECT(cudaFree(p), cudaSuccess);
+    EXPECT(cudaThreadExchangeStreamCaptureMode(&m), cudaSuccess);
+    /* another thread (in global mode): refused under a global capture, which only its own thread
+     * may end; free under a thread-local one, which only its own thread may end */
     cudaError_t other = cudaSuccess;
     std::thread([&] { other = cudaMalloc(&p, 16); }).join();
-    assert_int_equal(other, cudaErrorStreamCaptureUnsupported);
+    expect_rc("cudaMalloc on another thread during a global capture", other, cudaErrorStreamCaptureUnsupported);
     std::thread([&] { other = cudaStreamEndCapture(a, &g); }).join();
-    assert_int_equal(other, cudaErrorStreamCaptureInvalidated);
-    assert_int_equal(status_of(a), cudaStreamCaptureStatusNone);
-    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    expect_rc("cudaStreamEndCapture of a global capture on another thread", other, cudaErrorStreamCaptureWrongThread);
+    g = NULL;
+    OBSERVE(cudaStreamEndCapture(a, &g), cudaErrorStreamCaptureInvalidated); /* by the other thread's cudaMalloc? */
+    if (g) tu_hold(TU_GRAPH, g);
+    expect_status(a, cudaStreamCaptureStatusNone, "cudaStreamEndCapture");
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
     std::thread([&] {
         other = cudaMalloc(&p, 16);
         if (other == cudaSuccess) other = cudaFree(p);
         if (other == cudaSuccess) other = cudaStreamEndCapture(a, &g);
     }).join();
-    assert_int_equal(other, cudaErrorStreamCaptureWrongThread);
-    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaErrorIllegalState);
-    assert_int_equal(cudaStreamEndCapture(a, &g), cudaSuccess);
-    cudaGraphDestroy(g);
-    /* the legacy default stream cannot capture */
-    assert_int_equal(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+    expect_rc("cudaMalloc, cudaFree, cudaStreamEndCapture of a thread-local capture on another thread", other,
+              cudaErrorStreamCaptureWrongThread);
+    EXPECT_ERROR(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaErrorIllegalState);
+    g = end_capture(a);
+    /* a relaxed capture ends on any thread */
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    std::thread([&] { other = cudaStreamEndCapture(a, &g); }).join();
+    expect_rc("cudaStreamEndCapture of a relaxed capture on another thread", other, cudaSuccess);
+    tu_hold(TU_GRAPH, g);
+    /* the legacy default stream cannot capture, and is unusable while a blocking stream captures */
+    EXPECT_ERROR(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+    cudaStream_t blocking;
+    EXPECT(cudaStreamCreate(&blocking), cudaSuccess);
+    tu_hold(TU_STREAM, blocking);
+    EXPECT(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    EXPECT(cudaMemcpy(&h, y, 4, cudaMemcpyDeviceToHost), cudaErrorStreamCaptureImplicit);
     cudaGetLastError();
-    cudaEventDestroy(outside);
-    cudaStreamDestroy(a); cudaStreamDestroy(b);
-    cudaFree(y);
+    g = NULL;
+    OBSERVE(cudaStreamEndCapture(blocking, &g), cudaSuccess); /* not invalidated by the refused call? */
+    if (g) tu_hold(TU_GRAPH, g);
 }
 
-/* cudaGraphExecUpdate takes new arguments for the same kernels, refuses another function; a graph
- * launched in a capture becomes one node. */
+/* cudaGraphExecUpdate takes new arguments, a new grid, even another function for a kernel node
+ * (the H100, CUDA 13.0); it refuses another topology or node type and leaves the exec as it was.
+ * A graph launched in a capture becomes a node, which replays it. */
 static void test_exec_update_and_child_graph(void **state) {
     (void)state;
     need_gpu();
-    cudaStream_t a = new_stream();
+    cudaStream_t a = tu_cuda_stream();
     float *y = dev_f32(N), *z = dev_f32(N);
-    cudaGraph_t g1, g2, g3, outer;
-    cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-    MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N);
-    assert_int_equal(cudaStreamEndCapture(a, &g1), cudaSuccess);
-    cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-    MB_LAUNCH(k_add, 2, 32, 0, a)(z, 5.0f, N);
-    assert_int_equal(cudaStreamEndCapture(a, &g2), cudaSuccess);
-    cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-    MB_LAUNCH(k_set, 1, 32, 0, a)(z, 5.0f, N);
-    assert_int_equal(cudaStreamEndCapture(a, &g3), cudaSuccess);
-    cudaGraphExec_t x = instantiate(g1);
+    cudaGraph_t gr[5];
+    for (int i = 0; i < 5; i++) {
+        EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
+        if (i == 0) MB_LAUNCH(k_add, 1, 32, 0, a)(y, 1.0f, N);
+        if (i == 1) MB_LAUNCH(k_add, 2, 32, 0, a)(z, 5.0f, N); /* other arguments and grid */
+        if (i == 2) MB_LAUNCH(k_set, 1, 32, 0, a)(z, 7.0f, N); /* another function */
+        for (int k = 0; k < (i == 3 ? 2 : 0); k++) MB_LAUNCH(k_add, 1, 32, 0, a)(z, 1.0f, N); /* another topology */
+        if (i == 4) EXPECT(cudaMemsetAsync(z, 0, 4, a), cudaSuccess); /* another node type */
+        gr[i] = end_capture(a);
+    }
+    cudaGraphExec_t x = instantiate(gr[0]);
     cudaGraphExecUpdateResultInfo info;
-    assert_int_equal(cudaGraphExecUpdate(x, g2, &info), cudaSuccess);
+    EXPECT(cudaGraphExecUpdate(x, gr[1], &info), cudaSuccess);
     assert_int_equal(info.result, cudaGraphExecUpdateSuccess);
-    assert_int_equal(cudaGraphExecUpdate(x, g3, &info), cudaErrorGraphExecUpdateFailure);
-    assert_int_equal(info.result, cudaGraphExecUpdateErrorUnsupportedFunctionChange);
-    cudaGetLastError();
-    cudaGraphLaunch(x, a); /* g2's arguments: z += 5 */
-    cudaStreamSynchronize(a);
+    EXPECT(cudaGraphLaunch(x, a), cudaSuccess); /* gr[1]'s arguments: z += 5 */
+    EXPECT(cudaStreamSynchronize(a), cudaSuccess);
     assert_true(get1(y, 3) == 0.0f && get1(z, 3) == 5.0f);
-    /* the exec launched inside a capture: one node, which replays it */
-    cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-    assert_int_equal(cudaGraphLaunch(x, a), cudaSuccess);
+    EXPECT(cudaGraphExecUpdate(x, gr[2], &info), cudaSuccess);
+    assert_int_equal(info.result, cudaGraphExecUpdateSuccess);
+    EXPECT(cudaGraphExecUpdate(x, gr[3], &info), cudaErrorGraphExecUpdateFailure);
+    assert_int_equal(info.result, cudaGraphExecUpdateErrorTopologyChanged);
+    cudaGetLastError();
+    EXPECT(cudaGraphExecUpdate(x, gr[4], &info), cudaErrorGraphExecUpdateFailure);
+    assert_int_equal(info.result, cudaGraphExecUpdateErrorNodeTypeChanged);
+    cudaGetLastError();
+    EXPECT(cudaGraphLaunch(x, a), cudaSuccess); /* still gr[2]: z = 7 */
+    EXPECT(cudaStreamSynchronize(a), cudaSuccess);
+    assert_true(get1(z, 3) == 7.0f);
+    /* the exec launched inside a capture: a node (a child graph), which replays it */
+    EXPECT(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT(cudaGraphLaunch(x, a), cudaSuccess);
     MB_LAUNCH(k_add, 1, 32, 0, a)(z, 1.0f, N);
-    assert_int_equal(cudaStreamEndCapture(a, &outer), cudaSuccess);
-    size_t nodes = 0;
-    cudaGraphGetNodes(outer, NULL, &nodes);
-    assert_int_equal(nodes, 2);
+    cudaGraph_t outer = end_capture(a);
+#ifdef CUDASIM
+    assert_int_equal(nodes_of(outer), 2);
+#else
+    assert_true(nodes_of(outer) >= 2);
+#endif
     cudaGraphExec_t xo = instantiate(outer);
 #ifdef CUDASIM
     cudasim::reset_stats();
 #endif
-    cudaGraphLaunch(xo, a);
-    cudaStreamSynchronize(a);
-    assert_true(get1(z, 3) == 11.0f);
+    EXPECT(cudaGraphLaunch(xo, a), cudaSuccess);
+    EXPECT(cudaStreamSynchronize(a), cudaSuccess);
+    assert_true(get1(z, 3) == 8.0f);
 #ifdef CUDASIM
     assert_int_equal(cudasim::get_stats().graph_launches, 2);
     assert_int_equal(cudasim::get_stats().launches, 2);
 #endif
-    cudaGraphExecDestroy(x); cudaGraphExecDestroy(xo);
-    cudaGraphDestroy(g1); cudaGraphDestroy(g2); cudaGraphDestroy(g3); cudaGraphDestroy(outer);
-    cudaStreamDestroy(a);
-    cudaFree(y); cudaFree(z);
 }
 
 /* A random program over 3 streams and 4 buffers (kernels, copies, memsets, cross-stream
@@ -348,8 +443,8 @@ static void test_random_program_replay(void **state) {
     cudaStream_t st[S];
     cudaEvent_t ev[S];
     for (int i = 0; i < S; i++) {
-        st[i] = new_stream();
-        cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+        st[i] = tu_cuda_stream();
+        ev[i] = tu_cuda_event();
     }
     float *buf[NB], init[NB][N], eager[NB][N], replay[NB][N];
     for (int b = 0; b < NB; b++) {
@@ -391,13 +486,9 @@ static void test_random_program_replay(void **state) {
             cudaStreamWaitEvent(st[0], ev[s], 0);
         }
         if (capture) {
-            cudaGraph_t g;
-            assert_int_equal(cudaStreamEndCapture(st[0], &g), cudaSuccess);
-            cudaGraphExec_t x = instantiate(g);
-            cudaGraphDestroy(g);
+            cudaGraphExec_t x = instantiate(end_capture(st[0]));
             assert_int_equal(cudaGraphLaunch(x, st[1]), cudaSuccess); /* any stream */
             cudaStreamSynchronize(st[1]);
-            cudaGraphExecDestroy(x);
         }
         cudaDeviceSynchronize();
         for (int b = 0; b < NB; b++) cudaMemcpy(capture ? replay[b] : eager[b], buf[b], sizeof init[b], cudaMemcpyDeviceToHost);
@@ -417,15 +508,13 @@ static void test_random_program_replay(void **state) {
     run(true);
 #endif
     assert_memory_equal(eager, replay, sizeof eager);
-    for (int i = 0; i < S; i++) { cudaEventDestroy(ev[i]); cudaStreamDestroy(st[i]); }
-    for (int b = 0; b < NB; b++) cudaFree(buf[b]);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_capture_records_not_runs), cmocka_unit_test(test_fork_join),
-        cmocka_unit_test(test_illegal_during_capture),   cmocka_unit_test(test_exec_update_and_child_graph),
-        cmocka_unit_test(test_random_program_replay),
+        tu_cuda_test(test_capture_records_not_runs), tu_cuda_test(test_fork_join),
+        tu_cuda_test(test_captured_event),           tu_cuda_test(test_illegal_during_capture),
+        tu_cuda_test(test_exec_update_and_child_graph), tu_cuda_test(test_random_program_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,10 +34,10 @@ static mb_device *open_gpu_or_skip(void) {
     if (r != MB_OK) fail_msg("mb_device_open(MB_CUDA): %s", why);
     if (missing > 0) {
         printf("rank %d: %g other rank(s) have no GPU: skipped with them\n", mb_dist_rank(g_dist), missing);
-        mb_device_close(dev);
+        tu_device_close(dev);
         skip();
     }
-    return dev;
+    return (mb_device *)tu_hold(TU_DEVICE, dev);
 }
 
 static float val(uint64_t seed, int r, uint64_t i) { return mb_rng_symmetric(seed, (uint64_t)r, i, 1.0f); }
@@ -83,7 +83,7 @@ static void test_cuda_allreduce_and_sync(void **state) {
     mb_adamw_destroy(opt);
     free(h); free(want);
     mb_params_destroy(p);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 int main(void) {
@@ -95,7 +95,7 @@ int main(void) {
     uint64_t seed = tu_seed();
     if (mb_dist_broadcast(g_dist, &seed, sizeof seed) != MB_OK) return 1;
     tu_rng_state = seed;
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cuda_allreduce_and_sync)};
+    const struct CMUnitTest tests[] = {tu_cuda_test(test_cuda_allreduce_and_sync)};
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     mb_dist_close(g_dist);
     return failed;

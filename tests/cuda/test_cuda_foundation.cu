@@ -48,7 +48,7 @@ static void test_cuda_device_basics(void **state) {
     mb_free(dev, x);
     mb_free(dev, d); mb_free(dev, pin); mb_free(dev, h);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 static void test_cuda_gemm_vs_reference(void **state) {
@@ -67,7 +67,7 @@ static void test_cuda_gemm_vs_reference(void **state) {
     tu_gemm_case g = tu_gemm_random();
     g.k = 0;
     tu_gemm_run(dev, &g, 0, 0);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 static void test_cuda_gemm_tf32(void **state) {
@@ -78,7 +78,7 @@ static void test_cuda_gemm_tf32(void **state) {
         tu_gemm_case g = tu_gemm_random();
         tu_gemm_run(dev, &g, 2e-3, 2e-3); /* TF32: 10-bit mantissa operands */
     }
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 static void test_cuda_params_init_matches_cpu(void **state) {
@@ -107,7 +107,7 @@ static void test_cuda_params_init_matches_cpu(void **state) {
     for (size_t i = 0; i < n; i++) assert_true(gz[i] == 0.0f);
     free(x); free(y); free(gz);
     mb_params_destroy(p[0]); mb_params_destroy(p[1]);
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 static void test_cuda_convert_matches_cpu(void **state) {
@@ -137,15 +137,15 @@ static void test_cuda_convert_matches_cpu(void **state) {
     }
     mb_free(dev, dx); mb_free(dev, dh); mb_free(dev, dy);
     free(x); free(back); free(h);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_device_basics),  cmocka_unit_test(test_cuda_gemm_vs_reference),
-        cmocka_unit_test(test_cuda_gemm_tf32),      cmocka_unit_test(test_cuda_params_init_matches_cpu),
-        cmocka_unit_test(test_cuda_convert_matches_cpu),
+        tu_cuda_test(test_cuda_device_basics),  tu_cuda_test(test_cuda_gemm_vs_reference),
+        tu_cuda_test(test_cuda_gemm_tf32),      tu_cuda_test(test_cuda_params_init_matches_cpu),
+        tu_cuda_test(test_cuda_convert_matches_cpu),
     };
     return cmocka_run_group_tests_name("cuda_foundation", tests, NULL, NULL);
 }

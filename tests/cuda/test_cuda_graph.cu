@@ -202,7 +202,7 @@ static void test_graph_replay_bitwise(void **state) {
         free(eager.v); free(replay.v); free(run.v);
         model_close(&m);
     }
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 typedef struct counted { int n; char last[2048]; } counted;
@@ -225,8 +225,8 @@ static mb_result copy_then_sync(void *user) { /* b = a (a kernel), then a host s
 /* A function that syncs cannot be captured: mb_graph_run says so once and runs it directly. */
 static void test_graph_run_falls_back(void **state) {
     (void)state;
-    mb_device *probe = tu_open_cuda_or_skip(0);
-    mb_device_close(probe);
+    tu_device_close(tu_open_cuda_or_skip(0));
+    tu_cuda_capture_errors_expected();
     counted log;
     memset(&log, 0, sizeof log);
     mb_device_config cfg;
@@ -235,6 +235,7 @@ static void test_graph_run_falls_back(void **state) {
     cfg.log.fn = count_log; cfg.log.user = &log; cfg.log.max = MB_LOG_INFO;
     mb_device *dev;
     tu_ok(mb_device_open(&dev, &cfg));
+    tu_hold(TU_DEVICE, dev);
     const float ones[4] = {1, 2, 3, 4};
     syncing s = {dev, dev_copy(dev, ones, 4), dev_copy(dev, NULL, 4), 0};
     tu_ok(mb_sync(dev, -1));
@@ -252,13 +253,14 @@ static void test_graph_run_falls_back(void **state) {
     tu_ok(mb_sync(dev, 0));
     assert_memory_equal(out, ones, sizeof out);
     mb_free(dev, s.a); mb_free(dev, s.b);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 /* Out-of-order calls, and a sync inside a capture: errors, after which the device works. */
 static void test_graph_errors(void **state) {
     (void)state;
     mb_device *dev = tu_open_cuda_or_skip(0);
+    tu_cuda_capture_errors_expected();
     mb_graph *g = (mb_graph *)1;
     assert_int_equal(mb_graph_supported(dev), 1);
     tu_assert_error(mb_graph_end(dev, &g), MB_ERR_STATE, "no capture under way");
@@ -277,19 +279,19 @@ static void test_graph_errors(void **state) {
     mb_graph_destroy(g);
     mb_graph_destroy(NULL);
     tu_ok(mb_graph_begin(dev, 0)); /* closing the device ends a capture left open */
-    mb_device_close(dev);
+    tu_device_close(dev);
     dev = tu_open_cuda_or_skip(0);
     float *d = dev_copy(dev, NULL, 4); /* allocations are allowed again */
     mb_free(dev, d);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_graph_replay_bitwise),
-        cmocka_unit_test(test_graph_run_falls_back),
-        cmocka_unit_test(test_graph_errors),
+        tu_cuda_test(test_graph_replay_bitwise),
+        tu_cuda_test(test_graph_run_falls_back),
+        tu_cuda_test(test_graph_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

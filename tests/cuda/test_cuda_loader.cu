@@ -29,7 +29,7 @@ static void compare_with_cpu(mb_device *gpu, mb_loader_config c) {
     assert_int_equal(na, nb);
     assert_true(na > 0);
     assert_memory_equal(a, b, na); /* bitwise, also for bf16: one rounding on both backends */
-    mb_device_close(cpu);
+    tu_device_close(cpu);
     free(a);
     free(b);
 }
@@ -54,7 +54,7 @@ static void test_cuda_loader_matches_cpu(void **state) {
             }
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 static void test_cuda_loader_pageable_fallback(void **state) {
@@ -70,7 +70,7 @@ static void test_cuda_loader_pageable_fallback(void **state) {
     mb_device_fail_alloc(dev, MB_MEM_DEVICE, 1); /* first chunk buffer: retry smaller */
     compare_with_cpu(dev, c);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 /* bf16 chunks (converted on the device by the copy stream): bitwise equal to the CPU's,
@@ -103,7 +103,7 @@ static void test_cuda_loader_bf16_matches_cpu(void **state) {
     compare_with_cpu(dev, c);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
     assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_PINNED], 0);
-    mb_device_close(dev);
+    tu_device_close(dev);
 }
 
 int main(void) {
@@ -112,9 +112,9 @@ int main(void) {
         for (size_t j = 0; j < K; j++) g_targ[i * K + j] = -(float)i - tu_uniform(0.0f, 0.5f);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_loader_matches_cpu),
-        cmocka_unit_test(test_cuda_loader_pageable_fallback),
-        cmocka_unit_test(test_cuda_loader_bf16_matches_cpu),
+        tu_cuda_test(test_cuda_loader_matches_cpu),
+        tu_cuda_test(test_cuda_loader_pageable_fallback),
+        tu_cuda_test(test_cuda_loader_bf16_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -119,7 +119,7 @@ static void test_cuda_lstm_matches_cpu(void **state) {
         }
         free_inputs(&in);
     }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 static void test_cuda_lstm_checkpoint_bitwise(void **state) {
@@ -146,7 +146,7 @@ static void test_cuda_lstm_checkpoint_bitwise(void **state) {
     }
     for (int k = 0; k < O_N; k++) free(a[k]);
     free_inputs(&in);
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 /* bf16/f16 operands on the GPU against the CPU in f32 (< 2e-2) and, for information,
@@ -177,7 +177,7 @@ static void test_cuda_lstm_low_precision(void **state) {
             }
             free_inputs(&in);
         }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 static void test_cuda_lstm_bad_stream(void **state) {
@@ -191,16 +191,16 @@ static void test_cuda_lstm_bad_stream(void **state) {
     cfg.input_size = 3; cfg.hidden_size = 4; cfg.max_steps = 5; cfg.max_batch = 2; cfg.stream = 4;
     tu_assert_error(mb_lstm_create(&l, p, &cfg), MB_ERR_INVALID_ARG, "stream 4 out of range 0..3");
     mb_params_destroy(p);
-    mb_device_close(gpu);
+    tu_device_close(gpu);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_lstm_matches_cpu),
-        cmocka_unit_test(test_cuda_lstm_checkpoint_bitwise),
-        cmocka_unit_test(test_cuda_lstm_low_precision),
-        cmocka_unit_test(test_cuda_lstm_bad_stream),
+        tu_cuda_test(test_cuda_lstm_matches_cpu),
+        tu_cuda_test(test_cuda_lstm_checkpoint_bitwise),
+        tu_cuda_test(test_cuda_lstm_low_precision),
+        tu_cuda_test(test_cuda_lstm_bad_stream),
     };
     return cmocka_run_group_tests_name("cuda_lstm", tests, NULL, NULL);
 }

@@ -61,7 +61,7 @@ static ins make_inputs(const net *s) {
     tu_fill(in.data, total(s, 0), -1, 1);
     for (int i = 0; i < s->n; i++) mb_lstm_destroy(l[i]);
     mb_params_destroy(p);
-    mb_device_close(cpu);
+    tu_device_close(cpu);
     return in;
 }
 
@@ -201,7 +201,7 @@ static void test_fused_matches_cpu(void **state) {
         net r = random_net(p == MB_F32 ? 48 : 64);
         check_net(gpu, cpu, &r, (mb_dtype)p, fbs[tu_int(0, 2)]);
     }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 /* The path an LSTM of hidden size H takes (mb_lstm->fused: blocks a row tile, 0: the per-step
@@ -273,7 +273,7 @@ static void test_fused_choice(void **state) {
                     fused_of(gpu, 256, -1, MB_BF16, 0, &r) == 4 && fused_of(gpu, 256, -1, MB_F16, 0, &r) == 4);
         assert_int_equal(fused_of(gpu, 32, -1, MB_BF16, 0, &r), 1);
     }
-    mb_device_close(cpu); mb_device_close(gpu);
+    tu_device_close(cpu); tu_device_close(gpu);
 }
 
 #ifdef CUDASIM
@@ -302,17 +302,17 @@ static void test_fused_launches_independent_of_T(void **state) {
     printf("kernel launches + cuBLAS calls (setup, forward, backward, read-back) at T = %d/%d/%d/%d/%d: %llu, at "
            "twice the T: %llu\n", s.T[0], s.T[1], s.T[2], s.T[3], s.T[4], a, b);
     assert_int_equal(a, b);
-    mb_device_close(gpu);
+    tu_device_close(gpu);
 }
 #endif
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fused_matches_cpu),
-        cmocka_unit_test(test_fused_choice),
+        tu_cuda_test(test_fused_matches_cpu),
+        tu_cuda_test(test_fused_choice),
 #ifdef CUDASIM
-        cmocka_unit_test(test_fused_launches_independent_of_T),
+        tu_cuda_test(test_fused_launches_independent_of_T),
 #endif
     };
     return cmocka_run_group_tests_name("cuda_lstm_fused", tests, NULL, NULL);

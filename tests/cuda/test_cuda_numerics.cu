@@ -56,7 +56,7 @@ static void test_cuda_linear(void **state) {
     mb_free(g, dxg); mb_free(g, ddy); mb_free(g, dyg); mb_free(g, ddx);
     free(x); free(dy); free(y); free(dx); free(hy); free(hdx); free(hg);
     mb_params_destroy(pg); mb_params_destroy(pc);
-    mb_device_close(g); mb_device_close(c);
+    tu_device_close(g); tu_device_close(c);
 }
 
 static void test_cuda_activations_concat_dropout(void **state) {
@@ -119,7 +119,7 @@ static void test_cuda_activations_concat_dropout(void **state) {
     mb_free(g, cat_g); free(cat_c); free(cat_h);
     mb_free(g, dx); mb_free(g, ddy); mb_free(g, dy_out);
     free(x); free(dy); free(y); free(h);
-    mb_device_close(g); mb_device_close(c);
+    tu_device_close(g); tu_device_close(c);
 }
 
 static void test_cuda_losses(void **state) {
@@ -146,7 +146,7 @@ static void test_cuda_losses(void **state) {
     }
     mb_free(g, dp); mb_free(g, dt); mb_free(g, dd); mb_free(g, ds); mb_free(g, dl);
     free(pr); free(t); free(d); free(h);
-    mb_device_close(g); mb_device_close(c);
+    tu_device_close(g); tu_device_close(c);
 }
 
 static void test_cuda_unscale_and_update(void **state) {
@@ -187,7 +187,7 @@ static void test_cuda_unscale_and_update(void **state) {
     mb_free(g, dx);
     free(x); free(h);
     mb_scaler_destroy(sg); mb_scaler_destroy(sc);
-    mb_device_close(g); mb_device_close(c);
+    tu_device_close(g); tu_device_close(c);
 }
 
 static mb_params *make_params(mb_device *dev, int64_t rows, int64_t cols) {
@@ -255,17 +255,17 @@ static void test_cuda_adamw(void **state) {
         mb_adamw_destroy(og); mb_adamw_destroy(oc);
         mb_params_destroy(pg); mb_params_destroy(pc);
     }
-    mb_device_close(g); mb_device_close(c);
+    tu_device_close(g); tu_device_close(c);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_linear),
-        cmocka_unit_test(test_cuda_activations_concat_dropout),
-        cmocka_unit_test(test_cuda_losses),
-        cmocka_unit_test(test_cuda_unscale_and_update),
-        cmocka_unit_test(test_cuda_adamw),
+        tu_cuda_test(test_cuda_linear),
+        tu_cuda_test(test_cuda_activations_concat_dropout),
+        tu_cuda_test(test_cuda_losses),
+        tu_cuda_test(test_cuda_unscale_and_update),
+        tu_cuda_test(test_cuda_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@ static size_t read_all(const char *path, unsigned char *buf, size_t cap) {
 static void test_poisoned_context(void **state) {
     (void)state;
     mb_device *gpu = tu_open_cuda_or_skip(0);
+    tu_cuda_sticky_expected(); /* the fixture's check: this test poisons the context on purpose */
     mb_params *p;
     int idx;
     int64_t shape[1] = {4096};
@@ -63,10 +64,10 @@ static void test_poisoned_context(void **state) {
     remove(path);
     /* cleanup on the dead context: the CUDA calls fail, the host side is still released (LSan) */
     mb_params_destroy(p);
-    mb_device_close(gpu);
+    tu_device_close(gpu);
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_poisoned_context)};
+    const struct CMUnitTest tests[] = {tu_cuda_test(test_poisoned_context)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,8 +98,8 @@ static void test_cuda_gather_matches_cpu(void **state) {
         free(a); free(b); free(idx);
         gen_free(&g);
     }
-    mb_device_close(cpu);
-    mb_device_close(gpu);
+    tu_device_close(cpu);
+    tu_device_close(gpu);
 }
 
 /* Two epochs of a series-mode loader as host bytes. */
@@ -136,15 +136,15 @@ static void test_cuda_series_loader_matches_cpu(void **state) {
         free(a); free(b);
         gen_free(&g);
     }
-    mb_device_close(cpu);
-    mb_device_close(gpu);
+    tu_device_close(cpu);
+    tu_device_close(gpu);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_gather_matches_cpu),
-        cmocka_unit_test(test_cuda_series_loader_matches_cpu),
+        tu_cuda_test(test_cuda_gather_matches_cpu),
+        tu_cuda_test(test_cuda_series_loader_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,7 @@ static void test_cuda_meter_loss(void **state) {
     mb_device *g = tu_open_cuda_or_skip(0);
     for (int i = 0; i < 4; i++) sc_meter_loss(g, tu_next());
     sc_meter_bad_input(g);
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 /* Losses into the meter and polled reads (mb_meter_next without wait): not one host sync (the simulator counts them). */
@@ -48,7 +48,7 @@ static void test_cuda_meter_no_sync(void **state) {
     mb_meter_destroy(m);
     mb_free(g, pred);
     mb_free(g, tgt);
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 static void test_cuda_scheduled_adamw(void **state) {
@@ -66,8 +66,8 @@ static void test_cuda_scheduled_adamw(void **state) {
         tu_assert_close(hg, hc, ng, 1e-6, 1e-5, "scheduled AdamW, CUDA vs CPU");
         free(hg); free(hc);
     }
-    mb_device_close(c);
-    mb_device_close(g);
+    tu_device_close(c);
+    tu_device_close(g);
 }
 
 /* checkpoint = 0 on the GPU: full storage (these activations are far below a quarter of the
@@ -90,7 +90,7 @@ static void test_cuda_checkpoint_default(void **state) {
     mb_lstm_destroy(full);
     mb_lstm_destroy(k7);
     mb_params_destroy(p);
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 /* The full-storage decision counts the fused recurrence's workspace: mb__lstm_fused_bytes is
@@ -127,7 +127,7 @@ static void test_cuda_fused_workspace_counted(void **state) {
         mb_params_destroy(p);
     }
     assert_int_equal(mb__lstm_fused_bytes(INT64_MAX, 2, 1, 1, MB_F32), SIZE_MAX); /* overflow: never fits */
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 /* The same gemm on two streams at once: each stream's own handle, the same bits. */
@@ -155,7 +155,7 @@ static void test_cuda_gemm_per_stream_handles(void **state) {
     assert_memory_equal(h0, h1, (size_t)(m * n) * sizeof(float));
     free(h0); free(h1);
     mb_free(g, a); mb_free(g, b); mb_free(g, c[0]); mb_free(g, c[1]);
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 /* A whole training step of a linear model (forward, loss into the meter, backward, unscale,
@@ -242,19 +242,19 @@ static void test_cuda_step_graph_replay(void **state) {
     sc_step_run(g, 1, seed, steps, b, &lb);
     assert_memory_equal(a, b, (7 * 3 + 3) * sizeof(float));
     assert_true(la == lb);
-    mb_device_close(g);
+    tu_device_close(g);
 }
 
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_meter_loss),
-        cmocka_unit_test(test_cuda_meter_no_sync),
-        cmocka_unit_test(test_cuda_scheduled_adamw),
-        cmocka_unit_test(test_cuda_checkpoint_default),
-        cmocka_unit_test(test_cuda_fused_workspace_counted),
-        cmocka_unit_test(test_cuda_gemm_per_stream_handles),
-        cmocka_unit_test(test_cuda_step_graph_replay),
+        tu_cuda_test(test_cuda_meter_loss),
+        tu_cuda_test(test_cuda_meter_no_sync),
+        tu_cuda_test(test_cuda_scheduled_adamw),
+        tu_cuda_test(test_cuda_checkpoint_default),
+        tu_cuda_test(test_cuda_fused_workspace_counted),
+        tu_cuda_test(test_cuda_gemm_per_stream_handles),
+        tu_cuda_test(test_cuda_step_graph_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

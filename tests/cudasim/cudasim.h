@@ -177,7 +177,38 @@ inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 namespace cudasim {
 using task = std::function<void()>;
 void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body,
-                    unsigned cluster = 1);
+                    unsigned cluster, bool bad_args);
+
+/* A kernel's pointer arguments must point into device memory or pinned host memory (a GPU
+ * cannot read malloc'ed or stack memory: an illegal address): each is checked against the
+ * allocation map at the launch. A launch with one that does not prints which and faults (sticky
+ * cudaErrorIllegalAddress), as it would on a GPU. Null and one-past-the-end pointers are fine.
+ * Pointers inside a struct passed by value are checked when the struct's type declares them:
+ *   #ifdef CUDASIM
+ *   CUDASIM_ARG_POINTERS(my_args, a, v) { v(a.x, "x"); for (int i = 0; i < a.n; i++) v(a.p[i], "p[]"); }
+ *   #endif
+ * (after the struct, before the launch; plain code, so it follows the struct as it changes); a
+ * struct without a declaration is not looked into. */
+void check_pointer(const char *kernel, int arg, const char *field, const void *p, bool *bad);
+struct arg_visitor {
+    const char *kernel;
+    int arg;
+    bool *bad;
+    template <class T> void operator()(T *p, const char *field) const { check_pointer(kernel, arg, field, (const void *)p, bad); }
+};
+template <class T> inline void cudasim_arg_pointers(const T &, const arg_visitor &) {} /* not declared: not looked into */
+template <class A> void check_arg(const char *kernel, int i, const A &a, bool *bad) {
+    if constexpr (std::is_pointer_v<A>) {
+        if constexpr (std::is_object_v<std::remove_pointer_t<A>>) check_pointer(kernel, i, nullptr, (const void *)a, bad);
+    } else if constexpr (std::is_class_v<A>) {
+        cudasim_arg_pointers(a, arg_visitor{kernel, i, bad}); /* a declaration of A's, by ADL, or the above */
+    }
+}
+template <class Args, size_t... I> bool bad_args(const char *kernel, const Args &t, std::index_sequence<I...>) {
+    bool bad = false;
+    (check_arg(kernel, (int)I, std::get<I>(t), &bad), ...);
+    return bad;
+}
 
 template <class... P> struct launcher {
     void (*k)(P...);
@@ -190,8 +221,10 @@ template <class... P> struct launcher {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
         /* by value, converted to the parameter types at the launch, as nvcc does */
         auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(std::forward<A>(a)...);
+        bool bad = bad_args(name, *args, std::index_sequence_for<P...>{});
         auto kk = k;
-        enqueue_kernel(name, (const void *)kk, g, b, smem, st, [kk, args] { std::apply(kk, *args); }, cluster);
+        enqueue_kernel(name, (const void *)kk, g, b, smem, st, [kk, args = std::move(args)] { std::apply(kk, *args); }, cluster,
+                       bad);
     }
 };
 template <class... P>
@@ -222,6 +255,12 @@ int print_stats_at_exit();
  * the n-th kernel launch from now faults (sticky cudaErrorIllegalAddress). 0 disarms. */
 void fail_alloc(long n);
 void fault_launch(long n);
+/* A capture that fails (cudaStreamEndCapture: invalidated or unjoined) is an error here: the
+ * simulator says why and aborts. A program or test that makes captures fail on purpose says so
+ * (returns the previous setting); CUDASIM_CAPTURE_ERRORS=1 does it for a whole program. */
+bool expect_capture_errors(bool on);
+/* A planted fault of tests/cudasim/plant.sh: true when CUDASIM_PLANT names it. */
+bool planted(const char *name);
 } // namespace cudasim
 #define CUDASIM 1 /* for programs that print the counters under the simulator */
 namespace cudasim {
@@ -229,6 +268,7 @@ namespace cudasim {
 
 #define MB_LAUNCH(k, ...) cudasim::launch(k, #k, __VA_ARGS__)
 #define MB_LAUNCH_CLUSTER(k, ...) cudasim::launch_cluster(k, #k, __VA_ARGS__)
+#define CUDASIM_ARG_POINTERS(T, a, v) extern "C++" inline void cudasim_arg_pointers(const T &a, const cudasim::arg_visitor &v)
 
 /* Dynamic shared memory. `extern __shared__ T name[]` cannot be spelled in C++, so a kernel that
  * is to run here declares it as MB_DYNAMIC_SHARED(T, name); under nvcc the library defines
@@ -272,6 +312,8 @@ extern "C" void __tsan_ignore_thread_begin();
 extern "C" void __tsan_ignore_thread_end();
 extern "C" void AnnotateIgnoreSyncBegin(const char *f, int l);
 extern "C" void AnnotateIgnoreSyncEnd(const char *f, int l);
+extern "C" void AnnotateIgnoreReadsBegin(const char *f, int l);
+extern "C" void AnnotateIgnoreReadsEnd(const char *f, int l);
 #endif
 
 thread_local uint3 threadIdx, blockIdx;
@@ -291,6 +333,44 @@ static long env_long(const char *n, long d) {
     const char *s = getenv(n);
     return s && *s ? atol(s) : d;
 }
+/* TSan's view of the order between the host and the streams is exactly CUDA's (docs/GPU.md):
+ * a queued operation is ordered after what the host did before queueing it, an event wait after
+ * the work before the record, the host after a sync (stream, event, device, a synchronous copy)
+ * and after an event query that says the work is done; nothing else. The simulator's own
+ * bookkeeping (queues, maps, counters, reference counts) is shared by the host and the workers
+ * under locks and atomics that TSan would otherwise count as orderings: it runs `quiet`. */
+static void tsan_acquire(void *a) {
+#ifdef CUDASIM_TSAN
+    __tsan_acquire(a);
+#else
+    (void)a;
+#endif
+}
+static void tsan_release(void *a) {
+#ifdef CUDASIM_TSAN
+    __tsan_release(a);
+#else
+    (void)a;
+#endif
+}
+struct quiet { /* in scope: this thread's synchronisation and memory accesses are not TSan's */
+#ifdef CUDASIM_TSAN
+    quiet() {
+        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+        AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+        AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
+    ~quiet() {
+        AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+        AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+    }
+#else
+    quiet() {}
+#endif
+    quiet(const quiet &) = delete;
+};
+
 /* CUDASIM_MEM: the device memory, e.g. 2G, 512M, 80G (the default: an H100's 80 GiB). */
 static size_t mem_total() {
     const char *s = getenv("CUDASIM_MEM");
@@ -303,6 +383,15 @@ static size_t mem_total() {
 }
 
 // ---- context: allocations, streams, errors ----
+/* A counter the stream workers bump: relaxed, so that TSan sees no order between the workers
+ * through it (a seq_cst increment would order every worker after the last one to count). */
+struct counter {
+    std::atomic<unsigned long long> v{0};
+    void operator++(int) { v.fetch_add(1, std::memory_order_relaxed); }
+    void operator+=(unsigned long long n) { v.fetch_add(n, std::memory_order_relaxed); }
+    operator unsigned long long() const { return v.load(std::memory_order_relaxed); }
+    void store(unsigned long long n) { v.store(n, std::memory_order_relaxed); }
+};
 enum mem_kind { MEM_PAGEABLE = 0, MEM_DEVICE = 1, MEM_PINNED = 2 };
 struct alloc_rec { size_t size; mem_kind kind; };
 struct stream;
@@ -314,8 +403,8 @@ struct context {
     stream *null_stream = nullptr;
     std::atomic<int> sticky{cudaSuccess};
     std::unordered_map<const void *, int> kernel_mode; /* 1: has barriers (fibers), 2: none seen (direct) */
-    std::atomic<unsigned long long> launches{0}, blocks{0}, threads{0}, switches{0}, direct{0};
-    std::atomic<unsigned long long> cublas{0}, syncs{0}, dallocs{0}, h2d{0}, d2h{0}, d2d{0}, nccl{0}, glaunch{0}, gnodes{0};
+    counter launches, blocks, threads, switches, direct;
+    counter cublas, syncs, dallocs, h2d, d2h, d2d, nccl, glaunch, gnodes;
     std::atomic<long> fail_alloc_in{env_long("CUDASIM_FAIL_ALLOC", 0)}, fault_launch_in{env_long("CUDASIM_FAULT_LAUNCH", 0)};
     std::unordered_map<const void *, size_t> max_dyn_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
 };
@@ -359,34 +448,45 @@ static mem_kind kind_of(const void *p, size_t n) {
 
 // ---- streams: a worker thread and a FIFO queue each ----
 struct stream {
+    struct op {
+        task t;
+        char *queued; /* TSan: the host's state when it queued t (released there, acquired here) */
+        bool always;  /* runs after a fault too (an event's bookkeeping) */
+    };
     std::mutex m;
     std::condition_variable cv, idle;
-    std::deque<task> q;
+    std::deque<op> q;
     uint64_t enq = 0;
-    std::atomic<uint64_t> done{0}; /* read by host waits outside TSan's view of the mutex */
+    std::atomic<uint64_t> done{0};
     bool stop = false;
     std::thread th;
-    long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before each op: shakes out missing syncs */
+    long delay_us = env_long("CUDASIM_DELAY_US", 0); /* jitter before an op: other interleavings */
+    long delay_every = std::max(1L, env_long("CUDASIM_DELAY_EVERY", 1)); /* ... before one op in this many */
     bool legacy = false;             /* the legacy default stream (stream 0) */
+    bool nonblocking = false;        /* cudaStreamNonBlocking: no implicit order with the legacy stream */
     std::atomic<uint64_t> cap_id{0}; /* the capture it takes part in (0: none); see "stream capture" */
     std::vector<size_t> cap_deps;    /* the nodes its next captured operation depends on (capture lock) */
+    char done_sync = 0;              /* TSan: released after each operation, acquired by host waits */
     stream() { th = std::thread([this] { run(); }); }
     void run() {
         unsigned seed = (unsigned)(uintptr_t)this;
         for (;;) {
-            task t;
+            op o;
             {
+                quiet q_;
                 std::unique_lock<std::mutex> l(m);
                 cv.wait(l, [&] { return stop || !q.empty(); });
                 if (q.empty()) return;
-                t = std::move(q.front());
+                o = std::move(q.front());
                 q.pop_front();
             }
-            if (delay_us) usleep((useconds_t)(rand_r(&seed) % (delay_us + 1)));
-            if (sticky() == cudaSuccess) t(); /* after a fault, queued work is dropped */
-#ifdef CUDASIM_TSAN
-            __tsan_release(&done_sync); /* a host sync sees this operation's effects */
-#endif
+            tsan_acquire(o.queued);
+            delete o.queued;
+            if (delay_us && rand_r(&seed) % delay_every == 0) usleep((useconds_t)(rand_r(&seed) % (delay_us + 1)));
+            if (o.always || sticky() == cudaSuccess) o.t(); /* after a fault, queued work is dropped */
+            tsan_release(&done_sync); /* a host sync sees this operation's effects */
+            quiet q_;
+            o.t = nullptr; /* the last owner of what the operation captured: no order with the host */
             {
                 std::lock_guard<std::mutex> l(m);
                 done.fetch_add(1);
@@ -394,32 +494,29 @@ struct stream {
             idle.notify_all();
         }
     }
-    uint64_t push(task t) {
+    uint64_t push(task t, bool always = false) {
+        op o{std::move(t), new char, always};
+        tsan_release(o.queued);
+        quiet q_;
         std::lock_guard<std::mutex> l(m);
-        q.push_back(std::move(t));
+        q.push_back(std::move(o));
         cv.notify_one();
         return ++enq;
     }
-    /* The host waits for operation id. Under TSan the wait orders the stream's work before the
-     * host, but not the host's later work before the stream's queued operations (the mutex would:
-     * a later host sync would hide a missing event between two streams). */
-    char done_sync = 0;
+    /* The host waits for operation id: ordered after the stream's work (done_sync), not the
+     * other way round (the stream's later operations are ordered by push alone). */
     void wait(uint64_t id) {
-#ifdef CUDASIM_TSAN
-        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
-#endif
         {
+            quiet q_;
             std::unique_lock<std::mutex> l(m);
             idle.wait(l, [&] { return done.load() >= id; });
         }
-#ifdef CUDASIM_TSAN
-        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
-        __tsan_acquire(&done_sync);
-#endif
+        tsan_acquire(&done_sync);
     }
     void drain() {
         uint64_t id;
         {
+            quiet q_;
             std::lock_guard<std::mutex> l(m);
             id = enq;
         }
@@ -452,27 +549,36 @@ static void sync_all() {
     for (stream *s : all) s->drain();
 }
 
-struct event {
+struct event { /* m, cv, recorded, completed, waits: quiet (see tsan_acquire) */
     std::mutex m;
     std::condition_variable cv;
     uint64_t recorded = 0, completed = 0;
+    int waits = 0;                /* stream waits queued on it and not yet done */
+    char done_sync = 0;           /* TSan: released when a record completes, acquired by its waiters */
     uint64_t cap_id = 0;          /* last recorded in this capture (0: in plain execution); capture lock */
     std::vector<size_t> cap_deps; /* the nodes that record stands for */
 };
 
 // ---- stream capture: work issued on a capturing stream becomes the nodes of a graph ----
-/* What the real runtime does, as far as megabatch needs it: cudaStreamBeginCapture puts a stream
- * in capture; kernels, copies, memsets, cuBLAS calls and graph launches issued on it are recorded
- * (arguments by value, as at a launch), not run. cudaEventRecord on a capturing stream and
- * cudaStreamWaitEvent on another stream make that stream join the capture (fork); the origin
- * waiting on an event of the joined stream joins it back. cudaStreamEndCapture on the origin gives
- * the graph: cudaErrorStreamCaptureUnjoined when a joined stream's work is not joined back,
- * cudaErrorStreamCaptureInvalidated after an illegal call during the capture. Illegal: a sync of a
- * capturing stream (cudaStreamSynchronize), a wait on an event recorded outside the
- * capture (cudaErrorStreamCaptureIsolation), querying or syncing an event recorded in it
- * (cudaErrorCapturedEvent), and the "potentially unsafe" calls (cudaMalloc, cudaMallocHost, cudaFree,
- * cudaFreeHost, cudaMemcpy, cudaMemset, cudaDeviceSynchronize) from a thread the capture modes
- * forbid them (cudaErrorStreamCaptureUnsupported); each invalidates the capture(s) concerned.
+/* What the real runtime does, as far as megabatch needs it (docs/GPU.md says which answers were
+ * read off a GPU): cudaStreamBeginCapture puts a stream in capture; kernels, copies, memsets,
+ * cuBLAS calls and graph launches issued on it are recorded (arguments by value, as at a launch),
+ * not run. cudaEventRecord on a capturing stream and cudaStreamWaitEvent on another stream make
+ * that stream join the capture (fork); the origin waiting on an event of the joined stream joins
+ * it back. cudaStreamEndCapture on the origin, from the thread that began it unless the capture is
+ * relaxed, gives the graph: cudaErrorStreamCaptureUnjoined when a joined stream's work is not
+ * joined back, cudaErrorStreamCaptureInvalidated after an illegal call during the capture.
+ * Illegal: a sync of a capturing stream (cudaStreamSynchronize), a wait on an event recorded
+ * outside the capture (cudaErrorStreamCaptureIsolation), querying or syncing an event recorded in
+ * it (cudaErrorCapturedEvent; a later wait on that event is cudaErrorInvalidValue), the "potentially
+ * unsafe" calls (cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost, cudaDeviceSynchronize) from a
+ * thread the capture modes forbid them (cudaErrorStreamCaptureUnsupported), and the legacy stream
+ * (cudaMemcpy, cudaMemset) while a blocking stream (one created without cudaStreamNonBlocking)
+ * captures (cudaErrorStreamCaptureImplicit); each but the last invalidates the capture(s)
+ * concerned. Under the simulator a capture that fails is an error (cudasim: ..., abort) unless the
+ * program said it expects failures (cudasim::expect_capture_errors, CUDASIM_CAPTURE_ERRORS=1): a
+ * program that falls back to plain launches would otherwise hide it. A cuBLAS call is one node
+ * here (a GPU's cuBLAS records several, a number that depends on its version).
  * A graph replays its nodes in the order they were captured (a topological order) on the stream
  * it is launched on. Not modelled: captures on the legacy or per-thread default stream (refused),
  * implicit legacy-stream synchronisation, cudaMallocAsync/cudaFreeAsync nodes (refused), NCCL
@@ -480,7 +586,7 @@ struct event {
 enum node_kind { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_CUBLAS, NODE_GRAPH };
 struct node {
     node_kind kind;
-    const void *key;          /* the kernel function (cudaGraphExecUpdate compares it) */
+    const void *key;          /* a kernel: its function; a copy: its memory kinds (cudaGraphExecUpdate) */
     std::shared_ptr<task> run; /* executes and counts the operation */
     std::vector<size_t> deps; /* the earlier nodes it depends on */
 };
@@ -493,12 +599,14 @@ struct capture {
     bool invalid;
     std::vector<stream *> members; /* the origin, then the streams that joined */
     graph_obj *graph;
+    char why[160];                 /* what invalidated it first */
 };
 struct capture_registry {
     std::mutex m;
     std::map<uint64_t, capture> caps;
     uint64_t next = 0;
     std::atomic<int> active{0};
+    std::atomic<bool> errors_expected{env_long("CUDASIM_CAPTURE_ERRORS", 0) != 0};
 };
 static capture_registry &reg() {
     static capture_registry *r = new capture_registry; /* never destroyed, like the context */
@@ -506,6 +614,13 @@ static capture_registry &reg() {
 }
 /* The thread's interaction mode (cudaThreadExchangeStreamCaptureMode). */
 static thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;
+static const char *err_name(cudaError_t e);
+/* Invalidate a capture (registry lock held): the first cause is kept for the error message. */
+static cudaError_t invalidate(capture &c, const char *call, cudaError_t e) {
+    if (!c.invalid) snprintf(c.why, sizeof c.why, "%s returned %s", call, err_name(e));
+    c.invalid = true;
+    return e;
+}
 
 /* Queue an operation on a stream, or, when the stream is capturing, record it as a node that
  * depends on the stream's capture dependencies (and becomes them). */
@@ -527,7 +642,7 @@ static cudaError_t issue(stream *s, node_kind k, const void *key, task t) {
 /* A "potentially unsafe" call: refused (and the captures that forbid it invalidated) when this
  * thread has a capture not begun in relaxed mode, or, in global mode, another thread has a global
  * capture; a thread in relaxed mode may make it. */
-static cudaError_t unsafe_call() {
+static cudaError_t unsafe_call(const char *call) {
     auto &r = reg();
     if (r.active.load() == 0 || tl_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
     std::lock_guard<std::mutex> l(r.m);
@@ -537,19 +652,31 @@ static cudaError_t unsafe_call() {
         bool mine = c.owner == std::this_thread::get_id();
         if ((mine && c.mode != cudaStreamCaptureModeRelaxed) ||
             (!mine && c.mode == cudaStreamCaptureModeGlobal && tl_capture_mode == cudaStreamCaptureModeGlobal)) {
-            c.invalid = true;
+            invalidate(c, call, cudaErrorStreamCaptureUnsupported);
             refused = true;
         }
     }
     return refused ? set_err(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
+/* A use of the legacy stream (cudaMemcpy, cudaMemset): it would wait for every blocking stream,
+ * so it is refused while one of them captures; with only non-blocking streams capturing it is
+ * legal (as on the H100, CUDA 13.0). */
+static cudaError_t legacy_use() {
+    auto &r = reg();
+    if (r.active.load() == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> l(r.m);
+    for (auto &kv : r.caps)
+        for (stream *m : kv.second.members)
+            if (!m->nonblocking) return set_err(cudaErrorStreamCaptureImplicit);
+    return cudaSuccess;
+}
 /* An operation that is illegal on a capturing stream: refused, and the capture invalidated. */
-static cudaError_t capture_forbids(stream *s) {
+static cudaError_t capture_forbids(stream *s, const char *call) {
     if (s->cap_id.load() == 0) return cudaSuccess;
     auto &r = reg();
     std::lock_guard<std::mutex> l(r.m);
     auto it = r.caps.find(s->cap_id.load());
-    if (it != r.caps.end()) it->second.invalid = true;
+    if (it != r.caps.end()) invalidate(it->second, call, cudaErrorStreamCaptureUnsupported);
     return set_err(cudaErrorStreamCaptureUnsupported);
 }
 /* cudaEventRecord on a capturing stream: the event stands for the stream's capture dependencies
@@ -570,16 +697,16 @@ static cudaError_t wait_in_capture(stream *s, event *e, bool *joined) {
     if (r.active.load() == 0) return cudaSuccess;
     std::lock_guard<std::mutex> l(r.m);
     uint64_t ec = r.caps.count(e->cap_id) ? e->cap_id : 0, sc = s->cap_id.load();
-    auto invalidate = [&](uint64_t id, cudaError_t err) {
-        if (r.caps.count(id)) r.caps[id].invalid = true;
-        return err;
-    };
+    const char *call = "cudaStreamWaitEvent";
     if (!ec && !sc) return cudaSuccess;
-    if (!ec) return invalidate(sc, cudaErrorStreamCaptureIsolation);
-    if (sc && sc != ec) return invalidate(sc, invalidate(ec, cudaErrorStreamCaptureMerge));
+    if (!ec) return invalidate(r.caps[sc], call, cudaErrorStreamCaptureIsolation);
+    if (sc && sc != ec) return invalidate(r.caps[sc], call, invalidate(r.caps[ec], call, cudaErrorStreamCaptureMerge));
     capture &c = r.caps[ec];
+    /* an event of a capture that an illegal call invalidated: refused as an invalid value (what
+     * the H100 gave after cudaEventQuery on the event), the waiting stream left as it was */
+    if (c.invalid) return sc ? cudaErrorStreamCaptureInvalidated : cudaErrorInvalidValue;
     if (!sc) {
-        if (s->legacy) return invalidate(ec, cudaErrorStreamCaptureImplicit);
+        if (s->legacy) return invalidate(c, call, cudaErrorStreamCaptureImplicit);
         s->cap_id = ec;
         s->cap_deps.clear();
         c.members.push_back(s);
@@ -589,12 +716,15 @@ static cudaError_t wait_in_capture(stream *s, event *e, bool *joined) {
     *joined = true;
     return cudaSuccess;
 }
-/* The event was last recorded in a capture still going on. */
-static bool captured_event(event *e) {
+/* A query or sync of an event last recorded in a capture still going on: cudaErrorCapturedEvent,
+ * and the capture is invalidated; cudaSuccess otherwise. */
+static cudaError_t captured_event(event *e, const char *call) {
     auto &r = reg();
-    if (r.active.load() == 0) return false;
+    if (r.active.load() == 0) return cudaSuccess;
     std::lock_guard<std::mutex> l(r.m);
-    return e->cap_id && r.caps.count(e->cap_id);
+    auto it = e->cap_id ? r.caps.find(e->cap_id) : r.caps.end();
+    if (it == r.caps.end()) return cudaSuccess;
+    return set_err(invalidate(it->second, call, cudaErrorCapturedEvent));
 }
 
 /* TSan keeps a shadow call stack per (TSan) fiber: the switch itself must not push a frame,
@@ -729,21 +859,6 @@ static char *get_stack() {
         if (i) stack_pool.push_back(p + i * one + 4096);
     }
     return p + 4096;
-}
-
-static void tsan_acquire(void *a) {
-#ifdef CUDASIM_TSAN
-    __tsan_acquire(a);
-#else
-    (void)a;
-#endif
-}
-static void tsan_release(void *a) {
-#ifdef CUDASIM_TSAN
-    __tsan_release(a);
-#else
-    (void)a;
-#endif
 }
 
 /* fiber -> scheduler; exiting: the fiber never resumes (its fake stack is dropped). Not
@@ -1085,6 +1200,7 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
     auto &c = ctx();
     int mode;
     {
+        quiet q_; /* the simulator's own map: no order between the streams */
         std::lock_guard<std::mutex> l(c.m);
         mode = c.kernel_mode[key];
     }
@@ -1133,13 +1249,27 @@ static void run_grid_checked(const char *name, const void *key, dim3 g, dim3 blk
     c.switches += tl_switches;
     tl_switches = 0;
     if (mode == 0) {
+        quiet q_;
         std::lock_guard<std::mutex> l(c.m);
         c.kernel_mode[key] = b.saw_barrier ? 1 : 2;
     }
 }
 
+void check_pointer(const char *kernel, int arg, const char *field, const void *p, bool *bad) {
+    if (!p) return;
+    uintptr_t a = (uintptr_t)p;
+    auto &c = ctx();
+    std::lock_guard<std::mutex> l(c.m);
+    auto it = c.allocs.upper_bound(a);
+    if (it != c.allocs.begin() && a <= (--it)->first + it->second.size) return; /* inside, or one past the end */
+    fprintf(stderr, "cudasim: kernel %s: argument %d%s%s (%p) points at no device or pinned allocation (malloc'ed, "
+            "stack or freed memory): an illegal address on a GPU\n", kernel, arg, field ? ", field " : "",
+            field ? field : "", p);
+    *bad = true;
+}
+
 void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t smem, cudaStream_t st, task body,
-                    unsigned cluster) {
+                    unsigned cluster, bool bad_args) {
     if (sticky() != cudaSuccess) { set_err(sticky()); return; }
     /* an H100's limits (cudaGetDeviceProperties below), with the errors its launch gives */
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
@@ -1172,16 +1302,18 @@ void enqueue_kernel(const char *name, const void *key, dim3 g, dim3 b, size_t sm
     }
     stream *s = get_stream(st);
     if (!s) { set_err(cudaErrorInvalidResourceHandle); return; }
-    if (fires(ctx().fault_launch_in)) { /* injected: the kernel faults on the device */
-        s->push([name] {
-            fprintf(stderr, "cudasim: kernel %s: injected fault (illegal address)\n", name);
+    bool injected = fires(ctx().fault_launch_in);
+    if (injected || bad_args) { /* the kernel faults on the device (a bad argument: said above) */
+        set_err(issue(s, NODE_KERNEL, key, [name, injected] {
+            if (injected) fprintf(stderr, "cudasim: kernel %s: injected fault (illegal address)\n", name);
             int ok = cudaSuccess;
             ctx().sticky.compare_exchange_strong(ok, cudaErrorIllegalAddress);
-        });
+        }));
         return;
     }
     auto bp = std::make_shared<task>(std::move(body));
-    set_err(issue(s, NODE_KERNEL, key, [name, key, g, b, smem, bp, cluster] { run_grid(name, key, g, b, smem, *bp, cluster); }));
+    set_err(issue(s, NODE_KERNEL, key,
+                  [name, key, g, b, smem, bp = std::move(bp), cluster] { run_grid(name, key, g, b, smem, *bp, cluster); }));
 }
 
 stats get_stats() {
@@ -1210,6 +1342,11 @@ int print_stats_at_exit() {
     return once;
 }
 void fail_alloc(long n) { ctx().fail_alloc_in = n; }
+bool expect_capture_errors(bool on) { return reg().errors_expected.exchange(on); }
+bool planted(const char *name) {
+    static const char *which = getenv("CUDASIM_PLANT");
+    return which && !strcmp(which, name);
+}
 void fault_launch(long n) { ctx().fault_launch_in = n; }
 
 // ---- copies ----
@@ -1238,11 +1375,12 @@ static cudaError_t copy_async(stream *s, void *dst, size_t dpitch, const void *s
         if (bytes) *bytes += width * rows;
     };
     if (s->cap_id.load()) /* a memcpy node: reads and writes the host memory when the graph runs */
-        return set_err(issue(s, NODE_MEMCPY, nullptr, [copy, src] { copy((const char *)src); }));
+        return set_err(issue(s, NODE_MEMCPY, (const void *)(uintptr_t)(1 + dk * 3 + sk), /* its memory kinds */
+                             [copy, src] { copy((const char *)src); }));
     if (dev && sk == MEM_PAGEABLE) { /* staged */
         auto stage = std::make_shared<std::vector<char>>(sext);
         memcpy(stage->data(), src, sext);
-        s->push([copy, stage] { copy(stage->data()); });
+        s->push([copy, stage = std::move(stage)] { copy(stage->data()); }); /* the worker frees it */
     } else if (!dev || dk == MEM_PAGEABLE) { /* synchronous */
         s->wait(s->push([copy, src] { copy((const char *)src); }));
         ctx().syncs++;
@@ -1518,7 +1656,7 @@ static cudaError_t do_alloc(void **out, size_t n, mem_kind k) {
     auto &c = ctx();
     *out = nullptr;
     if (sticky() != cudaSuccess) return set_err(sticky());
-    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (unsafe_call(k == MEM_DEVICE ? "cudaMalloc" : "cudaMallocHost") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     if (k == MEM_DEVICE && fires(c.fail_alloc_in)) return set_err(cudaErrorMemoryAllocation); /* injected */
     {
         std::lock_guard<std::mutex> l(c.m);
@@ -1536,7 +1674,7 @@ static cudaError_t do_alloc(void **out, size_t n, mem_kind k) {
 }
 static cudaError_t do_free(void *p, mem_kind k) {
     if (!p) return cudaSuccess;
-    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (unsafe_call(k == MEM_DEVICE ? "cudaFree" : "cudaFreeHost") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     sync_all(); /* cudaFree/cudaFreeHost synchronise the device */
     auto &c = ctx();
     std::lock_guard<std::mutex> l(c.m);
@@ -1555,27 +1693,27 @@ cudaError_t cudaFreeHost(void *p) { return do_free(p, MEM_PINNED); }
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
-    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* no memory nodes here */
+    if (capture_forbids(s, "cudaMallocAsync") != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* no memory nodes here */
     return do_alloc(p, n, MEM_DEVICE);
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
-    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (capture_forbids(s, "cudaFreeAsync") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     s->push([p] {
-        {
+        quiet q_;
         auto &c = ctx();
         std::lock_guard<std::mutex> l(c.m);
         auto it = c.allocs.find((uintptr_t)p);
         if (it != c.allocs.end()) { c.used -= it->second.size; c.allocs.erase(it); free(p); }
-    } });
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t st) {
     return copy_async(get_stream(st), dst, n, src, n, n, 1, kind);
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (legacy_use() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
     stream *s = get_stream(nullptr);
     sync_all();
     cudaError_t e = copy_async(s, dst, n, src, n, n, 1, kind);
@@ -1596,14 +1734,15 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t st) {
     return set_err(issue(s, NODE_MEMSET, nullptr, [=] { memset(dst, v, n); }));
 }
 cudaError_t cudaMemset(void *dst, int v, size_t n) {
-    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (legacy_use() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
     sync_all();
     cudaError_t e = cudaMemsetAsync(dst, v, n, nullptr);
     if (e == cudaSuccess) get_stream(nullptr)->drain();
     return e;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
     stream *s = new stream;
+    s->nonblocking = (flags & cudaStreamNonBlocking) != 0;
     auto &c = ctx();
     std::lock_guard<std::mutex> l(c.m);
     c.streams.push_back(s);
@@ -1614,7 +1753,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFla
 cudaError_t cudaStreamDestroy(cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s || st == nullptr) return set_err(cudaErrorInvalidResourceHandle);
-    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* end the capture first */
+    if (capture_forbids(s, "cudaStreamDestroy") != cudaSuccess) return cudaErrorStreamCaptureUnsupported; /* end the capture first */
     s->drain();
     {
         auto &c = ctx();
@@ -1633,13 +1772,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t st) {
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
-    if (capture_forbids(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (capture_forbids(s, "cudaStreamSynchronize") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     s->drain();
     ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
-    if (unsafe_call() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (unsafe_call("cudaDeviceSynchronize") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     sync_all();
     ctx().syncs++;
     return sticky() != cudaSuccess ? set_err(sticky()) : cudaSuccess;
@@ -1651,9 +1790,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) {
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
     event *e = (event *)ev;
-    { /* CUDA defers the release until the recorded work completes: wait for it here */
+    { /* CUDA defers the release until the recorded work and the waits on it are done: wait here */
+        quiet q_;
         std::unique_lock<std::mutex> l(e->m);
-        e->cv.wait(l, [&] { return e->completed >= e->recorded; });
+        e->cv.wait(l, [&] { return e->completed >= e->recorded && e->waits == 0; });
     }
     delete e;
     return cudaSuccess;
@@ -1665,15 +1805,32 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
     if (record_in_capture(s, e)) return cudaSuccess;
     uint64_t g;
     {
+        quiet q_;
         std::lock_guard<std::mutex> l(e->m);
         g = ++e->recorded;
     }
     s->push([e, g] { /* notified under the lock: once a waiter sees it complete, e is no longer touched */
+        tsan_release(&e->done_sync);
+        quiet q_;
         std::lock_guard<std::mutex> l(e->m);
         e->completed = std::max(e->completed, g);
         e->cv.notify_all();
-    });
+    }, true);
     return cudaSuccess;
+}
+/* Wait (quiet) until record g of e completed, then see its work; a stream's wait then lets go
+ * of e (which cudaEventDestroy may free from then on). */
+static void event_wait(event *e, uint64_t g, bool stream_wait) {
+    std::unique_lock<std::mutex> l(e->m, std::defer_lock);
+    {
+        quiet q_;
+        l.lock();
+        e->cv.wait(l, [&] { return e->completed >= g; });
+    }
+    tsan_acquire(&e->done_sync);
+    quiet q_;
+    if (stream_wait && --e->waits == 0) e->cv.notify_all();
+    l.unlock();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
     stream *s = get_stream(st);
@@ -1684,29 +1841,39 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
     if (ce != cudaSuccess || joined) return set_err(ce);
     uint64_t g;
     {
+        quiet q_;
         std::lock_guard<std::mutex> l(e->m);
         g = e->recorded; /* the most recent record at the time of the call */
+        if (g) e->waits++;
     }
-    if (g) s->push([e, g] {
-        std::unique_lock<std::mutex> l(e->m);
-        e->cv.wait(l, [&] { return e->completed >= g; });
-    });
+    if (g) s->push([e, g] { event_wait(e, g, true); }, true);
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     event *e = (event *)ev;
-    if (captured_event(e)) return set_err(cudaErrorCapturedEvent);
+    if (captured_event(e, "cudaEventSynchronize") != cudaSuccess) return cudaErrorCapturedEvent;
     ctx().syncs++;
-    std::unique_lock<std::mutex> l(e->m);
-    uint64_t g = e->recorded;
-    e->cv.wait(l, [&] { return e->completed >= g; });
+    uint64_t g;
+    {
+        quiet q_;
+        std::lock_guard<std::mutex> l(e->m);
+        g = e->recorded;
+    }
+    event_wait(e, g, false);
     return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
     event *e = (event *)ev;
-    if (captured_event(e)) return set_err(cudaErrorCapturedEvent);
-    std::lock_guard<std::mutex> l(e->m);
-    return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+    if (captured_event(e, "cudaEventQuery") != cudaSuccess) return cudaErrorCapturedEvent;
+    bool done;
+    {
+        quiet q_;
+        std::lock_guard<std::mutex> l(e->m);
+        done = e->completed >= e->recorded;
+    }
+    if (!done) return cudaErrorNotReady;
+    tsan_acquire(&e->done_sync); /* done: the host sees the recorded work */
+    return cudaSuccess;
 }
 } // extern "C"
 
@@ -1716,6 +1883,15 @@ struct exec_obj {
     std::mutex m;
     std::shared_ptr<const node_list> nodes; /* replaced whole by cudaGraphExecUpdate */
 };
+/* The host lets go of an exec's nodes, which launches in flight may still hold (copied quiet:
+ * a reference count is no order): ordered after the runs so far, so that whichever side frees
+ * them last is too (the only order, beyond CUDA's, that the simulator adds). */
+static void drop_nodes(std::shared_ptr<const node_list> &nodes, std::shared_ptr<const node_list> by) {
+    tsan_acquire((void *)nodes.get());
+    tsan_release((void *)nodes.get());
+    quiet q_;
+    nodes = std::move(by);
+}
 /* The capture of a stream, under the registry lock; null when it is not capturing. */
 static capture *capture_of(stream *s) {
     auto it = reg().caps.find(s->cap_id.load());
@@ -1752,7 +1928,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode m
     std::lock_guard<std::mutex> l(r.m);
     if (s->cap_id.load()) return set_err(cudaErrorIllegalState);
     uint64_t id = ++r.next;
-    r.caps[id] = capture{mode, std::this_thread::get_id(), s, false, {s}, new graph_obj};
+    r.caps[id] = capture{mode, std::this_thread::get_id(), s, false, {s}, new graph_obj, ""};
     s->cap_deps.clear();
     s->cap_id = id;
     r.active++;
@@ -1767,9 +1943,15 @@ cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out) {
     capture *c = capture_of(s);
     if (!c) return set_err(cudaErrorIllegalState);
     if (c->origin != s) return set_err(cudaErrorStreamCaptureUnmatched);
-    if (c->mode == cudaStreamCaptureModeThreadLocal && c->owner != std::this_thread::get_id())
-        return set_err(cudaErrorStreamCaptureWrongThread); /* a thread-local capture ends on its thread */
+    if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
+        return set_err(cudaErrorStreamCaptureWrongThread); /* only a relaxed capture ends on another thread */
     cudaError_t e = c->invalid ? cudaErrorStreamCaptureInvalidated : !joined(*c) ? cudaErrorStreamCaptureUnjoined : cudaSuccess;
+    if (e != cudaSuccess && !r.errors_expected.load()) {
+        fprintf(stderr, "cudasim: the capture on stream %p failed: %s (%s)%s%s; under the simulator a failed capture "
+                "is an error (a program that expects it calls cudasim::expect_capture_errors(true))\n", (void *)s,
+                err_name(e), err_string(e), c->invalid ? ": " : "", c->invalid ? c->why : "");
+        abort();
+    }
     for (stream *m : c->members) { /* the capture ends, whatever the outcome */
         m->cap_id = 0;
         m->cap_deps.clear();
@@ -1833,31 +2015,37 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *out, cudaGraph_t g, u
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
     if (!x) return set_err(cudaErrorInvalidValue);
-    delete (exec_obj *)x; /* launches in flight hold their own reference to the nodes */
+    auto *ex = (exec_obj *)x;
+    drop_nodes(ex->nodes, nullptr); /* launches in flight hold their own reference to the nodes */
+    delete ex;
     return cudaSuccess;
 }
 /* The nodes of g replace those of x when the topology matches: the same number of nodes, each
- * of the same kind with the same dependencies (a kernel node: the same function). The arguments
- * (pointers, sizes, scalars) may differ. */
+ * of the same kind with the same dependencies; a copy node with the same memory kinds. The
+ * arguments (pointers, sizes, scalars) may differ, and so may a kernel node's function (the H100,
+ * CUDA 13.0: only a function of another context or with device-side launches is refused). */
 cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
     if (!x || !g) return set_err(cudaErrorInvalidValue);
     auto *ex = (exec_obj *)x;
     const node_list &nw = *((graph_obj *)g)->nodes;
     std::lock_guard<std::mutex> l(ex->m);
-    const node_list &old = *ex->nodes;
     cudaGraphExecUpdateResult res = cudaGraphExecUpdateSuccess;
-    if (nw.size() != old.size()) res = cudaGraphExecUpdateErrorTopologyChanged;
-    for (size_t i = 0; i < nw.size() && res == cudaGraphExecUpdateSuccess; i++)
-        res = nw[i].deps != old[i].deps ? cudaGraphExecUpdateErrorTopologyChanged
-              : nw[i].kind != old[i].kind ? cudaGraphExecUpdateErrorNodeTypeChanged
-              : nw[i].key != old[i].key ? cudaGraphExecUpdateErrorUnsupportedFunctionChange
-                                        : cudaGraphExecUpdateSuccess;
+    {
+        quiet q_; /* launches in flight read these nodes too (see drop_nodes) */
+        const node_list &old = *ex->nodes;
+        if (nw.size() != old.size()) res = cudaGraphExecUpdateErrorTopologyChanged;
+        for (size_t i = 0; i < nw.size() && res == cudaGraphExecUpdateSuccess; i++)
+            res = nw[i].deps != old[i].deps ? cudaGraphExecUpdateErrorTopologyChanged
+                  : nw[i].kind != old[i].kind ? cudaGraphExecUpdateErrorNodeTypeChanged
+                  : nw[i].kind == NODE_MEMCPY && nw[i].key != old[i].key ? cudaGraphExecUpdateErrorParametersChanged
+                                                                          : cudaGraphExecUpdateSuccess;
+    }
     if (info) {
         memset(info, 0, sizeof *info);
         info->result = res;
     }
     if (res != cudaGraphExecUpdateSuccess) return set_err(cudaErrorGraphExecUpdateFailure);
-    ex->nodes = std::make_shared<const node_list>(nw);
+    drop_nodes(ex->nodes, std::make_shared<const node_list>(nw));
     return cudaSuccess;
 }
 /* The nodes run in capture order, as one operation of the stream (recorded as one node when the
@@ -1868,19 +2056,22 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
     if (!x) return set_err(cudaErrorInvalidValue);
     if (sticky() != cudaSuccess) return set_err(sticky());
     auto *ex = (exec_obj *)x;
-    std::shared_ptr<const node_list> nodes;
-    {
+    task run;
+    { /* the reference the launch takes: quiet (see drop_nodes) */
+        quiet q_;
         std::lock_guard<std::mutex> l(ex->m);
-        nodes = ex->nodes;
+        std::shared_ptr<const node_list> nodes = ex->nodes;
+        run = [nodes] {
+            ctx().glaunch++;
+            for (const node &n : *nodes) {
+                if (sticky() != cudaSuccess) break; /* after a fault the rest is dropped, as queued work is */
+                ctx().gnodes++;
+                (*n.run)();
+            }
+            tsan_release((void *)nodes.get());
+        };
     }
-    return set_err(issue(s, NODE_GRAPH, nullptr, [nodes] {
-        ctx().glaunch++;
-        for (const node &n : *nodes) {
-            if (sticky() != cudaSuccess) break; /* after a fault the rest is dropped, as queued work is */
-            ctx().gnodes++;
-            (*n.run)();
-        }
-    }));
+    return set_err(issue(s, NODE_GRAPH, nullptr, std::move(run)));
 }
 } // extern "C"
 

@@ -131,7 +131,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
         return nccl_err(ncclInvalidArgument, call, "a buffer is not (all) in device memory");
     stream *s = get_stream(st);
     if (!s) return nccl_err(ncclInvalidArgument, call, "stream is not a live stream");
-    if (capture_forbids(s) != cudaSuccess) /* a host-side MPI collective cannot be a graph node here */
+    if (capture_forbids(s, "ncclAllReduce") != cudaSuccess) /* a host-side MPI collective cannot be a graph node here */
         return nccl_err(ncclInvalidUsage, call, "the stream is capturing (NCCL in graphs is not simulated)");
     s->drain(); /* the stream's earlier work (not counted as a host sync: on a GPU it is none) */
     if (sticky() != cudaSuccess) return nccl_err(ncclUnhandledCudaError, call, "the device has faulted");
