@@ -322,6 +322,16 @@ __device__ void mb__series_gather_elems(const mb__gather &g) {
     }
 }
 
+#ifdef CUDASIM /* the simulator checks these pointers at each launch, as it checks pointer arguments */
+CUDASIM_ARG_POINTERS(mb__gather, g, v) {
+    for (int s = 0; s < g.segments; s++) v(g.bars[s], "bars[]");
+    v(g.ends, "ends");
+    v(g.idx, "idx");
+    v(g.targ, "targ");
+    v(g.dst_f, "dst_f");
+    v(g.dst_t, "dst_t");
+}
+#endif
 __global__ void mb__k_series_gather(mb__gather g) {
     if (g.es == 4) mb__series_gather_elems<uint32_t>(g);
     else mb__series_gather_elems<uint16_t>(g);
@@ -950,6 +960,16 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
     mb__fused_wait(k.cl); /* no block leaves while another may still write into its tiles */
 }
 
+#ifdef CUDASIM /* the simulator checks these pointers at each launch */
+CUDASIM_ARG_POINTERS(mb__fused_args, a, v) {
+    for (int i = 0; i < a.n; i++) {
+        const mb__fused_desc *d = &a.d[i];
+        v(d->g, "d[].g"), v(d->cs, "d[].cs"), v(d->hs, "d[].hs"), v(d->hs_op, "d[].hs_op"), v(d->whh, "d[].whh");
+        v(d->bih, "d[].bih"), v(d->bhh, "d[].bhh"), v(d->dout, "d[].dout"), v(d->dg, "d[].dg"), v(d->dg_op, "d[].dg_op");
+        v(d->dh0, "d[].dh0"), v(d->dc0, "d[].dc0");
+    }
+}
+#endif
 template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_fwd(mb__fused_args a) {
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
