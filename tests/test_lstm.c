@@ -241,6 +241,18 @@ static inputs make_inputs(const shape *s) {
 
 static void free_inputs(inputs *in) { free(in->pv); free(in->x); free(in->h0); free(in->c0); free(in->r1); free(in->r2); }
 
+/* Two runs of the same model and inputs gave the same bits everywhere. */
+static void assert_runs_equal(const run_out *a, const run_out *b, const inputs *in, int bh) {
+    assert_memory_equal(a->out, b->out, in->no * sizeof(float));
+    assert_memory_equal(a->hl, b->hl, (size_t)bh * sizeof(float));
+    assert_memory_equal(a->hn, b->hn, in->ns * sizeof(float));
+    assert_memory_equal(a->cn, b->cn, in->ns * sizeof(float));
+    assert_memory_equal(a->grad, b->grad, in->np * sizeof(float));
+    assert_memory_equal(a->dx, b->dx, in->nx * sizeof(float));
+    assert_memory_equal(a->dh0, b->dh0, in->ns * sizeof(float));
+    assert_memory_equal(a->dc0, b->dc0, in->ns * sizeof(float));
+}
+
 static void test_checkpoint_bitwise(void **state) {
     (void)state;
     for (int rep = 0; rep < 3; rep++) {
@@ -248,19 +260,11 @@ static void test_checkpoint_bitwise(void **state) {
         int gb = tu_int(0, 1) ? tu_int(1, 9) : 0;
         mb_dtype prec = (mb_dtype)(rep % 3); /* f32, bf16, f16: the same kernels in the same order */
         inputs in = make_inputs(&s);
-        size_t np = in.np, nx = in.nx, no = in.no, ns = in.ns;
         run_out full = run_model(&s, -1, gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
         int ks[] = {1, 2, 7, s.T, 0};
         for (int i = 0; i < 5; i++) {
             run_out ck = run_model(&s, ks[i], gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-            assert_memory_equal(ck.out, full.out, no * sizeof(float));
-            assert_memory_equal(ck.hl, full.hl, (size_t)s.B * s.H * sizeof(float));
-            assert_memory_equal(ck.hn, full.hn, ns * sizeof(float));
-            assert_memory_equal(ck.cn, full.cn, ns * sizeof(float));
-            assert_memory_equal(ck.grad, full.grad, np * sizeof(float));
-            assert_memory_equal(ck.dx, full.dx, nx * sizeof(float));
-            assert_memory_equal(ck.dh0, full.dh0, ns * sizeof(float));
-            assert_memory_equal(ck.dc0, full.dc0, ns * sizeof(float));
+            assert_runs_equal(&ck, &full, &in, s.B * s.H);
             free_run(&ck);
         }
         free_run(&full);
@@ -743,12 +747,7 @@ static void test_lstm_kernel_variants_bitwise(void **state) {
             if (!mb__rk_supported(v)) continue;
             run_variant = v;
             run_out got = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-            assert_memory_equal(got.out, ref.out, in.no * sizeof(float));
-            assert_memory_equal(got.cn, ref.cn, in.ns * sizeof(float));
-            assert_memory_equal(got.grad, ref.grad, in.np * sizeof(float));
-            assert_memory_equal(got.dx, ref.dx, in.nx * sizeof(float));
-            assert_memory_equal(got.dh0, ref.dh0, in.ns * sizeof(float));
-            assert_memory_equal(got.dc0, ref.dc0, in.ns * sizeof(float));
+            assert_runs_equal(&got, &ref, &in, s.B * s.H);
             free_run(&got);
         }
         run_variant = -1;
@@ -782,11 +781,7 @@ static void test_lstm_threads_bitwise(void **state) {
     for (int th = 2; th <= 3; th++) {
         run_threads = th;
         run_out got = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-        assert_memory_equal(got.out, ref.out, in.no * sizeof(float));
-        assert_memory_equal(got.cn, ref.cn, in.ns * sizeof(float));
-        assert_memory_equal(got.grad, ref.grad, in.np * sizeof(float));
-        assert_memory_equal(got.dx, ref.dx, in.nx * sizeof(float));
-        assert_memory_equal(got.dh0, ref.dh0, in.ns * sizeof(float));
+        assert_runs_equal(&got, &ref, &in, s.B * s.H);
         free_run(&got);
     }
     run_threads = 0;
