@@ -4711,6 +4711,7 @@ struct mb_lstm {
     void *xall_lp, *dgs_lp;        /* fused, low precision: their operand copies */
     const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
     float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
+    float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
 };
 
 static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
@@ -5063,6 +5064,7 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
         MB_TRY(mb__lstm_alloc(l, &l->wpf, mb__rk_packed_size(4 * l->H, in + l->H)));
         MB_TRY(mb__lstm_alloc(l, &l->wpb, mb__rk_packed_size(l->H, 4 * l->H)));
         MB_TRY(mb__lstm_alloc(l, &l->wpi, mb__rk_packed_size(in, 4 * l->H)));
+        MB_TRY(mb__lstm_alloc(l, &l->dbs, (size_t)(4 * l->H)));
     }
     return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
 }
@@ -5076,7 +5078,7 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
             mb_free(d, l->layer[k].hs_lp); mb_free(d, l->layer[k].wih_lp); mb_free(d, l->layer[k].whh_lp);
         }
     float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
-                     l->cn, l->wpf, l->wpb, l->wpi};
+                     l->cn, l->wpf, l->wpb, l->wpi, l->dbs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
     mb_free(d, l->x_lp); mb_free(d, l->g_lp);
     mb__lstm_fused_free(l);
@@ -5506,8 +5508,14 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
     MB_TRY(mb__lstm_block_input(l, k, t0, nb, &x));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
-    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
+    if (l->rk) { /* CPU recurrence: the bias gradient summed once, rows in order (the block fixes the bits) */
+        memset(l->dbs, 0, (size_t)(4 * H) * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) mb__cpu_add(l->dev, 0, l->dbs, l->gblk + r * 4 * H, (size_t)(4 * H));
+        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) mb__cpu_add(l->dev, 0, dw[i], l->dbs, (size_t)(4 * H));
+    } else {
+        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
+            MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
+    }
     if (!d_in) return MB_OK;
     float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
