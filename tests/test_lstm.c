@@ -173,17 +173,14 @@ static void test_gradcheck_shapes(void **state) {
 
 typedef struct run_out { float *out, *hl, *hn, *cn, *grad, *dx, *dh0, *dc0; size_t np; } run_out;
 
-/* The device run_model opens: threads (0: the cores) and the CPU recurrence's kernel
- * variant (-1: the device's pick; else mb__rk_variants[v], which this CPU must run). */
-static int run_threads = 0, run_variant = -1;
+/* The CPU recurrence's kernel variant of the device run_model opens (-1: the device's pick;
+ * else mb__rk_variants[v], which this CPU must run). */
+static int run_variant = -1;
 
 static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtype prec, const float *pvals,
                          const float *x, const float *h0, const float *c0, const float *r1, const float *r2) {
     mb_device *dev;
-    mb_device_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.threads = run_threads;
-    tu_ok(mb_device_open(&dev, &dc));
+    tu_ok(mb_device_open(&dev, NULL));
     if (run_variant >= 0) dev->rk = &mb__rk_variants[run_variant];
     mb_params *p;
     mb_lstm *l;
@@ -756,39 +753,6 @@ static void test_lstm_kernel_variants_bitwise(void **state) {
     }
 }
 
-/* Split over 2 and 3 threads (each step's rows over the pool: a shape where the split
- * applies, which the test checks) the forward and backward give the 1-thread bits. */
-static void test_lstm_threads_bitwise(void **state) {
-    (void)state;
-    shape s = {tu_int(32, 40), tu_int(2, 5), tu_int(1, 5), 256, tu_int(1, 2)};
-    int ck = tu_int(0, 1) ? -1 : 1;
-    mb_device *dev;
-    mb_device_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.threads = 2;
-    tu_ok(mb_device_open(&dev, &dc));
-    mb_params *p;
-    mb_lstm *l;
-    tu_ok(mb_params_create(&p, dev));
-    mb_lstm_config cfg = make_cfg(&s, ck);
-    tu_ok(mb_lstm_create(&l, p, &cfg));
-    l->B = s.B;
-    assert_true(mb__rec_split(l)); /* the rows of a step do go to the pool */
-    mb_lstm_destroy(l); mb_params_destroy(p); mb_device_close(dev);
-    inputs in = make_inputs(&s);
-    run_threads = 1;
-    run_out ref = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-    for (int th = 2; th <= 3; th++) {
-        run_threads = th;
-        run_out got = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-        assert_runs_equal(&got, &ref, &in, s.B * s.H);
-        free_run(&got);
-    }
-    run_threads = 0;
-    free_run(&ref);
-    free_inputs(&in);
-}
-
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -801,7 +765,7 @@ int main(void) {
         cmocka_unit_test(test_bad_backward_before_forward), cmocka_unit_test(test_bad_forward_unfinalized),
         cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
         cmocka_unit_test(test_rows_simd_bitwise),       cmocka_unit_test(test_rk_variants_bitwise),
-        cmocka_unit_test(test_lstm_kernel_variants_bitwise), cmocka_unit_test(test_lstm_threads_bitwise),
+        cmocka_unit_test(test_lstm_kernel_variants_bitwise),
     };
     return cmocka_run_group_tests_name("lstm", tests, NULL, NULL);
 }
