@@ -29,7 +29,8 @@
  *                provides; the CPU table is "cpu backend" below, the CUDA one ends
  *                megabatch_cuda.cuh
  *   device       a CPU or GPU: streams, tracked memory, copies, conversions
- *   gemm         the one matrix multiply (CBLAS / cuBLAS)
+ *   gemm         the one matrix multiply (CBLAS / cuBLAS); the CPU LSTM's own row-independent
+ *                product kernels (AVX-512, AVX2+FMA, portable C)
  *   params       all parameters in one flat buffer, all gradients in another
  *   dataset      HDF5 or in-memory samples, validated, read by ranges
  *   loader       chunk planning, reader thread, device batches
