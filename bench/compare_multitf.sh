@@ -13,7 +13,7 @@
 # (megabatch: train_multitf --no-ftz). R rounds (default
 # 1) alternate megabatch and the peers (reversed order on even rounds); the table gives
 # medians (min-max) of samples/s and of the per-round ratio megabatch / peer, and the
-# load average before and after.
+# load average before and after; the log starts with this script's command line.
 #
 # CPU: megabatch runs once a round per OpenBLAS kernel of --coretypes (default "own
 # Haswell"): "own" with OPENBLAS_CORETYPE unset (OpenBLAS's own pick for this CPU), any
@@ -34,6 +34,8 @@ cd "$(dirname "$0")/.."
 gpu=0 train= val= bars=60000 features=8 stride=30
 epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=1 maxb=0 prec= rounds=1 peers="seeds tuned" noftz=0
 coretypes="own Haswell"
+cmdline=$0
+if [ $# -gt 0 ]; then cmdline+=$(printf ' %q' "$@"); fi
 while [ $# -gt 0 ]; do
     case "$1" in
         --gpu) gpu=1; shift ;;
@@ -66,6 +68,7 @@ for b in "$bin/prepare" "$mb"; do
     [ -x "$b" ] || { echo "error: $b missing: run 'make $b' first" >&2; exit 2; }
 done
 
+echo "## command: $cmdline"
 if [ -z "$train" ]; then
     dir=${DATA_DIR:-/tmp/mb_compare_multitf}
     mkdir -p "$dir"
