@@ -29,7 +29,8 @@
  *                provides; the CPU table is "cpu backend" below, the CUDA one ends
  *                megabatch_cuda.cuh
  *   device       a CPU or GPU: streams, tracked memory, copies, conversions
- *   gemm         the one matrix multiply (CBLAS / cuBLAS)
+ *   gemm         the one matrix multiply (CBLAS / cuBLAS); the CPU LSTM's own row-independent
+ *                product kernels (AVX-512, AVX2+FMA, portable C)
  *   params       all parameters in one flat buffer, all gradients in another
  *   dataset      HDF5 or in-memory samples, validated, read by ranges
  *   loader       chunk planning, reader thread, device batches
@@ -1504,6 +1505,7 @@ struct mb_device {
     int tf32;
     int threads;                    /* CPU: threads for BLAS and for mb_lstm_*_many */
     struct mb__pool *pool;          /* CPU: threads-1 persistent workers (NULL: none) */
+    const struct mb__rk *rk;        /* CPU: the LSTM recurrence's product kernel (gemm; NULL: none) */
     void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
     void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
     void *cublas;                   /* cublasHandle_t: cublas_on[MB_STREAM_COMPUTE] */
@@ -1658,7 +1660,10 @@ static void mb__pool_lock(mb_device *dev, int lock) {
     if (lock) pthread_mutex_lock(&dev->pool->mu);
     else pthread_mutex_unlock(&dev->pool->mu);
 }
+/* Whether mb__pool_run would hand work to workers now (not from inside a job). */
+static int mb__pool_free(const mb_device *dev) { return dev->pool && dev->pool->n > 0 && !mb__pool_inside; }
 #else
+static int mb__pool_free(const mb_device *dev) { (void)dev; return 0; }
 static void mb__pool_lock(mb_device *dev, int lock) { (void)dev; (void)lock; }
 static void mb__pool_close(mb_device *dev) { (void)dev; }
 static mb_result mb__pool_open(mb_device *dev, int workers) { (void)dev; (void)workers; return MB_OK; }
@@ -1673,6 +1678,10 @@ static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *
  * caller's MXCSR (measured: half of a 512^3 product computed with denormals, half
  * without), so OpenBLAS runs single-threaded (process-wide, set at open) and large gemms
  * are split by columns over the pool instead (mb__sgemm_split). */
+struct mb__rk;
+static const struct mb__rk *mb__rk_best(void); /* gemm */
+static const char *mb__rk_name(const struct mb__rk *k);
+
 static mb_result mb__cpu_open(mb_device *dev) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
@@ -1684,8 +1693,9 @@ static mb_result mb__cpu_open(mb_device *dev) {
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     blas = openblas_get_corename(); /* the kernels OpenBLAS picked (OPENBLAS_CORETYPE overrides) */
 #endif
-    snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s)", ncpu, threads,
-             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas);
+    dev->rk = mb__rk_best();
+    snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
+             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(dev->rk));
     return mb__pool_open(dev, threads - 1);
 }
 
@@ -2102,6 +2112,234 @@ static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
     mb_result r = mb__cpu_gemm_body(dev, g);
     mb__fp_leave(e);
     return r;
+}
+
+// -- CPU: the row-independent product (the LSTM's recurrence) --
+/* C (M, N) = [A1 A2] op(W) (+ C), f32, for the CPU LSTM (forward z = [x_t, h_{t-1}] [W_ih
+ * W_hh]^T; backward dg W_hh and dg W_ih), with our own register-blocked kernels instead of
+ * BLAS. A row of the operand is a row of A1 (K1 values) followed by one of A2 (K2, may be
+ * 0). W is packed once per call into panels of nr columns, (K1 + K2, nr) each, zero-padded
+ * past N. Every output element is one chain of fused multiply-adds over k = 0..K1+K2-1 in
+ * order, from +0, then added to C (add) or stored: a row's bits depend neither on M, nor
+ * on where the row falls in a tile, nor on which variant runs. So a call over the rows of
+ * one step and one over a whole segment give the same bits (the checkpointed recompute
+ * relies on it), and the AVX-512, AVX2+FMA and portable C variants agree bit for bit
+ * (tested; the C one calls fmaf, exact wherever C99's fmaf is). Picked at run time. */
+typedef struct mb__rk_a {
+    const float *a1, *a2; /* row r at a1 + r lda1 (K1 values) and a2 + r lda2 (K2 values) */
+    int64_t lda1, lda2, K1, K2;
+} mb__rk_a;
+typedef void (*mb__rk_tile_fn)(int mr, const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc,
+                               int add);
+typedef struct mb__rk {
+    const char *name;    /* "avx512", "avx2", "c" */
+    int nr, mr;          /* panel width (columns), rows of a tile */
+    mb__rk_tile_fn tile; /* rows r.. r+mr'-1 (mr' <= mr) x nc <= nr columns of C from one panel p */
+} mb__rk;
+enum { MB__RK_NR_MAX = 32 };
+
+/* Pack W into rows k0 .. k0+K-1 of panels of nr columns, Kt rows each: trans 1: W is (N, K)
+ * row-major (C = A W^T), 0: W is (K, N) (C = A W). out: ceil(N / nr) panels of Kt * nr. */
+static void mb__rk_pack(int nr, int64_t N, int64_t K, const float *w, int trans, int64_t Kt, int64_t k0, float *out) {
+    for (int64_t p0 = 0; p0 < N; p0 += nr, out += (size_t)nr * (size_t)Kt)
+        for (int64_t k = 0; k < K; k++)
+            for (int j = 0; j < nr; j++) {
+                int64_t n = p0 + j;
+                out[(k0 + k) * nr + j] = n >= N ? 0.0f : trans ? w[n * K + k] : w[k * N + n];
+            }
+}
+
+/* floats of a packed W (the widest panels) */
+static size_t mb__rk_packed_size(int64_t N, int64_t K) {
+    return (size_t)((N + MB__RK_NR_MAX - 1) / MB__RK_NR_MAX * MB__RK_NR_MAX) * (size_t)K;
+}
+
+/* The portable tile: 4 rows x 16 columns, fmaf. */
+static void mb__rk_tile_c(int mr, const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc,
+                          int add) {
+    float acc[4][16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 16; j++) acc[i][j] = 0.0f;
+    for (int part = 0; part < 2; part++) {
+        const float *a = part ? A->a2 + r * A->lda2 : A->a1 + r * A->lda1;
+        int64_t lda = part ? A->lda2 : A->lda1, K = part ? A->K2 : A->K1;
+        for (int64_t k = 0; k < K; k++, p += 16)
+            for (int i = 0; i < mr; i++) {
+                float av = a[i * lda + k];
+                for (int j = 0; j < 16; j++) acc[i][j] = fmaf(av, p[j], acc[i][j]);
+            }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nc; j++) c[i * ldc + j] = add ? c[i * ldc + j] + acc[i][j] : acc[i][j];
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
+#include <immintrin.h>
+#define MB__RK_X86 1
+/* AVX-512: R <= 8 rows x 32 columns (two zmm a row), 16 accumulators named so that unused
+ * rows vanish at any optimization level. */
+#define MB__RK512_FMA(i)                                                                                         \
+    if (R > i) {                                                                                                 \
+        __m512 av = _mm512_set1_ps(a[i * lda + k]);                                                              \
+        c##i##0 = _mm512_fmadd_ps(av, b0, c##i##0);                                                              \
+        c##i##1 = _mm512_fmadd_ps(av, b1, c##i##1);                                                              \
+    }
+#define MB__RK512_STORE(i)                                                                                       \
+    if (R > i) {                                                                                                 \
+        float *ci = c + i * ldc;                                                                                 \
+        if (add) {                                                                                               \
+            c##i##0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), c##i##0);                                     \
+            c##i##1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), c##i##1);                                \
+        }                                                                                                        \
+        _mm512_mask_storeu_ps(ci, m0, c##i##0);                                                                  \
+        _mm512_mask_storeu_ps(ci + 16, m1, c##i##1);                                                             \
+    }
+#define MB__RK512_TILE(RV)                                                                                       \
+    __attribute__((target("avx512f"))) static void mb__rk_tile512_##RV(const mb__rk_a *A, int64_t r,           \
+                                                                       const float *p, float *c, int64_t ldc,  \
+                                                                       int nc, int add) {                      \
+        enum { R = RV };                                                                                         \
+        __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;     \
+        __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00; \
+        for (int part = 0; part < 2; part++) {                                                                   \
+            const float *a = part ? A->a2 + r * A->lda2 : A->a1 + r * A->lda1;                                   \
+            int64_t lda = part ? A->lda2 : A->lda1, K = part ? A->K2 : A->K1;                                    \
+            for (int64_t k = 0; k < K; k++, p += 32) {                                                           \
+                __m512 b0 = _mm512_loadu_ps(p), b1 = _mm512_loadu_ps(p + 16);                                    \
+                MB__RK512_FMA(0) MB__RK512_FMA(1) MB__RK512_FMA(2) MB__RK512_FMA(3)                              \
+                MB__RK512_FMA(4) MB__RK512_FMA(5) MB__RK512_FMA(6) MB__RK512_FMA(7)                              \
+            }                                                                                                    \
+        }                                                                                                        \
+        __mmask16 m0 = (__mmask16)(nc >= 16 ? 0xffffu : (1u << nc) - 1u);                                        \
+        __mmask16 m1 = (__mmask16)(nc >= 32 ? 0xffffu : nc > 16 ? (1u << (nc - 16)) - 1u : 0u);                 \
+        MB__RK512_STORE(0) MB__RK512_STORE(1) MB__RK512_STORE(2) MB__RK512_STORE(3)                              \
+        MB__RK512_STORE(4) MB__RK512_STORE(5) MB__RK512_STORE(6) MB__RK512_STORE(7)                              \
+        (void)c00; (void)c01; (void)c10; (void)c11; (void)c20; (void)c21; (void)c30; (void)c31;                 \
+        (void)c40; (void)c41; (void)c50; (void)c51; (void)c60; (void)c61; (void)c70; (void)c71;                 \
+    }
+MB__RK512_TILE(8)
+MB__RK512_TILE(4)
+MB__RK512_TILE(2)
+MB__RK512_TILE(1)
+typedef void (*mb__rk_rows_fn)(const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc, int add);
+/* mr rows through a variant's tiles f of MR, 4, 2 and 1 rows (the same bits a row). */
+static void mb__rk_rows(const mb__rk_rows_fn *f, int MR, int mr, const mb__rk_a *A, int64_t r, const float *p,
+                        float *c, int64_t ldc, int nc, int add) {
+    for (int i = 0; i < mr;) {
+        int n = mr - i >= MR ? MR : mr - i >= 4 ? 4 : mr - i >= 2 ? 2 : 1;
+        f[n == MR ? 0 : n == 4 ? 1 : n == 2 ? 2 : 3](A, r + i, p, c + i * ldc, ldc, nc, add);
+        i += n;
+    }
+}
+static void mb__rk_tile_avx512(int mr, const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc,
+                               int add) {
+    static const mb__rk_rows_fn f[4] = {mb__rk_tile512_8, mb__rk_tile512_4, mb__rk_tile512_2, mb__rk_tile512_1};
+    mb__rk_rows(f, 8, mr, A, r, p, c, ldc, nc, add);
+}
+
+/* AVX2 + FMA: R <= 6 rows x 16 columns (two ymm a row), 12 accumulators. */
+#define MB__RK256_FMA(i)                                                                                         \
+    if (R > i) {                                                                                                 \
+        __m256 av = _mm256_broadcast_ss(a + i * lda + k);                                                        \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                                                              \
+        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);                                                              \
+    }
+#define MB__RK256_STORE(i)                                                                                       \
+    if (R > i) {                                                                                                 \
+        float *ci = c + i * ldc;                                                                                 \
+        if (nc == 16) {                                                                                          \
+            if (add) {                                                                                           \
+                c##i##0 = _mm256_add_ps(_mm256_loadu_ps(ci), c##i##0);                                           \
+                c##i##1 = _mm256_add_ps(_mm256_loadu_ps(ci + 8), c##i##1);                                       \
+            }                                                                                                    \
+            _mm256_storeu_ps(ci, c##i##0);                                                                       \
+            _mm256_storeu_ps(ci + 8, c##i##1);                                                                   \
+        } else { /* the last panel's columns */                                                                  \
+            float t[16];                                                                                         \
+            _mm256_storeu_ps(t, c##i##0);                                                                        \
+            _mm256_storeu_ps(t + 8, c##i##1);                                                                    \
+            for (int j = 0; j < nc; j++) ci[j] = add ? ci[j] + t[j] : t[j];                                      \
+        }                                                                                                        \
+    }
+#define MB__RK256_TILE(RV)                                                                                       \
+    __attribute__((target("avx2,fma"))) static void mb__rk_tile256_##RV(const mb__rk_a *A, int64_t r,          \
+                                                                        const float *p, float *c, int64_t ldc, \
+                                                                        int nc, int add) {                     \
+        enum { R = RV };                                                                                         \
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;                \
+        __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                                \
+        for (int part = 0; part < 2; part++) {                                                                   \
+            const float *a = part ? A->a2 + r * A->lda2 : A->a1 + r * A->lda1;                                   \
+            int64_t lda = part ? A->lda2 : A->lda1, K = part ? A->K2 : A->K1;                                    \
+            for (int64_t k = 0; k < K; k++, p += 16) {                                                           \
+                __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);                                     \
+                MB__RK256_FMA(0) MB__RK256_FMA(1) MB__RK256_FMA(2)                                               \
+                MB__RK256_FMA(3) MB__RK256_FMA(4) MB__RK256_FMA(5)                                               \
+            }                                                                                                    \
+        }                                                                                                        \
+        MB__RK256_STORE(0) MB__RK256_STORE(1) MB__RK256_STORE(2) MB__RK256_STORE(3) MB__RK256_STORE(4)           \
+        MB__RK256_STORE(5)                                                                                       \
+        (void)c00; (void)c01; (void)c10; (void)c11; (void)c20; (void)c21;                                       \
+        (void)c30; (void)c31; (void)c40; (void)c41; (void)c50; (void)c51;                                       \
+    }
+MB__RK256_TILE(6)
+MB__RK256_TILE(4)
+MB__RK256_TILE(2)
+MB__RK256_TILE(1)
+static void mb__rk_tile_avx2(int mr, const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc,
+                             int add) {
+    static const mb__rk_rows_fn f[4] = {mb__rk_tile256_6, mb__rk_tile256_4, mb__rk_tile256_2, mb__rk_tile256_1};
+    mb__rk_rows(f, 6, mr, A, r, p, c, ldc, nc, add);
+}
+#endif
+
+/* The variants: 0 AVX-512, 1 AVX2+FMA, 2 portable C. */
+static const mb__rk mb__rk_variants[3] = {
+#ifdef MB__RK_X86
+    {"avx512", 32, 8, mb__rk_tile_avx512},
+    {"avx2", 16, 6, mb__rk_tile_avx2},
+#else
+    {"c", 16, 4, mb__rk_tile_c},
+    {"c", 16, 4, mb__rk_tile_c},
+#endif
+    {"c", 16, 4, mb__rk_tile_c},
+};
+
+/* Whether this CPU runs variant v. */
+static int mb__rk_supported(int v) {
+#ifdef MB__RK_X86
+    if (v == 0) return __builtin_cpu_supports("avx512f");
+    if (v == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return v == 2;
+}
+
+static const char *mb__rk_name(const mb__rk *k) { return k->name; }
+
+/* The variant this CPU runs: the widest it has. */
+static const mb__rk *mb__rk_best(void) {
+    for (int v = 0; v < 2; v++)
+        if (mb__rk_supported(v)) return &mb__rk_variants[v];
+    return &mb__rk_variants[2];
+}
+
+/* C rows [0, M) = [A1 A2] op(W) (+ C) from W packed (mb__rk_pack, k->nr, K1 + K2 rows a
+ * panel); panel by panel, so that a panel stays in cache while the rows pass. */
+static void mb__rk_product(const mb__rk *k, int64_t M, int64_t N, const mb__rk_a *A, const float *packed, float *c,
+                           int64_t ldc, int add) {
+    int64_t Kt = A->K1 + A->K2;
+    for (int64_t p0 = 0; p0 < N; p0 += k->nr) {
+        const float *p = packed + p0 * Kt;
+        int nc = (int)(N - p0 < k->nr ? N - p0 : k->nr);
+        for (int64_t r = 0; r < M; r += k->mr)
+            k->tile((int)(M - r < k->mr ? M - r : k->mr), A, r, p, c + r * ldc + p0, ldc, nc, add);
+    }
+}
+
+/* The one-operand case: C = A op(W) (+ C), A (M, K) rows lda apart. */
+static mb__rk_a mb__rk_a1(const float *a, int64_t lda, int64_t K) {
+    mb__rk_a A = {a, a, lda, lda, K, 0};
+    return A;
 }
 
 // ---- params ----
@@ -4475,6 +4713,9 @@ struct mb_lstm {
                                       (section "the fused recurrence"); 0: the per-step gemms */
     float *xall, *dgs, *ones_all;  /* fused: (T*B, F) x, (T*B, 4H) gate gradients, T*B ones */
     void *xall_lp, *dgs_lp;        /* fused, low precision: their operand copies */
+    const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
+    float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
+    float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
 };
 
 static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
@@ -4488,11 +4729,12 @@ static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log
 #else
 #define MB__NOINLINE
 #endif
-/* The row functions are compiled twice on x86 with GCC/Clang: for the baseline (SSE2, 4
- * lanes) and for AVX2 (8 lanes; the default build targets plain x86-64), picked at run
- * time. Without FMA in the target and with ISO C's fp-contract=off the two compute the
- * same operations, so the same bits (perf: the SSE2 forward row was 33% of a CPU step
- * at H = 64). */
+/* The row functions are compiled three times on x86 with GCC: for the baseline (SSE2, 4
+ * lanes), for AVX2 (8 lanes; the default build targets plain x86-64) and for AVX-512 (16
+ * lanes; Clang: not built, its AVX2 rows run), picked at run time. Without FMA in the AVX2
+ * target, and with contraction off in the AVX-512 one (ISO C's default, forced there), the
+ * three compute the same operations, so the same bits (tested; perf: the SSE2 forward row
+ * was 33% of a CPU step at H = 64). */
 typedef void (*mb__lstm_fwd_row_fn)(int64_t, float *MB__RESTRICT, const float *MB__RESTRICT,
                                     const float *MB__RESTRICT, const float *MB__RESTRICT, float *MB__RESTRICT,
                                     float *MB__RESTRICT);
@@ -4529,17 +4771,37 @@ MB__LSTM_ROWS(_base, )
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
 MB__LSTM_ROWS(_avx2, __attribute__((target("avx2"))))
 static int mb__lstm_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#if !defined(__clang__)
+/* AVX-512 has FMA: contraction (GCC's default outside ISO C modes) is turned off here */
+MB__LSTM_ROWS(_avx512, __attribute__((target("avx512f"), optimize("fp-contract=off"))))
+static int mb__lstm_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+#else /* Clang contracts inside the inlined cell unless told so file-wide: its AVX2 rows */
+#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_avx2
+#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_avx2
+static int mb__lstm_avx512(void) { return 0; }
+#endif
 #else
 #define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
 #define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
+#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_base
+#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_base
 static int mb__lstm_avx2(void) { return 0; }
+static int mb__lstm_avx512(void) { return 0; }
 #endif
+
+/* The widest row functions this CPU runs (the same bits as the others). */
+static mb__lstm_fwd_row_fn mb__lstm_fwd_row_best(void) {
+    return mb__lstm_avx512() ? mb__lstm_fwd_row_avx512 : mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
+}
+static mb__lstm_bwd_row_fn mb__lstm_bwd_row_best(void) {
+    return mb__lstm_avx512() ? mb__lstm_bwd_row_avx512 : mb__lstm_avx2() ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
+}
 
 static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
                                         int need_h) {
     (void)dev; (void)stream;
-    mb__lstm_fwd_row_fn row = mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_best();
     for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
@@ -4548,7 +4810,7 @@ static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, i
                                         const float *c_prev, const float *c, const float *dh_rec, const float *dout,
                                         float *dc, float *dg) {
     (void)dev; (void)stream;
-    mb__lstm_bwd_row_fn row = mb__lstm_avx2() ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_best();
     for (int64_t b = 0; b < B; b++)
         row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
                          dg + b * 4 * H);
@@ -4801,6 +5063,13 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
     MB_TRY(mb__lstm_alloc(l, &l->hn, s.state));
     MB_TRY(mb__lstm_alloc(l, &l->cn, s.state));
     if (l->fused) MB_TRY(mb__lstm_fused_alloc(l));
+    if (l->rk) {
+        int64_t in = l->F > l->H ? l->F : l->H; /* the widest layer input */
+        MB_TRY(mb__lstm_alloc(l, &l->wpf, mb__rk_packed_size(4 * l->H, in + l->H)));
+        MB_TRY(mb__lstm_alloc(l, &l->wpb, mb__rk_packed_size(l->H, 4 * l->H)));
+        MB_TRY(mb__lstm_alloc(l, &l->wpi, mb__rk_packed_size(in, 4 * l->H)));
+        MB_TRY(mb__lstm_alloc(l, &l->dbs, (size_t)(4 * l->H)));
+    }
     return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
 }
 
@@ -4813,7 +5082,7 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
             mb_free(d, l->layer[k].hs_lp); mb_free(d, l->layer[k].wih_lp); mb_free(d, l->layer[k].whh_lp);
         }
     float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
-                     l->cn};
+                     l->cn, l->wpf, l->wpb, l->wpi, l->dbs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
     mb_free(d, l->x_lp); mb_free(d, l->g_lp);
     mb__lstm_fused_free(l);
@@ -4857,6 +5126,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     int ck = l->cfg.checkpoint;
     l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->fused = mb__lstm_fused_on(l);
+    l->rk = l->op == MB_F32 ? dev->rk : NULL; /* the CPU's own recurrence (f32) */
     if (cfg->fused_blocks > 0 && !l->fused) {
         mb_result e = MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence "
                               "with %d blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 "
@@ -4905,6 +5175,144 @@ static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const 
     return MB_OK;
 }
 
+// -- the CPU recurrence --
+/* On the CPU in f32 (l->rk, the device's kernel: gemm module, "the row-independent
+ * product") a layer's steps run on our own product instead of BLAS calls. Its weights are
+ * packed once per layer and call. Forward: for a chunk of rows, z = [x_t, h_{t-1}] [W_ih
+ * W_hh]^T in one product (the input projection folded in: no pass of its own), then the
+ * chunk's gate rows right after, while z is still in cache; one call covers the steps of a
+ * block of G (x gathered for them), rows in time order, in chunks of at most B rows, so
+ * the rows of step t-1 (their h) are done before a chunk of step t reads them. Backward,
+ * a step at a time: a chunk's gate-gradient rows, then its dh = dg W_hh and d_in = dg
+ * W_ih (written straight into dx for layer 0). A row's arithmetic never depends on the
+ * chunk, the call or the thread it runs in: the recompute of a segment gives the
+ * forward's bits, and so does every thread count. BLAS keeps the weight gradients (dg^T
+ * over G*B rows). Several threads (outside a pool job, a product of at least
+ * MB__REC_SPLIT_FLOPS a step): each step's rows are split over the pool, one step after
+ * the other. */
+enum { MB__REC_CACHE = 131072, MB__REC_SPLIT_FLOPS = 1 << 24 }; /* bytes of a chunk's input rows; flops a step */
+
+typedef struct mb__rec_job {
+    mb_lstm *l;
+    int backward, next, parts;
+    int64_t r0, n, part, in;         /* rows [r0, r0 + n) of the call, in parts of `part` rows; input width */
+    const float *x, *a, *bih, *bhh;  /* forward: row r's input x + r in, its h_{t-1} a + r H */
+    float *g, *c, *h;                /* g (rows, 4H); c (rows + B, H): row r's c_{t-1} at r, c_t at r + B; h or NULL */
+    const float *ga, *cp, *ct, *dout; /* backward, one step: activated gates (B, 4H), c_{t-1}, c_t, dout (B, H) */
+    float *dg, *din;                 /* backward: gate gradients (B, 4H); d_in rows ldin apart, or NULL */
+    int64_t ldin;
+} mb__rec_job;
+
+/* Rows of a chunk: its product's input rows in about MB__REC_CACHE bytes of L2 (the
+ * packed weights then stream once a chunk), a multiple of the kernel's rows, at most B. */
+static int64_t mb__rec_chunk(const mb_lstm *l, int64_t width) {
+    int64_t mr = l->rk->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
+    if (mc < mr) mc = mr;
+    return mc < l->B ? mc : l->B;
+}
+
+static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+    mb_lstm *l = j->l;
+    int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(l, in + H);
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_best();
+    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
+        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
+        mb__rk_a A = {j->x + c0 * in, j->a + c0 * H, in, H, in, H};
+        mb__rk_product(l->rk, n, 4 * H, &A, l->wpf, j->g + c0 * 4 * H, 4 * H, 0);
+        for (int64_t r = c0; r < c0 + n; r++)
+            row(H, j->g + r * 4 * H, j->bih, j->bhh, j->c + r * H, j->c + (r + B) * H, j->h ? j->h + r * H : NULL);
+    }
+}
+
+static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+    mb_lstm *l = j->l;
+    int64_t H = l->H, mc = mb__rec_chunk(l, 4 * H);
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_best();
+    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
+        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
+        for (int64_t r = c0; r < c0 + n; r++) /* reads dh (from step t+1) before the product overwrites it */
+            row(H, j->ga + r * 4 * H, j->cp + r * H, j->ct + r * H, l->dh + r * H, j->dout + r * H, l->dc + r * H,
+                j->dg + r * 4 * H);
+        mb__rk_a A = mb__rk_a1(j->dg + c0 * 4 * H, 4 * H, 4 * H);
+        mb__rk_product(l->rk, n, H, &A, l->wpb, l->dh + c0 * H, H, 0);
+        if (j->din) mb__rk_product(l->rk, n, j->in, &A, l->wpi, j->din + c0 * j->ldin, j->ldin, 0);
+    }
+}
+
+/* A pool job: parts taken in turn by whichever thread is free (all of them by the caller's
+ * thread inside another job). */
+static void mb__rec_part(void *arg) {
+    mb__rec_job *j = (mb__rec_job *)arg;
+    for (;;) {
+        mb__pool_lock(j->l->dev, 1);
+        int i = j->next++;
+        mb__pool_lock(j->l->dev, 0);
+        if (i >= j->parts) return;
+        int64_t a = j->r0 + i * j->part, b = a + j->part < j->r0 + j->n ? a + j->part : j->r0 + j->n;
+        if (j->backward) mb__rec_bwd_rows(j, a, b);
+        else mb__rec_fwd_rows(j, a, b);
+    }
+}
+
+/* Whether each step's rows are split over the device's threads. */
+static int mb__rec_split(const mb_lstm *l) {
+    return l->dev->threads > 1 && mb__pool_free(l->dev) &&
+           8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
+}
+
+/* Rows [r0, r0 + n): on this thread, or split over the pool in parts of whole kernel tiles. */
+static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
+    mb_device *dev = j->l->dev;
+    int64_t mr = j->l->rk->mr, th = split ? dev->threads : 1;
+    j->r0 = r0; j->n = n; j->next = 0;
+    j->part = ((n + th - 1) / th + mr - 1) / mr * mr;
+    j->parts = (int)((n + j->part - 1) / j->part);
+    mb__pool_run(dev, split ? j->parts - 1 : 0, mb__rec_part, j);
+}
+
+/* Steps [u0, u1) of layer k (within one block of G): x their input rows ((u1-u0)*B, in), g
+ * their gate rows, c the cells with slot 0 = c_{u0}, h where h_{u0+1}.. go (NULL: a
+ * recompute, not needed). */
+static void mb__lstm_rec_forward(mb_lstm *l, int k, const float *x, const float *bih, const float *bhh, int64_t u0,
+                                 int64_t u1, float *g, float *c, float *h) {
+    mb__rec_job j;
+    memset(&j, 0, sizeof j);
+    j.l = l; j.in = l->layer[k].in; j.x = x; j.a = l->layer[k].hs + u0 * l->B * l->H;
+    j.bih = bih; j.bhh = bhh; j.g = g; j.c = c; j.h = h;
+    int64_t rows = (u1 - u0) * l->B;
+    if (!mb__rec_split(l)) mb__rec_run(&j, 0, rows, 0);
+    else for (int64_t r0 = 0; r0 < rows; r0 += l->B) mb__rec_run(&j, r0, l->B, 1);
+}
+
+/* One step backward: dg from the activated gates ga, c_{t-1}, c_t, dh (l->dh) + dout and dc
+ * (l->dc, updated); then l->dh = dg W_hh and, when din is not NULL, its rows (ldin apart) =
+ * dg W_ih. */
+static void mb__lstm_rec_backward_step(mb_lstm *l, int k, const float *ga, const float *cp, const float *ct,
+                                       const float *dout, float *dg, float *din, int64_t ldin) {
+    mb__rec_job j;
+    memset(&j, 0, sizeof j);
+    j.l = l; j.backward = 1; j.in = l->layer[k].in; j.ga = ga; j.cp = cp; j.ct = ct; j.dout = dout; j.dg = dg;
+    j.din = din; j.ldin = ldin;
+    mb__rec_run(&j, 0, l->B, mb__rec_split(l));
+}
+
+/* Layer k's weights packed: forward (also the backward's recompute, when checkpointing)
+ * [W_ih W_hh] for z; backward W_hh for dh and W_ih for d_in. */
+static mb_result mb__lstm_rec_pack(mb_lstm *l, int k, int backward) {
+    float *w[4] = {0};
+    int64_t H = l->H, in = l->layer[k].in, nr = l->rk->nr;
+    MB_TRY(mb__lstm_weights(l, k, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
+    if (!backward || l->k) {
+        mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, l->wpf);
+        mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, l->wpf);
+    }
+    if (backward) {
+        mb__rk_pack((int)nr, H, 4 * H, w[MB__LSTM_WHH], 0, 4 * H, 0, l->wpb);
+        mb__rk_pack((int)nr, in, 4 * H, w[MB__LSTM_WIH], 0, 4 * H, 0, l->wpi);
+    }
+    return MB_OK;
+}
+
 /* Layer k's input rows of steps [a, a+n), time-major (n*B, in): above layer 0 the kept
  * outputs of the layer below; for layer 0 the caller's x gathered into xblk. */
 static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const void **rows) {
@@ -4929,19 +5337,27 @@ static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->
  * (s1-s0+1, B, H) with slot 0 holding c_{s0}. The input projection runs one gemm per
  * whole block of G steps, so the forward and a recompute make the very same gemm calls
  * (same shapes, same rows) whatever the segment: bitwise identical gates. h goes to hs
- * (forward) or to a scratch row (recompute: the same bits as kept). */
+ * (forward) or to a scratch row (recompute: the same bits as kept). On the CPU in f32 the
+ * steps of each block in [s0, s1) are one call of the CPU recurrence instead (above). */
 static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, a0 = mb__lstm_block0(l, s0);
     float *w[4] = {0};
     const void *wih, *whh, *x, *hop = mb__lstm_hs_op(l, k);
+    float *hs = l->layer[k].hs;
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
     mb__lstm_w_ops(l, k, w, &wih, &whh);
+    for (int64_t a = a0; l->rk && a < s1; a += l->G) {
+        int64_t u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1;
+        MB_TRY(mb__lstm_block_input(l, k, u0, u1 - u0, &x));
+        mb__lstm_rec_forward(l, k, (const float *)x, w[MB__LSTM_BIH], w[MB__LSTM_BHH], u0, u1,
+                             g + (u0 - a0) * B * 4 * H, c + (u0 - s0) * B * H, keep_h ? hs + (u0 + 1) * B * H : NULL);
+    }
+    if (l->rk) return MB_OK;
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
         MB_TRY(mb__lstm_block_input(l, k, a, n, &x));
         MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, wih, in, 0.0f, g + (a - a0) * B * 4 * H, 4 * H));
     }
-    float *hs = l->layer[k].hs;
     for (int64_t t = s0; t < s1; t++) {
         float *gt = g + (t - a0) * B * 4 * H, *ct = c + (t - s0) * B * H;
         MB_TRY(mb__lstm_gemm(l, 0, 1, B, 4 * H, H, mb__lstm_el(l, hop, t * B * H), H, whh, H, 1.0f, gt, 4 * H));
@@ -4958,6 +5374,7 @@ static mb_result mb__lstm_layer_forward(mb_lstm *l, int k) {
     mb__lstm_layer *y = &l->layer[k];
     size_t bh = (size_t)(l->B * l->H);
     if (l->fused) return mb__lstm_fused_layer_forward(l, k);
+    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, k, 0));
     if (!l->k) return mb__lstm_segment(l, k, 0, l->T, y->gates, y->cs, 1);
     for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->k) {
         int64_t s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
@@ -5095,8 +5512,14 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
     MB_TRY(mb__lstm_block_input(l, k, t0, nb, &x));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
-    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
+    if (l->rk) { /* CPU recurrence: the bias gradient summed once, rows in order (the block fixes the bits) */
+        memset(l->dbs, 0, (size_t)(4 * H) * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) mb__cpu_add(l->dev, 0, l->dbs, l->gblk + r * 4 * H, (size_t)(4 * H));
+        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) mb__cpu_add(l->dev, 0, dw[i], l->dbs, (size_t)(4 * H));
+    } else {
+        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
+            MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
+    }
     if (!d_in) return MB_OK;
     float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
@@ -5121,10 +5544,16 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_
         float *dg = l->gblk + (t - t0) * B * 4 * H;
         const void *dgop = l->op == MB_F32 ? (const void *)dg : mb__lstm_el(l, l->g_lp, (t - t0) * B * 4 * H);
         const float *ct = c + (t - s0) * bh;
-        MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
-        MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
-        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
-        if (t == t0) MB_TRY(mb__lstm_flush_block(l, k, t0, nb, d_in));
+        if (l->rk) { /* the CPU recurrence: gate gradients, dh = dg W_hh, d_in = dg W_ih */
+            float *din = !d_in ? NULL : k ? d_in + t * bh : d_in + t * l->F; /* layer 0: dx (B, T, F) */
+            mb__lstm_rec_backward_step(l, k, g + (t - a0) * B * 4 * H, ct, ct + bh, dout + t * bh, dg, din,
+                                       k ? H : l->xs);
+        } else {
+            MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
+            MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
+            MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
+        }
+        if (t == t0) MB_TRY(mb__lstm_flush_block(l, k, t0, nb, l->rk ? NULL : d_in));
     }
     return MB_OK;
 }
@@ -5133,6 +5562,7 @@ static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, f
     mb__lstm_layer *y = &l->layer[k];
     size_t bh = (size_t)(l->B * l->H);
     if (l->fused) return mb__lstm_fused_layer_backward(l, k, dout, d_in);
+    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, k, 1));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
     if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);

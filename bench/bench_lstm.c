@@ -8,6 +8,8 @@
  * and the PyTorch peer alternately with the same setting.
  * MB_FUSED_BLOCKS=n: the LSTM's fused_blocks (GPU: -1 the per-step gemms, 1/2/4 the fused kernel
  * with that many blocks a row tile; default 0, the library's choice, printed as fused=).
+ * MB_LSTM_KERNEL=avx512|avx2|c (CPU): the recurrence's product kernel instead of the widest this
+ * CPU runs (an error where it cannot); the device name says which ran ("LSTM kernel ...").
  * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
  * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
@@ -57,6 +59,21 @@ static int fail(const char *what) {
 
 static int keep_denormals;
 
+/* MB_LSTM_KERNEL: the CPU recurrence's kernel variant (benchmarks only: the library picks). */
+static int set_kernel(mb_device *dev) {
+    const char *want = getenv("MB_LSTM_KERNEL");
+    if (!want || !*want || BACKEND != MB_CPU) return 0;
+    for (int v = 0; v < 3; v++)
+        if (!strcmp(want, mb__rk_variants[v].name) && mb__rk_supported(v)) {
+            dev->rk = &mb__rk_variants[v];
+            snprintf(strstr(dev->name, "LSTM kernel "), sizeof dev->name - (size_t)(strstr(dev->name, "LSTM kernel ") - dev->name),
+                     "LSTM kernel %s)", want);
+            return 0;
+        }
+    fprintf(stderr, "error: MB_LSTM_KERNEL=%s: not a kernel this CPU runs (avx512, avx2, c)\n", want);
+    return 1;
+}
+
 static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec, int threads) {
     mb_device *dev;
     mb_params *p;
@@ -69,7 +86,7 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
     cfg.max_steps = T; cfg.max_batch = B; cfg.precision = prec;
     cfg.fused_blocks = getenv("MB_FUSED_BLOCKS") ? atoi(getenv("MB_FUSED_BLOCKS")) : 0; /* GPU: force a path */
-    if (mb_device_open(&dev, &dc) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
+    if (mb_device_open(&dev, &dc) || set_kernel(dev) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
         mb_params_finalize(p) || mb_params_init(p, 1))
         return fail("setup");
     float *x = dev_floats(dev, B * T * F, hashed, 0), *dl = dev_floats(dev, B * H, mean_grad, B * H);

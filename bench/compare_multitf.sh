@@ -6,14 +6,20 @@
 #       [--epochs E --batch B --hidden H --head D --lr X --threads T --max-batches M]
 #       [--precision f32|bf16|f16]   (megabatch's; default f32 on the CPU, f16 with --gpu,
 #                                     like the peers' fp16 autocast)
-#       [--rounds R] [--peers "seeds tuned"] [--no-ftz]
+#       [--rounds R] [--peers "seeds tuned"] [--no-ftz] [--coretypes "own Haswell"]
 #
 # CPU: both sides flush denormals (FTZ+DAZ: megabatch's default, torch.set_flush_denormal)
 # and use --threads threads (default 1); --no-ftz turns flushing off on both sides
 # (megabatch: train_multitf --no-ftz). R rounds (default
 # 1) alternate megabatch and the peers (reversed order on even rounds); the table gives
 # medians (min-max) of samples/s and of the per-round ratio megabatch / peer, and the
-# load average before and after.
+# load average before and after; the log starts with this script's command line.
+#
+# CPU: megabatch runs once a round per OpenBLAS kernel of --coretypes (default "own
+# Haswell"): "own" with OPENBLAS_CORETYPE unset (OpenBLAS's own pick for this CPU), any
+# other word with OPENBLAS_CORETYPE set to it for that run alone; each gets its rows in
+# the table, and its device line (OpenBLAS's core and megabatch's LSTM kernel: avx512,
+# avx2 or c) is printed. The variable is never changed outside those runs.
 #
 # Without --train/--val it makes one synthetic dataset with build/prepare in $DATA_DIR
 # (default /tmp/mb_compare_multitf). CPU: build/train_multitf, torch --device cpu.
@@ -27,6 +33,9 @@ cd "$(dirname "$0")/.."
 
 gpu=0 train= val= bars=60000 features=8 stride=30
 epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=1 maxb=0 prec= rounds=1 peers="seeds tuned" noftz=0
+coretypes="own Haswell"
+cmdline=$0
+if [ $# -gt 0 ]; then cmdline+=$(printf ' %q' "$@"); fi
 while [ $# -gt 0 ]; do
     case "$1" in
         --gpu) gpu=1; shift ;;
@@ -46,6 +55,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift 2 ;;
         --peers) peers=$2; shift 2 ;;
         --no-ftz) noftz=1; shift ;;
+        --coretypes) coretypes=$2; shift 2 ;;
         *) echo "error: unknown flag '$1' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -58,6 +68,7 @@ for b in "$bin/prepare" "$mb"; do
     [ -x "$b" ] || { echo "error: $b missing: run 'make $b' first" >&2; exit 2; }
 done
 
+echo "## command: $cmdline"
 if [ -z "$train" ]; then
     dir=${DATA_DIR:-/tmp/mb_compare_multitf}
     mkdir -p "$dir"
@@ -82,15 +93,21 @@ echo "## load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 run() { # name, round, command...: echo it, run it, keep its output
     local name=$1 r=$2; shift 2
     echo "## round $r $name: $*"
-    "$@" --quiet 2>&1 | tee "$out/$name.$r.txt"
+    "$@" 2>&1 | tee "$out/$name.$r.txt"
 }
-names=(megabatch)
+# megabatch with OpenBLAS's kernel ct: own (the variable unset) or OPENBLAS_CORETYPE=ct
+corenv() { if [ "$1" = own ]; then echo "env -u OPENBLAS_CORETYPE"; else echo "env OPENBLAS_CORETYPE=$1"; fi; }
+[ "$gpu" = 1 ] && coretypes=own
+mbnames=()
+for ct in $coretypes; do mbnames+=("megabatch_$ct"); done
+names=("${mbnames[@]}")
 for p in $peers; do names+=("torch_$p"); done
 run_one() { # name, round
     case $1 in
-        megabatch) run megabatch "$2" "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" ;;
+        megabatch_*) # not --quiet: its device line names the kernels
+            run "$1" "$2" $(corenv "${1#megabatch_}") "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" ;;
         torch_*) run "$1" "$2" "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline "${1#torch_}" \
-                     --device "$tdev" "${ftzflag[@]}" ;;
+                     --device "$tdev" "${ftzflag[@]}" --quiet ;;
     esac
 }
 for r in $(seq 1 "$rounds"); do
@@ -105,13 +122,21 @@ stat() { sort -g | awk -v f="$1" '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) /
 echo
 echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head threads=$threads" \
      "ftz=$([ "$noftz" = 1 ] && echo off || echo on); megabatch $prec; $rounds round(s): median (min-max))"
-printf '%-12s %-28s %12s %12s %-24s\n' pipeline samples/s val_loss baseline megabatch/peer
+for m in "${mbnames[@]}"; do echo "## $m: $(grep -m1 '^device:' "$out/$m.1.txt")"; done
+printf '%-20s %-28s %12s %12s\n' pipeline samples/s val_loss baseline
 for n in "${names[@]}"; do
     sps=$(for r in $(seq 1 "$rounds"); do field "$n.$r" samples_per_s; done | stat %.1f)
-    rat=$(for r in $(seq 1 "$rounds"); do
-              awk -v a="$(field "megabatch.$r" samples_per_s)" -v b="$(field "$n.$r" samples_per_s)" \
-                  'BEGIN { printf "%.3f\n", (b > 0 ? a / b : 0) }'
-          done | stat %.2f)
-    printf '%-12s %-28s %12s %12s %-24s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)" \
-        "$([ "$n" = megabatch ] || echo "${rat}x")"
+    printf '%-20s %-28s %12s %12s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)"
+done
+echo
+printf '%-40s %-24s\n' "ratio (samples/s, per round)" "median (min-max)"
+for m in "${mbnames[@]}"; do
+    for n in "${names[@]}"; do
+        case $n in megabatch_*) continue ;; esac
+        rat=$(for r in $(seq 1 "$rounds"); do
+                  awk -v a="$(field "$m.$r" samples_per_s)" -v b="$(field "$n.$r" samples_per_s)" \
+                      'BEGIN { printf "%.3f\n", (b > 0 ? a / b : 0) }'
+              done | stat %.2f)
+        printf '%-40s %-24s\n' "$m / $n" "${rat}x"
+    done
 done

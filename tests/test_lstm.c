@@ -173,10 +173,15 @@ static void test_gradcheck_shapes(void **state) {
 
 typedef struct run_out { float *out, *hl, *hn, *cn, *grad, *dx, *dh0, *dc0; size_t np; } run_out;
 
+/* The CPU recurrence's kernel variant of the device run_model opens (-1: the device's pick;
+ * else mb__rk_variants[v], which this CPU must run). */
+static int run_variant = -1;
+
 static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtype prec, const float *pvals,
                          const float *x, const float *h0, const float *c0, const float *r1, const float *r2) {
     mb_device *dev;
     tu_ok(mb_device_open(&dev, NULL));
+    if (run_variant >= 0) dev->rk = &mb__rk_variants[run_variant];
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_params_create(&p, dev));
@@ -233,6 +238,18 @@ static inputs make_inputs(const shape *s) {
 
 static void free_inputs(inputs *in) { free(in->pv); free(in->x); free(in->h0); free(in->c0); free(in->r1); free(in->r2); }
 
+/* Two runs of the same model and inputs gave the same bits everywhere. */
+static void assert_runs_equal(const run_out *a, const run_out *b, const inputs *in, int bh) {
+    assert_memory_equal(a->out, b->out, in->no * sizeof(float));
+    assert_memory_equal(a->hl, b->hl, (size_t)bh * sizeof(float));
+    assert_memory_equal(a->hn, b->hn, in->ns * sizeof(float));
+    assert_memory_equal(a->cn, b->cn, in->ns * sizeof(float));
+    assert_memory_equal(a->grad, b->grad, in->np * sizeof(float));
+    assert_memory_equal(a->dx, b->dx, in->nx * sizeof(float));
+    assert_memory_equal(a->dh0, b->dh0, in->ns * sizeof(float));
+    assert_memory_equal(a->dc0, b->dc0, in->ns * sizeof(float));
+}
+
 static void test_checkpoint_bitwise(void **state) {
     (void)state;
     for (int rep = 0; rep < 3; rep++) {
@@ -240,19 +257,11 @@ static void test_checkpoint_bitwise(void **state) {
         int gb = tu_int(0, 1) ? tu_int(1, 9) : 0;
         mb_dtype prec = (mb_dtype)(rep % 3); /* f32, bf16, f16: the same kernels in the same order */
         inputs in = make_inputs(&s);
-        size_t np = in.np, nx = in.nx, no = in.no, ns = in.ns;
         run_out full = run_model(&s, -1, gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
         int ks[] = {1, 2, 7, s.T, 0};
         for (int i = 0; i < 5; i++) {
             run_out ck = run_model(&s, ks[i], gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-            assert_memory_equal(ck.out, full.out, no * sizeof(float));
-            assert_memory_equal(ck.hl, full.hl, (size_t)s.B * s.H * sizeof(float));
-            assert_memory_equal(ck.hn, full.hn, ns * sizeof(float));
-            assert_memory_equal(ck.cn, full.cn, ns * sizeof(float));
-            assert_memory_equal(ck.grad, full.grad, np * sizeof(float));
-            assert_memory_equal(ck.dx, full.dx, nx * sizeof(float));
-            assert_memory_equal(ck.dh0, full.dh0, ns * sizeof(float));
-            assert_memory_equal(ck.dc0, full.dc0, ns * sizeof(float));
+            assert_runs_equal(&ck, &full, &in, s.B * s.H);
             free_run(&ck);
         }
         free_run(&full);
@@ -595,44 +604,152 @@ static void test_alloc_failure_leaks_nothing(void **state) {
 
 #include "test_lstm_golden.h"
 
-/* The AVX2 row functions give the bits of the baseline ones (random rows, large
- * pre-activations, NaN), and without h (a recompute) the same gates and cells; skipped
- * where the CPU has no AVX2. */
-static void test_rows_avx2_bitwise(void **state) {
+/* The AVX2 and AVX-512 row functions give the bits of the baseline ones (random rows, large
+ * pre-activations, NaN), and without h (a recompute) the same gates and cells; a variant
+ * the CPU lacks is left out (all skipped without AVX2). */
+static void test_rows_simd_bitwise(void **state) {
     (void)state;
     if (!mb__lstm_avx2()) { skip(); return; }
+    mb__lstm_fwd_row_fn fwd[3] = {mb__lstm_fwd_row_base, mb__lstm_fwd_row_avx2, mb__lstm_fwd_row_avx512};
+    mb__lstm_bwd_row_fn bwd[3] = {mb__lstm_bwd_row_base, mb__lstm_bwd_row_avx2, mb__lstm_bwd_row_avx512};
+    int nv = mb__lstm_avx512() ? 3 : 2;
     for (int rep = 0; rep < 20; rep++) {
         int64_t H = tu_int(1, 70);
         size_t h4 = (size_t)(4 * H), h1 = (size_t)H;
-        float *g[2], *c[2], *h[2], *d4[2], *dc[2];
+        float *g[3], *c[3], *h[3], *d4[3], *dc[3];
         float *b1 = tu_alloc_f32(h4), *b2 = tu_alloc_f32(h4), *cp = tu_alloc_f32(h1), *g0 = tu_alloc_f32(h4);
         float *dh = tu_alloc_f32(h1), *dout = tu_alloc_f32(h1), *dc0 = tu_alloc_f32(h1);
         tu_fill(b1, h4, -1, 1); tu_fill(b2, h4, -1, 1); tu_fill(cp, h1, -3, 3); tu_fill(g0, h4, -30, 30);
         tu_fill(dh, h1, -1, 1); tu_fill(dout, h1, -1, 1); tu_fill(dc0, h1, -1, 1);
         g0[tu_int(0, (int)h4 - 1)] = 100.0f; g0[tu_int(0, (int)h4 - 1)] = NAN;
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < nv; v++) {
             g[v] = tu_alloc_f32(h4); c[v] = tu_alloc_f32(h1); h[v] = tu_alloc_f32(h1);
             d4[v] = tu_alloc_f32(h4); dc[v] = tu_alloc_f32(h1);
             memcpy(g[v], g0, h4 * sizeof(float));
             memcpy(dc[v], dc0, h1 * sizeof(float));
-            (v ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base)(H, g[v], b1, b2, cp, c[v], h[v]);
-            (v ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base)(H, g[v], cp, c[v], dh, dout, dc[v], d4[v]);
-        }
-        for (int v = 0; v < 2; v++) { /* no h: gates and cells as with it */
-            float *gn = tu_alloc_f32(h4), *cn = tu_alloc_f32(h1);
+            fwd[v](H, g[v], b1, b2, cp, c[v], h[v]);
+            bwd[v](H, g[v], cp, c[v], dh, dout, dc[v], d4[v]);
+            float *gn = tu_alloc_f32(h4), *cn = tu_alloc_f32(h1); /* no h: gates and cells as with it */
             memcpy(gn, g0, h4 * sizeof(float));
-            (v ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base)(H, gn, b1, b2, cp, cn, NULL);
+            fwd[v](H, gn, b1, b2, cp, cn, NULL);
             assert_memory_equal(gn, g[v], h4 * sizeof(float));
             assert_memory_equal(cn, c[v], h1 * sizeof(float));
             free(gn); free(cn);
         }
-        assert_memory_equal(g[0], g[1], h4 * sizeof(float));
-        assert_memory_equal(c[0], c[1], h1 * sizeof(float));
-        assert_memory_equal(h[0], h[1], h1 * sizeof(float));
-        assert_memory_equal(d4[0], d4[1], h4 * sizeof(float));
-        assert_memory_equal(dc[0], dc[1], h1 * sizeof(float));
-        for (int v = 0; v < 2; v++) { free(g[v]); free(c[v]); free(h[v]); free(d4[v]); free(dc[v]); }
+        for (int v = 1; v < nv; v++) {
+            assert_memory_equal(g[0], g[v], h4 * sizeof(float));
+            assert_memory_equal(c[0], c[v], h1 * sizeof(float));
+            assert_memory_equal(h[0], h[v], h1 * sizeof(float));
+            assert_memory_equal(d4[0], d4[v], h4 * sizeof(float));
+            assert_memory_equal(dc[0], dc[v], h1 * sizeof(float));
+        }
+        for (int v = 0; v < nv; v++) { free(g[v]); free(c[v]); free(h[v]); free(d4[v]); free(dc[v]); }
         free(b1); free(b2); free(cp); free(g0); free(dh); free(dout); free(dc0);
+    }
+}
+
+/* ---- the CPU recurrence's product (gemm module: mb__rk_*) ---- */
+
+/* A random product: C (M, N) = [A1 A2] op([W1; W2]) (+ C); A1 (M, K1) rows lda1 apart, A2
+ * (M, K2) rows lda2 apart, W1 and W2 (N, K) with trans, (K, N) without. */
+typedef struct rk_case {
+    int64_t M, N, K1, K2, lda1, lda2;
+    int trans, add;
+    float *a1, *a2, *w1, *w2, *c0;
+} rk_case;
+
+static rk_case rk_case_random(void) {
+    rk_case q;
+    q.M = tu_int(1, 40); q.N = tu_int(1, 80); q.K1 = tu_int(1, 70); q.K2 = tu_int(0, 1) ? tu_int(1, 40) : 0;
+    q.lda1 = q.K1 + tu_int(0, 3); q.lda2 = q.K2 + tu_int(0, 3);
+    q.trans = tu_int(0, 1); q.add = tu_int(0, 1);
+    float scale = tu_int(0, 3) ? 1.0f : 1e4f; /* now and then magnitudes whose sums round a lot */
+    q.a1 = tu_alloc_f32((size_t)(q.M * q.lda1)); q.a2 = tu_alloc_f32((size_t)(q.M * q.lda2 + 1));
+    q.w1 = tu_alloc_f32((size_t)(q.N * q.K1)); q.w2 = tu_alloc_f32((size_t)(q.N * q.K2 + 1));
+    q.c0 = tu_alloc_f32((size_t)(q.M * q.N));
+    tu_fill(q.a1, (size_t)(q.M * q.lda1), -scale, scale); tu_fill(q.a2, (size_t)(q.M * q.lda2 + 1), -1, 1);
+    tu_fill(q.w1, (size_t)(q.N * q.K1), -1, 1); tu_fill(q.w2, (size_t)(q.N * q.K2 + 1), -1, 1);
+    tu_fill(q.c0, (size_t)(q.M * q.N), -2, 2);
+    return q;
+}
+
+static void rk_case_free(rk_case *q) { free(q->a1); free(q->a2); free(q->w1); free(q->w2); free(q->c0); }
+
+/* Through variant v into c (a copy of c0 first), rows [0, M) in pieces of the given sizes,
+ * each piece one call (as a step's rows or a segment's are). */
+static void rk_run(int v, const rk_case *q, float *c, const int64_t *pieces, int np) {
+    const mb__rk *k = &mb__rk_variants[v];
+    int64_t Kt = q->K1 + q->K2;
+    float *pk = tu_alloc_f32(mb__rk_packed_size(q->N, Kt));
+    mb__rk_pack(k->nr, q->N, q->K1, q->w1, q->trans, Kt, 0, pk);
+    if (q->K2) mb__rk_pack(k->nr, q->N, q->K2, q->w2, q->trans, Kt, q->K1, pk);
+    memcpy(c, q->c0, (size_t)(q->M * q->N) * sizeof(float));
+    for (int64_t r = 0, i = 0; r < q->M; i++) {
+        int64_t n = i < np && pieces[i] < q->M - r ? pieces[i] : q->M - r;
+        mb__rk_a A = {q->a1 + r * q->lda1, q->a2 + r * q->lda2, q->lda1, q->lda2, q->K1, q->K2};
+        mb__rk_product(k, n, q->N, &A, pk, c + r * q->N, q->N, q->add);
+        r += n;
+    }
+    free(pk);
+}
+
+/* Every variant this CPU runs gives the portable C one's bits, whole or in random pieces of
+ * rows (a row's bits never depend on the call); the C one is within float rounding of a
+ * double reference. Random M, N, K1, K2 (edge panels and tiles, one or two operands),
+ * strides, W^T or W, store or add. */
+static void test_rk_variants_bitwise(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 40; rep++) {
+        rk_case q = rk_case_random();
+        size_t mn = (size_t)(q.M * q.N);
+        float *ref = tu_alloc_f32(mn), *got = tu_alloc_f32(mn);
+        int64_t pieces[8];
+        for (int i = 0; i < 8; i++) pieces[i] = tu_int(1, 9);
+        rk_run(2, &q, ref, NULL, 0);
+        for (int64_t i = 0; i < q.M; i++) /* the C variant against double sums */
+            for (int64_t j = 0; j < q.N; j++) {
+                double d = q.add ? q.c0[i * q.N + j] : 0, mag = fabs(d);
+                for (int part = 0; part < 2; part++)
+                    for (int64_t k = 0, K = part ? q.K2 : q.K1; k < K; k++) {
+                        const float *w = part ? q.w2 : q.w1;
+                        double av = part ? q.a2[i * q.lda2 + k] : q.a1[i * q.lda1 + k];
+                        double p = av * (q.trans ? w[j * K + k] : w[k * q.N + j]);
+                        d += p; mag += fabs(p);
+                    }
+                assert_true(fabs(ref[i * q.N + j] - d) <= 1e-6 * mag * (double)(q.K1 + q.K2 + 1) + 1e-30);
+            }
+        for (int v = 0; v < 3; v++) {
+            if (!mb__rk_supported(v)) continue;
+            for (int split = 0; split < 2; split++) {
+                rk_run(v, &q, got, pieces, split ? 8 : 0);
+                assert_memory_equal(got, ref, mn * sizeof(float));
+            }
+        }
+        free(ref); free(got);
+        rk_case_free(&q);
+    }
+}
+
+/* A whole LSTM (1-3 layers, full and checkpointed, random shapes) gives the same bits with
+ * each kernel variant this CPU runs as with the portable C one. */
+static void test_lstm_kernel_variants_bitwise(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 2; rep++) {
+        shape s = {tu_int(1, 11), tu_int(3, 30), tu_int(1, 9), tu_int(1, 40), tu_int(1, 3)};
+        int ck = rep ? tu_int(1, 8) : -1;
+        inputs in = make_inputs(&s);
+        run_variant = 2;
+        run_out ref = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
+        for (int v = 0; v < 2; v++) {
+            if (!mb__rk_supported(v)) continue;
+            run_variant = v;
+            run_out got = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
+            assert_runs_equal(&got, &ref, &in, s.B * s.H);
+            free_run(&got);
+        }
+        run_variant = -1;
+        free_run(&ref);
+        free_inputs(&in);
     }
 }
 
@@ -647,7 +764,8 @@ int main(void) {
         cmocka_unit_test(test_bad_duplicate_prefix),     cmocka_unit_test(test_bad_forward_shapes),
         cmocka_unit_test(test_bad_backward_before_forward), cmocka_unit_test(test_bad_forward_unfinalized),
         cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
-        cmocka_unit_test(test_rows_avx2_bitwise),
+        cmocka_unit_test(test_rows_simd_bitwise),       cmocka_unit_test(test_rk_variants_bitwise),
+        cmocka_unit_test(test_lstm_kernel_variants_bitwise),
     };
     return cmocka_run_group_tests_name("lstm", tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* test_lstm_many: mb_lstm_forward_many / mb_lstm_backward_many run independent LSTMs
  * side by side (CPU threads) with results equal, bit for bit, to single calls in order;
  * segments read in place from one wide batch (x_stride); bad input; errors from a
- * worker thread reach the caller. Also run under ThreadSanitizer (make tsan). */
+ * worker thread reach the caller; one LSTM whose steps' rows are split over the pool (the
+ * CPU recurrence) gives the 1-thread bits. Also run under ThreadSanitizer (make tsan). */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
@@ -165,11 +166,65 @@ static void test_bad_calls(void **state) {
     free_encoders(&e);
 }
 
+/* One LSTM (H = 256, F <= 256, L <= 2) forward and backward on a device of `threads`
+ * threads: h_last, the gradients (returns their count) and dx. split: whether each step's
+ * rows must go to the pool (checked). */
+static size_t run_split(int threads, int64_t B, int64_t T, int64_t F, int L, int ck, const float *x,
+                        const float *dh, float *hl, float *grad, float *dx, int split) {
+    mb_device *dev;
+    mb_params *p;
+    mb_lstm *l;
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.threads = threads;
+    tu_ok(mb_device_open(&dev, &dc));
+    tu_ok(mb_params_create(&p, dev));
+    mb_lstm_config c;
+    memset(&c, 0, sizeof c);
+    c.input_size = F; c.hidden_size = 256; c.layers = L; c.checkpoint = ck; c.max_steps = T; c.max_batch = B;
+    tu_ok(mb_lstm_create(&l, p, &c));
+    tu_ok(mb_params_finalize(p));
+    tu_ok(mb_params_init(p, 11));
+    tu_ok(mb_lstm_forward(l, x, B, T, NULL, NULL, NULL, hl));
+    assert_int_equal(mb__rec_split(l), split);
+    tu_ok(mb_lstm_backward(l, dh, NULL, dx, NULL, NULL));
+    size_t np = mb_params_total(p);
+    memcpy(grad, mb_params_grad(p), np * sizeof(float));
+    mb_lstm_destroy(l);
+    mb_params_destroy(p);
+    mb_device_close(dev);
+    return np;
+}
+
+/* A single LSTM on 2 and 3 threads, at a shape where each step's rows are split over the
+ * pool (the CPU recurrence), gives the bits of 1 thread. */
+static void test_split_rows_bitwise(void **state) {
+    (void)state;
+    int64_t B = tu_int(32, 40), T = tu_int(2, 4), F = tu_int(1, 5);
+    int L = tu_int(1, 2), ck = tu_int(0, 1) ? -1 : 1;
+    size_t nx = (size_t)(B * T * F), bh = (size_t)B * 256, cap = 2 * 1024 * (256 + 256 + 2); /* >= the params */
+    float *x = tu_alloc_f32(nx), *dh = tu_alloc_f32(bh), *hl[2], *g[2], *dx[2];
+    tu_fill(x, nx, -2, 2); tu_fill(dh, bh, -1, 1);
+    for (int i = 0; i < 2; i++) { hl[i] = tu_alloc_f32(bh); g[i] = tu_alloc_f32(cap); dx[i] = tu_alloc_f32(nx); }
+    size_t np = run_split(1, B, T, F, L, ck, x, dh, hl[0], g[0], dx[0], 0);
+    assert_true(np <= cap);
+    for (int th = 2; th <= 3; th++) {
+        run_split(th, B, T, F, L, ck, x, dh, hl[1], g[1], dx[1], 1);
+        assert_memory_equal(hl[1], hl[0], bh * sizeof(float));
+        assert_memory_equal(g[1], g[0], np * sizeof(float));
+        assert_memory_equal(dx[1], dx[0], nx * sizeof(float));
+    }
+    for (int i = 0; i < 2; i++) { free(hl[i]); free(g[i]); free(dx[i]); }
+    free(x); free(dh);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_equals_single_calls),
         cmocka_unit_test(test_blas_threads_restored),
         cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_split_rows_bitwise),
     };
+    tu_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
