@@ -25,7 +25,7 @@
 #   sizes     the whole training step at H=32, 64, 128, 256 (F=128, B=128, head 64, bf16,
 #             series layout: 5,776 training samples) against the PyTorch tuned pipeline,
 #             alternating per size, 4 epochs each; steady state = epochs 2..4 (40 s for two
-#             sizes' pairs there, plus torch's start-up)                                 ~150 s
+#             sizes' pairs there, plus torch's start-up; MB_GPU_SIZES="128 256" picks sizes) ~150 s
 # default = ldd,tests,example,lstm,profile,sizes: about 6 minutes, inside a 10-minute call.
 set -u
 dir=${1:-build/gpu}
@@ -249,7 +249,7 @@ if want sizes && [ -x "$dir/train_multitf_cuda" ]; then
                       printf "%.2f", 1000 * n * (last / s[last] - 1 / s[1]) / ((last - 1) * spe) }' "$1"
         }
         sizes_table="$(printf '%-6s %16s %16s %22s' H "ours ms/step" "torch ms/step" "speed (torch/ours)")"
-        for H in 32 64 128 256; do
+        for H in ${MB_GPU_SIZES:-32 64 128 256}; do
             o=- p=-
             if logrun "$res/sizes/H$H-ours.log" "$dir/train_multitf_cuda" --train "$tmp/s128/train.h5" \
                 --val "$tmp/s128/val.h5" --epochs 4 --hidden $H $TRAIN_ARGS >/dev/null; then
