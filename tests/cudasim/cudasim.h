@@ -1943,9 +1943,14 @@ cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out) {
     capture *c = capture_of(s);
     if (!c) return set_err(cudaErrorIllegalState);
     if (c->origin != s) return set_err(cudaErrorStreamCaptureUnmatched);
-    if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
-        return set_err(cudaErrorStreamCaptureWrongThread); /* only a relaxed capture ends on another thread */
-    cudaError_t e = c->invalid ? cudaErrorStreamCaptureInvalidated : !joined(*c) ? cudaErrorStreamCaptureUnjoined : cudaSuccess;
+    /* a global or thread-local capture ended on another thread fails with WrongThread, and is
+     * ended (the H100, CUDA 13.0: another thread's cudaMalloc then succeeds); an invalidated one
+     * fails with Invalidated on any thread */
+    bool wrong = c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id();
+    cudaError_t e = c->invalid ? cudaErrorStreamCaptureInvalidated
+                    : wrong    ? cudaErrorStreamCaptureWrongThread
+                    : !joined(*c) ? cudaErrorStreamCaptureUnjoined
+                                  : cudaSuccess;
     if (e != cudaSuccess && !r.errors_expected.load()) {
         fprintf(stderr, "cudasim: the capture on stream %p failed: %s (%s)%s%s; under the simulator a failed capture "
                 "is an error (a program that expects it calls cudasim::expect_capture_errors(true))\n", (void *)s,
@@ -2048,12 +2053,14 @@ cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecU
     drop_nodes(ex->nodes, std::make_shared<const node_list>(nw));
     return cudaSuccess;
 }
-/* The nodes run in capture order, as one operation of the stream (recorded as one node when the
- * stream is itself capturing: a child graph). */
+/* The nodes run in capture order, as one operation of the stream. Not on a capturing stream: the
+ * H100 (CUDA 13.0) refuses that with cudaErrorStreamCaptureUnsupported and the capture is
+ * invalidated (a child graph is built with cudaGraphAddChildGraphNode, not modelled here). */
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
     stream *s = get_stream(st);
     if (!s) return set_err(cudaErrorInvalidResourceHandle);
     if (!x) return set_err(cudaErrorInvalidValue);
+    if (capture_forbids(s, "cudaGraphLaunch") != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     if (sticky() != cudaSuccess) return set_err(sticky());
     auto *ex = (exec_obj *)x;
     task run;
