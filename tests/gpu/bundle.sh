@@ -11,6 +11,8 @@
 set -eu
 out=$1; shift
 mkdir -p "$out/lib"
+# the commit the binaries were built from (+ "dirty" when the tree had changes): run.sh prints it
+echo "$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' dirty')" >"$out/COMMIT"
 for bin in "$@"; do
     readelf -d "$bin" | grep -q '(RPATH).*\$ORIGIN/lib' || {
         echo "bundle.sh: $bin has no DT_RPATH \$ORIGIN/lib (build it with make gpu-bundle)" >&2; exit 1; }

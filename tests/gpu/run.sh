@@ -49,7 +49,7 @@ logrun() { # FILE CMD...: run CMD with its output in FILE and on stdout; CMD's e
 stamp() { echo "== $1 $(date -u +%H:%M:%S)"; }
 gpu=0
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu=1; nvidia-smi -L; else echo "nvidia-smi: no GPU"; fi
-echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+echo "bundle built from: $(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" # not the device copy's git
 echo "parts: $parts; results: $res"
 table=""
 row() { table="$table$(printf '%-48s %s' "$1" "$2")\n"; }
