@@ -224,9 +224,11 @@ $(BUILD)/compile/cxx17: tests/compile/tu_impl.c tests/compile/tu_user.c $(HEADER
 $(BUILD)/compile/two_tu_static: tests/compile/tu_static.c tests/compile/tu_user.c tests/compile/tu_impl.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c tests/compile/tu_static.c -lm -lpthread $(HDF5_LIBS)
+# the compile check builds every kernel for sm_90 and sm_80 whatever CUDA_ARCHS is (CI builds the
+# programs for sm_90 alone)
 $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) $(foreach a,$(sort $(CUDA_ARCHS) 80 90),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $@ $<
 
 # the build runs with one job per core (JOBS=1 for a serial build); the tests then run in order
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -342,17 +344,26 @@ clean:
 CUDA_INC   ?= $(firstword $(wildcard $(dir $(NVCC))../include) /usr/local/cuda/include)
 SIM_OK     := $(if $(wildcard $(CUDA_INC)/cuda_runtime.h),1,)
 SIM_CXX    ?= g++
-SIM_FLAGS  := -std=c++17 -x c++ -Wall -Wextra -Werror -g -DCUDASIM_IMPLEMENTATION -include tests/cudasim/cudasim.h \
+# -g1: line tables only (file:line in the sanitizers' reports) at 3/4 of -g's compile time
+SIM_FLAGS  := -std=c++17 -x c++ -Wall -Wextra -Werror -g1 -include tests/cudasim/cudasim.h \
               -I. -Itests -isystem $(CUDA_INC) $(HDF5_CFLAGS) -pthread
 SIM_NAMES  := $(patsubst tests/cuda/%.cu,%,$(CUDA_SRCS)) $(patsubst tests/cudasim/%.cu,%,$(wildcard tests/cudasim/test_*.cu))
-SIM_PROGS  := $(patsubst examples/%.cu,%,$(wildcard examples/*.cu)) $(patsubst bench/%.cu,bench/%,$(wildcard bench/*.cu))
+# the programs sim-test runs (tests/cudasim/example.sh): the example in each build, the benchmarks
+# plain; the others build on demand (make build/sim/predict_cuda, build/sim/bench/bench_series_cuda)
+SIM_PROGS_sim      := train_multitf_cuda bench/bench_lstm_cuda bench/bench_loader_cuda
+SIM_PROGS_sim-asan := train_multitf_cuda
+SIM_PROGS_sim-tsan := train_multitf_cuda
 SIM_DEPS   := $(HEADERS) $(wildcard tests/cudasim/*.h) $(wildcard examples/*.c) $(wildcard bench/*.c)
 SIM_SRC     = $(firstword $(wildcard tests/cuda/$(1).cu tests/cudasim/$(1).cu examples/$(1).cu $(1).cu))
 
+# a build's programs link its one copy of the simulator's implementation (build/VARIANT/cudasim.o)
 define SIM_RULE
-$(BUILD)/$(1)/%: $$(SIM_DEPS) $$(wildcard tests/cuda/*.cu tests/cudasim/*.cu examples/*.cu bench/*.cu)
+$(BUILD)/$(1)/cudasim.o: tests/cudasim/cudasim_impl.cu $(wildcard tests/cudasim/*.h)
 	@mkdir -p $$(dir $$@)
-	$$(SIM_CXX) $$(SIM_FLAGS) $(2) -o $$@ $$(call SIM_SRC,$$*) -x none $$(CMOCKA_LIBS) $(3) -lpthread -lm
+	$$(SIM_CXX) $$(SIM_FLAGS) $(2) -DCUDASIM_IMPLEMENTATION -c -o $$@ $$<
+$(BUILD)/$(1)/%: $$(SIM_DEPS) $$(wildcard tests/cuda/*.cu tests/cudasim/*.cu examples/*.cu bench/*.cu) $(BUILD)/$(1)/cudasim.o
+	@mkdir -p $$(dir $$@)
+	$$(SIM_CXX) $$(SIM_FLAGS) $(2) -o $$@ $$(call SIM_SRC,$$*) -x none $(BUILD)/$(1)/cudasim.o $$(CMOCKA_LIBS) $(3) -lpthread -lm
 endef
 SIM_OPT_sim       := -O2 $(BLAS_CFLAGS)
 SIM_LIB_sim       := $(HDF5_LIBS) $(BLAS_LIBS)
@@ -369,11 +380,12 @@ NEG_SRC    := $(BUILD)/neg-src
 NEG_BINS   := $(BUILD)/sim-tsan/planted
 $(NEG_SRC)/.planted: tests/cudasim/plant.sh $(HEADERS) $(wildcard examples/*.c examples/*.cu)
 	sh tests/cudasim/plant.sh $(NEG_SRC) && touch $@
-$(BUILD)/sim-tsan/planted: tests/cudasim/planted.cu $(NEG_SRC)/.planted $(wildcard tests/cudasim/*.h)
+$(BUILD)/sim-tsan/planted: tests/cudasim/planted.cu $(NEG_SRC)/.planted $(wildcard tests/cudasim/*.h) $(BUILD)/sim-tsan/cudasim.o
 	@mkdir -p $(dir $@)
-	$(SIM_CXX) -I$(NEG_SRC) -I$(NEG_SRC)/examples $(SIM_FLAGS) $(SIM_OPT_sim-tsan) -o $@ $< -x none $(SIM_LIB_sim-tsan) \
+	$(SIM_CXX) -I$(NEG_SRC) -I$(NEG_SRC)/examples $(SIM_FLAGS) $(SIM_OPT_sim-tsan) -o $@ $< -x none \
+	  $(BUILD)/sim-tsan/cudasim.o $(SIM_LIB_sim-tsan) \
 	  -lpthread -lm
-SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS),$(BUILD)/$(v)/$(t))) $(NEG_BINS)
+SIM_BINS   := $(foreach v,$(SIM_VARIANTS),$(foreach t,$(SIM_NAMES) neg $(SIM_PROGS_$(v)),$(BUILD)/$(v)/$(t))) $(NEG_BINS)
 .PHONY: sim-build sim-test
 sim-build: $(if $(SIM_OK),$(SIM_BINS) $(BUILD)/prepare $(BUILD)/train_multitf)
 sim-test:

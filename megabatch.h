@@ -6387,7 +6387,7 @@ struct mb__adamw_dev {
     int32_t skipped;     /* the last call skipped its step */
 };
 
-#define MB__NORM_BLOCKS 1024 /* CUDA: fixed grid of the sum-of-squares pass (deterministic) */
+#define MB__NORM_BLOCKS 1024 /* CUDA: the most blocks of the sum-of-squares pass (its grid: a function of n) */
 
 struct mb_adamw {
     mb_params *params;

@@ -1210,7 +1210,9 @@ static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, con
 
 // ---- cuda optim ----
 
-/* Pass 1: per-block sums of squares (double) over a fixed grid. */
+/* Pass 1: per-block sums of squares (double) over a grid fixed by n: MB__NORM_BLOCKS blocks, or
+ * one per 256 elements when fewer do (the same partition: a thread sums the same elements, the
+ * blocks left out would give 0). */
 __global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partials) {
     double acc = 0.0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -1221,10 +1223,10 @@ __global__ void mb__k_sumsq_partial(const float *grad, size_t n, double *partial
 
 /* Pass 2 (one block): total, norm, clip coefficient, inf check, step count, bias
  * corrections. reset_own: clear the optimizer's own found_inf first (no scaler). */
-__global__ void mb__k_adamw_finalize(const double *partials, mb__adamw_dev *dv, int32_t *found_inf, int reset_own,
-                                     mb__adamw_hp hp) {
+__global__ void mb__k_adamw_finalize(const double *partials, int nb, mb__adamw_dev *dv, int32_t *found_inf,
+                                     int reset_own, mb__adamw_hp hp) {
     double acc = 0.0;
-    for (int i = threadIdx.x; i < MB__NORM_BLOCKS; i += blockDim.x) acc += partials[i];
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) acc += partials[i];
     double s = mb__block_sum(acc);
     if (threadIdx.x != 0) return;
     if (reset_own) *found_inf = 0;
@@ -1244,8 +1246,10 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
                                 float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
                                 double *partials) {
     const int C = MB_STREAM_COMPUTE;
-    MB_TRY(MB__RUN(dev, C, mb__k_sumsq_partial, MB__NORM_BLOCKS, MB__RED_THREADS, grad, n, partials));
-    MB_TRY(MB__RUN(dev, C, mb__k_adamw_finalize, 1, MB__RED_THREADS, partials, dv, found_inf,
+    unsigned nb = mb__grid(n, MB__RED_THREADS);
+    if (nb > MB__NORM_BLOCKS) nb = MB__NORM_BLOCKS;
+    MB_TRY(MB__RUN(dev, C, mb__k_sumsq_partial, nb, MB__RED_THREADS, grad, n, partials));
+    MB_TRY(MB__RUN(dev, C, mb__k_adamw_finalize, 1, MB__RED_THREADS, partials, (int)nb, dv, found_inf,
                    found_inf == &dv->own_found_inf, *hp));
     return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
