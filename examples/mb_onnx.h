@@ -331,7 +331,8 @@ MBO_API mb_result mbo_write_file(const char *path, const unsigned char *p, size_
     char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash) *(slash == dir ? slash + 1 : slash) = 0;
     int dfd = dir ? open(slash ? dir : ".", O_RDONLY) : -1; /* the rename itself made durable */
-    if (dfd >= 0 && fsync(dfd) != 0 && errno != EINVAL && errno != EROFS) err = errno;
+    if (dfd < 0) err = dir ? errno : ENOMEM;
+    else if (fsync(dfd) != 0 && errno != EINVAL && errno != EROFS) err = errno; /* directories that cannot sync */
     if (dfd >= 0) close(dfd);
     free(dir);
     return err ? MB_FAIL(NULL, MB_ERR_IO, "'%s' written but syncing its directory failed: %s", path, strerror(err))

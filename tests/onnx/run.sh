@@ -9,8 +9,8 @@
 #     declared input and output, then onnxruntime on the first 300 samples of the window
 #     file and of the series file (raw windows from build/tests/onnx_inputs) equals
 #     build/predict on that file, and on the raw windows of the CSV's last 16 bars equals the
-#     live predictor (mtf_live.h), each at batch 1 and 64, within 1e-5 of the horizon's
-#     largest prediction;
+#     live predictor (mtf_live.h), each at batch 1 and 64, within 1e-5 relative (each
+#     sample's K predictions in the max norm);
 #   - PyTorch's golden model (tests/golden) through predict --to-onnx: onnxruntime gives
 #     PyTorch's predictions.
 # Seeded by MB_TEST_SEED (else the clock; printed). Skips (a SKIPPED line for tests/run.sh)
