@@ -15,7 +15,7 @@
 #   make deps        install the Debian packages (as root), else print the command
 #   make mpi-test    data parallel on CPU ranks: mpirun -np 2 and -np 3 (tests/dist/run.sh; also in make test)
 #   make onnx-test   the ONNX export under onnxruntime (tests/onnx/run.sh; make onnx-venv installs onnx,
-#                    onnxruntime and numpy from PyPI into build/onnx-venv; make test runs it when that exists)
+#                    onnxruntime and numpy from PyPI into build/onnx-venv): a manual check, not in make test or CI
 #
 # Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
 # NVCC=..., CUDA_ARCHS="90 80".
@@ -78,7 +78,7 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/api.sh tests/docs/trading.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
-# the ONNX export under onnxruntime: skipped (saying so) without build/onnx-venv (make onnx-venv)
+# the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
 ONNX_TESTS   := tests/onnx/run.sh
 ONNX_BINS    := $(BUILD)/tests/onnx_inputs
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
@@ -147,7 +147,7 @@ endif
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "✓ GPU: $$(nvidia-smi -L | head -n 1)"; \
 	 else echo "✗ no GPU: CUDA tests run only to check their no-GPU error path"; fi
 
-build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) $(ONNX_BINS) compile-checks $(CUDA_TARGETS) $(MPI_TARGETS)
+build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(CUDA_TARGETS) $(MPI_TARGETS)
 
 $(BUILD)/tests/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -245,10 +245,12 @@ test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS) $(ONNX_TESTS)
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
-# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"). onnx-venv: build/onnx-venv with
-# onnx, onnxruntime and numpy from PyPI (pinned; kept once made; nothing cached elsewhere).
+# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): a manual check, run by hand, not
+# part of make test or .ci/run (nothing there needs Python; tests/test_onnx checks the files
+# without it). onnx-venv: build/onnx-venv with onnx, onnxruntime and numpy from PyPI (pinned;
+# kept once made; nothing cached elsewhere).
 onnx-venv:
 	@sh tests/onnx/venv.sh
 onnx-test: onnx-venv
