@@ -11,7 +11,8 @@ target_scale included, is compared with them times target_scale, in float32 as t
 multiplies. The error of a sample is relative, in the max norm over its K horizons:
 max_k |onnx_k - want_k| / max_k |want_k| (elementwise it would blow up where one horizon's
 prediction is near zero: an untrained horizon can stay at 1e-6 while its neighbours are at
-1e-4). Each is run at batch 1 and batch 64.
+1e-4). Each is run at batch 1 and batch 64, on one thread; each line gives the time per
+sample (wall clock, this process's calls to onnxruntime).
 --golden: tests/golden/multitf_torch_io.safetensors (x, and PyTorch's pred for it) for the
 PyTorch-written model converted by predict --to-onnx: no normalisation, no target_scale.
 """
@@ -19,6 +20,7 @@ import argparse
 import json
 import struct
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -69,13 +71,16 @@ def run(sess, x, batch):
 
 def compare(sess, x, want, tol, what):
     for batch in (1, 64):
+        t0 = time.perf_counter()
         got = run(sess, x, batch)
+        ms = 1e3 * (time.perf_counter() - t0) / len(x)
         scale = np.abs(want.astype(np.float64)).max(axis=1, keepdims=True)  # each sample's largest |prediction|
         err = float((np.abs(got.astype(np.float64) - want) / scale).max()) if got.shape == want.shape else np.inf
         same = float((got == want).mean()) if got.shape == want.shape else 0.0
         report(err <= tol and got.dtype == np.float32,
                f"{what}, batch {batch}: {len(x)} samples x {want.shape[1]}, max error {err:.2g} relative to the "
-               f"sample's largest |prediction| (tolerance {tol:g}; {100 * same:.0f}% bitwise equal)")
+               f"sample's largest |prediction| (tolerance {tol:g}; {100 * same:.0f}% bitwise equal; "
+               f"{ms:.3f} ms per sample)")
 
 
 def read_safetensors(path):

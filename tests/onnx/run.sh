@@ -1,8 +1,10 @@
 #!/bin/sh
-# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"; make onnx-test, .ci/run):
+# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): make onnx-test, a manual check
+# (not in make test or .ci/run: it needs Python packages; its output is kept in bench/results/):
 #   - an MT5-format CSV of 13,000 synthetic M1 bars (seeded), prepared in the window and the
 #     series layout (F = 12, stride 3: a few hundred samples);
-#   - four models, covering both layouts, 1 and 2 LSTM layers, f32 and bf16 training:
+#   - four models, covering both layouts, 1 and 2 LSTM layers, f32 and bf16 training (the
+#     first at the benchmark's H = 32, head 64, for its time per sample; the others smaller):
 #     train_multitf --export-onnx writes the file, and predict --to-onnx of its safetensors
 #     export writes the same bytes;
 #   - for each model, tests/onnx/check.py: onnx.checker.check_model (full check), the
@@ -58,11 +60,11 @@ check() { # MODEL.onnx ARGS...: tests/onnx/check.py, its ok/FAIL lines counted
 [ -f "$dir/series.h5" ] || { echo "onnx: $pass passed, $fail failed"; exit 1; }
 grep -h 'samples' "$dir/out.log"
 n=300
-for m in "window 1 f32" "window 2 bf16" "series 1 bf16" "series 2 f32"; do
+for m in "window 1 f32 32 64" "window 2 bf16 8 16" "series 1 bf16 8 16" "series 2 f32 8 16"; do
     set -- $m
-    name=$1-layers$2-$3 d=$dir/$1-layers$2-$3
+    name=$1-layers$2-$3-H$4 d=$dir/$1-layers$2-$3-H$4
     run "train $name" "$B/train_multitf" --train "$dir/$1.h5" --val "$dir/$1.val.h5" --layers "$2" --precision "$3" \
-        --seed "$seed" --epochs 1 --max-batches 4 --batch 32 --hidden 8 --head 16 --quiet \
+        --seed "$seed" --epochs 1 --max-batches 4 --batch 32 --hidden "$4" --head "$5" --quiet \
         --export "$d.safetensors" --export-onnx "$d.onnx" || continue
     run "predict --to-onnx $name" "$B/predict" --model "$d.safetensors" --to-onnx "$d.again.onnx" --quiet &&
     if cmp -s "$d.onnx" "$d.again.onnx"; then ok "$name: predict --to-onnx writes train_multitf --export-onnx's bytes"
