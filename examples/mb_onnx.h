@@ -28,15 +28,21 @@
  * unused: tensors go in raw_data, little-endian); fields in field-number order; the same
  * calls give the same bytes. A message over protobuf's 2 GiB limit is refused
  * (MB_ERR_OVERFLOW), so is an argument the format cannot hold (MB_ERR_INVALID_ARG).
- * Include after megabatch.h (mb_result, MB_FAIL); needs POSIX (open, fsync, rename). C11
- * and C++17. All names mbo_* (static).
+ * Include after megabatch.h in the file that defines MEGABATCH_IMPLEMENTATION (MB_FAIL; an
+ * #error says so otherwise); needs POSIX (open, fsync, rename). C11 and C++17. All names
+ * mbo_* (static).
  */
 #ifndef MB_ONNX_H
 #define MB_ONNX_H
 
+#ifndef MEGABATCH_IMPLEMENTATION_INCLUDED
+#error "mb_onnx.h: include it after megabatch.h in the file that defines MEGABATCH_IMPLEMENTATION (it uses MB_FAIL)"
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -324,17 +330,19 @@ MBO_API mb_result mbo_write_file(const char *path, const unsigned char *p, size_
     if (!err && fsync(fd) != 0) err = errno;
     if (close(fd) != 0 && !err) err = errno;
     if (!err && rename(tmp, path) != 0) err = errno;
-    if (err) unlink(tmp);
-    free(tmp);
-    if (err) return MB_FAIL(NULL, MB_ERR_IO, "writing '%s' failed: %s (a previous '%s' is untouched)", path,
-                            strerror(err), path);
-    char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
-    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
-    int dfd = dir ? open(slash ? dir : ".", O_RDONLY) : -1; /* the rename itself made durable */
-    if (dfd < 0) err = dir ? errno : ENOMEM;
+    if (err) {
+        unlink(tmp);
+        free(tmp);
+        return MB_FAIL(NULL, MB_ERR_IO, "writing '%s' failed: %s (a previous '%s' is untouched)", path, strerror(err),
+                       path);
+    }
+    char *slash = strrchr(tmp, '/'); /* tmp cut to the directory, which is fsynced: the rename made durable */
+    if (slash) *(slash == tmp ? slash + 1 : slash) = 0;
+    int dfd = open(slash ? tmp : ".", O_RDONLY);
+    if (dfd < 0) err = errno;
     else if (fsync(dfd) != 0 && errno != EINVAL && errno != EROFS) err = errno; /* directories that cannot sync */
     if (dfd >= 0) close(dfd);
-    free(dir);
+    free(tmp);
     return err ? MB_FAIL(NULL, MB_ERR_IO, "'%s' written but syncing its directory failed: %s", path, strerror(err))
                : MB_OK;
 }
