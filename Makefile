@@ -14,6 +14,8 @@
 #   make install PREFIX=/usr/local   headers + megabatch.pc
 #   make deps        install the Debian packages (as root), else print the command
 #   make mpi-test    data parallel on CPU ranks: mpirun -np 2 and -np 3 (tests/dist/run.sh; also in make test)
+#   make onnx-test   the ONNX export under onnxruntime (tests/onnx/run.sh; make onnx-venv installs onnx,
+#                    onnxruntime and numpy from PyPI into build/onnx-venv): a manual check, not in make test or CI
 #
 # Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
 # NVCC=..., CUDA_ARCHS="90 80".
@@ -76,6 +78,9 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/api.sh tests/docs/trading.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
+# the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
+ONNX_TESTS   := tests/onnx/run.sh
+ONNX_BINS    := $(BUILD)/tests/onnx_inputs
 HEADERS      := megabatch.h megabatch_cuda.cuh $(wildcard tests/*.h) $(wildcard tests/fuzz/*.h) $(wildcard examples/*.h)
 
 ifneq ($(NVCC),)
@@ -124,7 +129,8 @@ endif
 endif
 
 .PHONY: mpi-test
-.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean
+.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean \
+        onnx-venv onnx-test
 all: build
 
 check-deps:
@@ -146,6 +152,11 @@ build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(CU
 $(BUILD)/tests/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
+
+# tests/onnx/run.sh's inputs for onnxruntime (raw feature windows; it includes examples/prepare.c)
+$(BUILD)/tests/onnx_inputs: tests/onnx/onnx_inputs.c examples/prepare.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(DEP_LIBS)
 
 # the plain C gemm fallback, checked by the same tests
 $(BUILD)/tests/test_gemm_nocblas: tests/test_gemm.c $(HEADERS)
@@ -237,6 +248,16 @@ test:
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
 	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
+
+# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): a manual check, run by hand, not
+# part of make test or .ci/run (nothing there needs Python; tests/test_onnx checks the files
+# without it). onnx-venv: build/onnx-venv with onnx, onnxruntime and numpy from PyPI (pinned;
+# kept once made; nothing cached elsewhere).
+onnx-venv:
+	@sh tests/onnx/venv.sh
+onnx-test: onnx-venv
+	@$(MAKE) --no-print-directory -j$(JOBS) check-deps $(BUILD)/prepare $(BUILD)/train_multitf $(BUILD)/predict $(ONNX_BINS)
+	@sh tests/run.sh $(ONNX_TESTS)
 
 cuda:
 ifeq ($(NVCC),)

@@ -3,6 +3,7 @@
  *   build/predict --model FILE.safetensors --data FILE.h5 --out preds.csv
  *                 [--batch 256] [--threads 0] [--quiet]
  *   build/predict --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]
+ *   build/predict --model FILE.safetensors --to-onnx FILE.onnx
  *
  * The model file is what `train_multitf --export` or PyTorch (bench/pytorch/multitf.py's
  * state_dict, safetensors) wrote; the data file is what `prepare` wrote. The samples go
@@ -18,6 +19,8 @@
  * `refused: <why>` (out of order, duplicate, bad values: the bar is skipped, nothing
  * changes); a closing line on stderr counts them and gives the latency per bar.
  * --stateful: the O(1)-per-bar mode of a model trained with --carry (mtf_live.h).
+ * --to-onnx: writes the model as one ONNX graph (examples/mtf_onnx.h: raw feature window
+ * in, predictions in the target's units out) for MetaTrader 5 and onnxruntime, and stops.
  * Exit 2 with `error: ...` on bad flags, a bad model file or data that does not fit it.
  */
 #define _POSIX_C_SOURCE 200809L /* gmtime_r, clock_gettime */
@@ -30,6 +33,7 @@
 #define BACKEND MB_CPU
 #endif
 #include "multitf.h"
+#include "mtf_onnx.h"
 #include "mb_args.h"
 #ifndef __CUDACC__
 #include "mtf_live.h"
@@ -43,7 +47,7 @@
 #include <string.h>
 
 typedef struct options {
-    const char *model, *data, *out, *csv;
+    const char *model, *data, *out, *csv, *onnx;
     int64_t batch;
     int threads, quiet, live, stateful;
 } options;
@@ -51,11 +55,13 @@ typedef struct options {
 static const char predict_usage[] =
     "usage: " MBA_TOOL("predict") " --model FILE.safetensors --data FILE.h5 --out preds.csv [--batch 256] [--threads 0] [--quiet]\n"
     "       " MBA_TOOL("predict") " --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]\n"
+    "       " MBA_TOOL("predict") " --model FILE.safetensors --to-onnx FILE.onnx\n"
     "  The K predictions of a trained multi-timeframe model (docs/TRADING.md): one CSV row per\n"
     "  sample of an HDF5 file written by prepare, or (--live) one line per closed M1 bar of an\n"
     "  MT5/MT4 export replayed through the live predictor; --stateful: the O(1)-per-bar mode of\n"
-    "  a model trained with --carry. The data file is checked in a child process first\n"
-    "  (docs/RELIABILITY.md). -h, --help: this text.\n"
+    "  a model trained with --carry; --to-onnx: the model as one ONNX graph for MetaTrader 5 and\n"
+    "  onnxruntime (raw feature window in, forward returns out; docs/TRADING.md), nothing else.\n"
+    "  The data file is checked in a child process first (docs/RELIABILITY.md). -h, --help: this text.\n"
     "Exit 2 with one line `error: ...` on stderr on bad flags, files or data.\n";
 
 /* 0 when the options are usable; else the exit status (2), the error printed (mb_args.h). */
@@ -67,9 +73,16 @@ static int parse_options(int argc, char **argv, options *o) {
         {"--out", MBA_STR, &o->out, 0, 0, NULL}, {"--csv", MBA_STR, &o->csv, 0, 0, NULL},
         {"--batch", MBA_I64, &o->batch, 1, 1e6, NULL}, {"--threads", MBA_INT, &o->threads, 0, 1024, NULL},
         {"--quiet", MBA_SET, &o->quiet, 0, 0, NULL}, {"--live", MBA_SET, &o->live, 0, 0, NULL},
-        {"--stateful", MBA_SET, &o->stateful, 0, 0, NULL}};
+        {"--stateful", MBA_SET, &o->stateful, 0, 0, NULL}, {"--to-onnx", MBA_STR, &o->onnx, 0, 0, NULL}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
     if (!o->model) return mba_error("--model is needed (see --help)");
+    if (o->onnx && (o->data || o->out || o->csv || o->live || o->stateful))
+        return mba_error("--to-onnx takes only --model (see --help)");
+    if (o->onnx) { /* written as FILE.tmp first, then renamed */
+        char tmp[1040];
+        snprintf(tmp, sizeof tmp, "%s.tmp", o->onnx);
+        return mba_writable("--to-onnx", tmp) ? 0 : 2;
+    }
     if (o->live != !!o->csv || (o->stateful && !o->live))
         return mba_error("--live and --csv go together, and --stateful needs them (see --help)");
     if (!o->live && (!o->data || !o->out)) return mba_error("--data and --out are needed (see --help)");
@@ -147,6 +160,28 @@ static mb_result run(const options *o, int64_t *n) {
     if (out && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
     mb_loader_close(ld);
     mb_dataset_close(ds);
+    if (m.params) mtf_model_destroy(&m);
+    mb_device_close(dev);
+    mb_st_close(f);
+    return r;
+}
+
+/* --to-onnx: the model file as an ONNX graph (on the CPU: nothing is computed). */
+static mb_result to_onnx(const options *o) {
+    mb_st_file *f = NULL;
+    mb_device *dev = NULL;
+    mtf_model m;
+    mtf_spec spec;
+    memset(&m, 0, sizeof m);
+    mb_result r = mb_st_open(&f, o->model);
+    if (r == MB_OK) r = mtf_spec_of(f, o->model, &spec);
+    if (r == MB_OK && !spec.T)
+        r = MB_FAIL(NULL, MB_ERR_FORMAT, "%s: no segments metadata, so no window length for the ONNX input "
+                    "(write the file with train_multitf --export)", o->model);
+    if (r == MB_OK) r = mtf_device_open(&dev, MB_CPU, 1);
+    if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, 1, 0);
+    if (r == MB_OK) r = mtf_model_load(&m, f);
+    if (r == MB_OK) r = mtf_onnx_export(&m, o->onnx);
     if (m.params) mtf_model_destroy(&m);
     mb_device_close(dev);
     mb_st_close(f);
@@ -258,11 +293,12 @@ int main(int argc, char **argv) {
     int bad = parse_options(argc, argv, &o);
     if (bad) return bad;
     int64_t n = 0;
-    mb_result r = o.live ? live(&o) : run(&o, &n);
+    mb_result r = o.onnx ? to_onnx(&o) : o.live ? live(&o) : run(&o, &n);
     if (r != MB_OK) {
         fprintf(stderr, "error: %s\n", mb_last_error());
         return 2;
     }
-    if (!o.quiet && !o.live) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
+    if (!o.quiet && o.onnx) printf("onnx: %s\n", o.onnx);
+    if (!o.quiet && !o.live && !o.onnx) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
     return 0;
 }

@@ -30,6 +30,7 @@
 #endif
 #include "mb_train.h" /* progress, metrics, picture, checkpoints, report; mb_args.h */
 #include "multitf.h"  /* the model; its weights file: --export, --init */
+#include "mtf_onnx.h" /* --export-onnx */
 
 // ---- options ----
 
@@ -64,6 +65,7 @@ static const char usage[] =
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
+    "            --export-onnx FILE.onnx (at the end: the model for MetaTrader 5 and onnxruntime)\n"
     "            -h, --help: this text\n"
     "The data files are checked in a child process first (docs/RELIABILITY.md); the output\n"
     "files' places are checked before anything else. Exit 2 with one line `error: ...` on\n"
@@ -71,7 +73,7 @@ static const char usage[] =
 
 /* Every file the run will write can be written: checked before the data, the device and
  * training (mb_args.h). 1, or the error printed and 0. */
-static int outputs_writable(const options *o) {
+static int outputs_writable(const options *o, const char *onnx) {
     char plot[1024], tmp[1040];
     if (o->metrics && !mba_writable("--metrics", o->metrics)) return 0;
     if (o->metrics && mbt_plot_path(o->metrics, o->plot, plot, sizeof plot) != MB_OK)
@@ -79,14 +81,18 @@ static int outputs_writable(const options *o) {
     if (o->metrics && !mba_writable("--plot", plot)) return 0;
     if (o->ckpt && !mba_writable("--ckpt", o->ckpt)) return 0;
     snprintf(tmp, sizeof tmp, "%s.tmp", o->export_path ? o->export_path : ""); /* mb_st_write writes it first */
-    return !o->export_path || mba_writable("--export", tmp);
+    if (o->export_path && !mba_writable("--export", tmp)) return 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp", onnx ? onnx : ""); /* so does mtf_onnx_export */
+    return !onnx || mba_writable("--export-onnx", tmp);
 }
 
-/* The defaults, then the flags; 1 when they are good, else `error: ...` printed and 0. */
-static int parse_options(int argc, char **argv, options *o) {
+/* The defaults, then the flags; 1 when they are good, else `error: ...` printed and 0.
+ * *onnx: --export-onnx, kept out of the options (their bytes are in each checkpoint). */
+static int parse_options(int argc, char **argv, options *o, const char **onnx) {
     static const char *const schedules[] = {"constant", "cosine", "onecycle", NULL}, *const losses[] = {"mse", "huber", NULL},
                              *const precisions[] = {"f32", "bf16", "f16", NULL};
     memset(o, 0, sizeof *o);
+    *onnx = NULL;
     o->train = "data/train.h5"; o->val = "data/val.h5";
     o->epochs = 3; o->layers = 1; o->accum = 1; o->batch = 128; o->hidden = 32; o->head = 64;
     o->lr = 2e-3f; o->clip = 1.0f; o->weight_decay = 0.01f; o->chunk_fraction = 0.75f;
@@ -97,6 +103,7 @@ static int parse_options(int argc, char **argv, options *o) {
         {"--metrics", MBA_STR, &o->metrics, 0, 0, NULL}, {"--plot", MBA_STR, &o->plot, 0, 0, NULL},
         {"--ckpt", MBA_STR, &o->ckpt, 0, 0, NULL}, {"--ckpt-every", MBA_I64, &o->ckpt_every, 0, 1e12, NULL},
         {"--export", MBA_STR, &o->export_path, 0, 0, NULL}, {"--init", MBA_STR, &o->init, 0, 0, NULL},
+        {"--export-onnx", MBA_STR, onnx, 0, 0, NULL},
         {"--carry", MBA_SET, &o->carry, 0, 0, NULL}, {"--quiet", MBA_SET, &o->quiet, 0, 0, NULL},
         {"--resume", MBA_SET, &o->resume, 0, 0, NULL}, {"--no-ftz", MBA_SET, &o->no_ftz, 0, 0, NULL},
         {"--epochs", MBA_INT, &o->epochs, 1, 1e6, NULL},
@@ -113,7 +120,7 @@ static int parse_options(int argc, char **argv, options *o) {
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return mba_bad("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
-    return outputs_writable(o);
+    return outputs_writable(o, *onnx);
 }
 
 // ---- model ----
@@ -251,6 +258,7 @@ typedef struct trainer {
     mbt_ckpt ckpt;
     FILE *csv;             /* --metrics */
     char plot[1024];       /* the picture's path, "" for none */
+    const char *onnx;      /* --export-onnx */
 } trainer;
 
 static mb_result open_loader(trainer *t, mb_dataset *ds, mb_dist *shard, mb_loader **ld) {
@@ -624,6 +632,8 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
     if (t->plot[0] && !o->quiet) printf("loss curves: %s\n", t->plot);
     if (o->export_path && t->lead) MB_TRY(mtf_model_export(&t->m.net, o->export_path));
     if (o->export_path && t->lead && !o->quiet) printf("weights: %s\n", o->export_path);
+    if (t->onnx && t->lead) MB_TRY(mtf_onnx_export(&t->m.net, t->onnx));
+    if (t->onnx && t->lead && !o->quiet) printf("onnx: %s\n", t->onnx);
     return MB_OK;
 }
 
@@ -640,7 +650,7 @@ int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
     static trainer t; /* static: zeroed, and large */
     options o;
-    if (!parse_options(argc, argv, &o)) return 2;
+    if (!parse_options(argc, argv, &o, &t.onnx)) return 2;
     mb_result r = trainer_open(&t, &o);
     if (r == MB_OK) r = train(&t);
     r = trainer_finish(&t, r);

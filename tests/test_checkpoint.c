@@ -33,18 +33,6 @@ static const char *tpath(const char *name) {
     return buf[k];
 }
 
-static unsigned char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = (unsigned char *)malloc(*n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
 static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -64,7 +52,7 @@ static unsigned char *write_blobs(mb_device *dev, const char *path, float *a, si
     tu_ok(mb_ckpt_add(w, "empty", NULL, 0));
     tu_ok(mb_ckpt_write(w, path));
     mb_ckpt_writer_destroy(w);
-    return read_file(path, file_bytes);
+    return tu_slurp(path, file_bytes);
 }
 
 static void test_blob_round_trip(void **state) {
@@ -88,7 +76,7 @@ static void test_blob_round_trip(void **state) {
     tu_ok(mb_ckpt_write(w, tpath("blobs.mb")));
     mb_ckpt_writer_destroy(w);
     assert_false(file_exists(tpath("blobs.mb.tmp")));
-    unsigned char *file = read_file(tpath("blobs.mb"), &fb);
+    unsigned char *file = tu_slurp(tpath("blobs.mb"), &fb);
     assert_memory_equal(file, "MBCKPT01", 8);
     free(file);
 
@@ -363,7 +351,7 @@ static void test_unwritable_keeps_previous(void **state) {
     assert_non_null(strstr(mb_last_error(), "keep.mb.tmp"));
     assert_non_null(strstr(mb_last_error(), "left untouched"));
     assert_false(file_exists(tpath("keep.mb.tmp")));
-    unsigned char *now = read_file(tpath("keep.mb"), &fb2);
+    unsigned char *now = tu_slurp(tpath("keep.mb"), &fb2);
     assert_int_equal(fb, fb2);
     assert_memory_equal(prev, now, fb);
     mb_ckpt_reader *r;

@@ -25,20 +25,6 @@ static int remove_dir(void **state) {
 }
 static const char *path_of(const char *name) { return tu_path(dir, name); }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = (unsigned char *)malloc((size_t)len + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 /* A safetensors image from a header text and n data bytes (0x11 ...). */
 static unsigned char *image(const char *header, size_t data, size_t *n) {
     size_t h = strlen(header);
@@ -83,7 +69,7 @@ static void test_write_read_roundtrip(void **state) {
     assert_null(mb_st_find(f, "absent"));
     mb_st_close(f);
     size_t n;
-    unsigned char *img = slurp(path_of("rt.safetensors"), &n);
+    unsigned char *img = tu_slurp(path_of("rt.safetensors"), &n);
     assert_int_equal((n - 8 - (6 + 5 + 1) * 4) % 8, 0); /* header padded to 8 bytes */
     free(img);
     /* writer refusals */
@@ -343,7 +329,7 @@ static void test_bad_headers(void **state) {
 static void test_truncated_and_damaged(void **state) {
     (void)state;
     size_t n;
-    unsigned char *img = slurp("tests/golden/multitf_torch.safetensors", &n);
+    unsigned char *img = tu_slurp("tests/golden/multitf_torch.safetensors", &n);
     mb_st_file *f = NULL;
     for (size_t k = 0; k < n; k++) {
         if (mb_st_parse(&f, img, k, "cut") == MB_OK) fail_msg("a file cut to %zu of %zu bytes was accepted", k, n);

@@ -1,8 +1,10 @@
 /* build/predict and train_multitf's --export/--init end to end (run from the repository
  * root, as `make test` does): predict's CSV equals the model's forward in this process,
- * --init starts from the file's weights, bad model files and mismatched data exit 2 with
- * one `error:` line, and (optional: skipped without python3 + torch + safetensors + h5py)
- * the live PyTorch round trip of tests/export_roundtrip.sh. */
+ * --init starts from the file's weights, predict --to-onnx writes the bytes of
+ * train_multitf --export-onnx (and refuses a file without segment lengths), bad model files
+ * and mismatched data exit 2 with one `error:` line, and (optional: skipped without python3
+ * + torch + safetensors + h5py) the live PyTorch round trip of tests/export_roundtrip.sh.
+ * (What the ONNX file computes: tests/onnx/run.sh, under onnxruntime.) */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -34,8 +36,8 @@ static int setup(void **state) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "build/prepare --synthetic --bars 30000 --features 4 --stride 40 --quiet "
              "--out-train %s/train.h5 --out-val %s/val.h5 && build/train_multitf --train %s/train.h5 --val %s/val.h5 "
-             "--epochs 1 --batch 16 --hidden 6 --head 8 --max-batches 4 --quiet --export %s/m.safetensors >/dev/null",
-             dir, dir, dir, dir, dir);
+             "--epochs 1 --batch 16 --hidden 6 --head 8 --max-batches 4 --quiet --export %s/m.safetensors "
+             "--export-onnx %s/m.onnx >/dev/null", dir, dir, dir, dir, dir, dir);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -163,6 +165,44 @@ static void test_init_starts_from_file(void **state) {
     assert_true(without > 1e-2);
 }
 
+static int same_file(const char *a, const char *b) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+    return system(cmd) == 0;
+}
+
+/* predict --to-onnx of the safetensors file = train_multitf --export-onnx, byte for byte
+ * (and again over an existing file); a file without segment lengths (the ONNX input's
+ * window) is refused with exit 2 and nothing written. */
+static void test_to_onnx(void **state) {
+    (void)state;
+    char cmd[512], line[1024];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "build/predict --model %s --to-onnx %s", path_of("m.safetensors"), path_of("p.onnx"));
+        assert_int_equal(run_cmd(cmd, "onnx: ", line, sizeof line), 0);
+        assert_non_null(strstr(line, "p.onnx"));
+        assert_true(same_file(path_of("m.onnx"), path_of("p.onnx")));
+        assert_int_equal(access(path_of("p.onnx.tmp"), F_OK), -1);
+    }
+    mb_st_file *f = NULL; /* the golden model's weights without its metadata */
+    mtf_spec s;
+    mb_device *dev = NULL;
+    mtf_model m;
+    assert_int_equal(mb_st_open(&f, "tests/golden/multitf_torch.safetensors"), MB_OK);
+    assert_int_equal(mtf_spec_of(f, "golden", &s), MB_OK);
+    assert_int_equal(mtf_device_open(&dev, MB_CPU, 1), MB_OK);
+    assert_int_equal(mtf_model_create(&m, dev, &s, 1, 0), MB_OK);
+    assert_int_equal(mtf_model_load(&m, f), MB_OK);
+    assert_int_equal(mb_st_save_params(path_of("bare.safetensors"), m.params, mtf_rename, NULL, 0), MB_OK);
+    mtf_model_destroy(&m);
+    mb_device_close(dev);
+    mb_st_close(f);
+    snprintf(cmd, sizeof cmd, "build/predict --model %s --to-onnx %s 2>&1", path_of("bare.safetensors"), path_of("b.onnx"));
+    assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+    assert_non_null(strstr(line, "no segments metadata"));
+    assert_int_equal(access(path_of("b.onnx"), F_OK), -1);
+}
+
 static void test_bad_files_exit_2(void **state) {
     (void)state;
     char cmd[1024], line[1024];
@@ -179,11 +219,17 @@ static void test_bad_files_exit_2(void **state) {
         {"predict", "--model @/m.safetensors --data @/none.h5 --out @/x.csv", "none.h5"},
         {"predict", "--model @/m.safetensors --data @/val.h5 --out @/x.csv --batch 0", "--batch"},
         {"predict", "--model @/m.safetensors", "--data and --out are needed"},
+        {"predict", "--model @/m.safetensors --to-onnx /nonexistent/x.onnx",
+         "--to-onnx '/nonexistent/x.onnx.tmp': cannot write: No such file or directory"},
+        {"predict", "--model @/m.safetensors --to-onnx @/x.onnx --data @/val.h5", "--to-onnx takes only --model"},
+        {"predict", "--model @/cut.safetensors --to-onnx @/x.onnx", "does not fit"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 7 --init @/m.safetensors",
          "'enc.0.weight_ih_l0' is F32 [24,4], the model needs F32 [28,4]"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --init @/cut.safetensors", "does not fit"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export /nonexistent/x.st "
          "--metrics @/refused.csv", "--export '/nonexistent/x.st.tmp': cannot write: No such file or directory"},
+        {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export-onnx /nonexistent/x.onnx "
+         "--metrics @/refused.csv", "--export-onnx '/nonexistent/x.onnx.tmp': cannot write: No such file or directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
@@ -219,6 +265,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_predict_csv_equals_forward),
         cmocka_unit_test(test_init_starts_from_file),
+        cmocka_unit_test(test_to_onnx),
         cmocka_unit_test(test_bad_files_exit_2),
         cmocka_unit_test(test_torch_roundtrip),
     };

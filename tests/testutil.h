@@ -45,6 +45,21 @@ static inline const char *tu_path(const char *dir, const char *name) {
     return buf[i];
 }
 
+/* A whole file into memory (malloc'd, one byte more than *n); fails the test if it cannot. */
+static inline unsigned char *tu_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = (unsigned char *)malloc((size_t)len + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
 /* splitmix64: the tests' own generator (independent of the library's RNG). */
 static inline uint64_t tu_next(void) {
     tu_seed();

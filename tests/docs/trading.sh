@@ -2,7 +2,7 @@
 # docs/TRADING.md's first block, run as written (make test) in a temporary directory with
 # build/ linked in, then what it made checked: the sample MT5 export, the data, the weights,
 # a prediction per validation sample, and a line per bar of the live replay with predictions
-# after the warm-up and no bar refused. Ends with `trading: N passed, N failed`.
+# after the warm-up and no bar refused, an ONNX file. Ends with `trading: N passed, N failed`.
 cd "$(dirname "$0")/../.." || exit 2
 root=$(pwd) tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 ln -s "$root/build" "$tmp/build" && cd "$tmp" || exit 2
@@ -12,7 +12,7 @@ block() {
     # snippet: trading-start
     build/prepare --synthetic --bars 16000 --write-mt5 EURUSD_M1.csv   # a sample MT5 export (yours: from MetaTrader)
     build/prepare --csv EURUSD_M1.csv --features 12              # data/train.h5, data/val.h5 (docs/PREPARE.md)
-    build/train_multitf --epochs 4 --export model.safetensors     # train, then write the weights
+    build/train_multitf --epochs 4 --export model.safetensors --export-onnx model.onnx  # train, then write the model
     build/predict --model model.safetensors --data data/val.h5 --out preds.csv
     build/predict --model model.safetensors --csv EURUSD_M1.csv --live > lines.csv
     # end snippet
@@ -28,5 +28,7 @@ check "lines.csv has a line per bar" '[ "$(wc -l < lines.csv)" -eq 16000 ]'
 check "the live replay predicted after the warm-up and refused no bar" \
     'grep -q ",ok," lines.csv && ! grep -q ",refused" lines.csv && grep -q " 0 refused" out.log'
 check "model.safetensors carries the normalisation" 'grep -q "\"feature_std\":\"[-0-9]" model.safetensors'
+check "model.onnx is an ONNX file (ir_version 7 first, the input named features)" \
+    '[ "$(head -c 2 model.onnx | od -An -tx1 | tr -d " ")" = 0807 ] && grep -q features model.onnx'
 echo "trading: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
