@@ -57,7 +57,8 @@ ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
 CXXFLAGS ?= -O3 -g
 ALL_CXXFLAGS := -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
-NVCC_FLAGS := -std=c++17 -O2 -g $(NVCC_GENCODE) -Werror all-warnings \
+NVCC_OPT   ?= -O2 -g # the host code's (CI, which runs no nvcc-built program: -O0)
+NVCC_FLAGS := -std=c++17 $(NVCC_OPT) $(NVCC_GENCODE) -Werror all-warnings \
               -Xcompiler -Wall,-Wextra,-Werror -I. -Itests $(DEP_CFLAGS)
 NVCC_LIBS  := -lcublas $(DEP_LIBS) $(if $(filter 1,$(BUNDLE)),,-Xlinker -rpath='$$ORIGIN/lib')
 SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
