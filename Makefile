@@ -130,7 +130,7 @@ endif
 endif
 
 .PHONY: mpi-test
-.PHONY: all build run test check-deps compile-checks cuda gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean \
+.PHONY: all build run test check-deps compile-checks cuda cuda-check gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean \
         onnx-venv onnx-test
 all: build
 
@@ -266,6 +266,20 @@ ifeq ($(NVCC),)
 else
 	@$(MAKE) --no-print-directory $(CUDA_TARGETS)
 	@echo "✓ every CUDA source compiled with -Werror for sm_$(CUDA_ARCHS)"
+endif
+
+# CI's CUDA build (no GPU there): the library's kernels and host code for sm_80 and sm_90
+# (build/compile/nvcc.o), the CUDA programs (make test's hostile-file and CLI checks run them:
+# they open their data before the device), and with MPI their NCCL builds; not the CUDA tests,
+# which would only skip there (they compile and run under the simulator, make sim-build, and
+# for a GPU run, make gpu-bundle). make cuda builds everything.
+CUDA_CHECK := $(filter-out $(CUDA_BINS),$(CUDA_TARGETS))
+cuda-check:
+ifeq ($(NVCC),)
+	@echo "✗ nvcc not found: nothing to compile"; exit 1
+else
+	@$(MAKE) --no-print-directory -j$(JOBS) $(CUDA_CHECK)
+	@echo "✓ the library (sm_80, sm_90) and the CUDA programs compiled with -Werror (not the CUDA tests)"
 endif
 
 gpu-test: $(CUDA_BINS)
