@@ -1,5 +1,5 @@
 #!/bin/sh
-# make sim-test: the CUDA tests under the simulator, plain (the tests' full shapes), ASan+UBSan
+# make sim-test: the CUDA tests under the simulator, plain (the tests' full shapes), ASan
 # and TSan (smaller shapes, MB_TEST_SMALL: the same code paths at a fraction of the time), the
 # example against the CPU build in each, and the negative tests. One closing line per build.
 #   run.sh BUILD TEST...
