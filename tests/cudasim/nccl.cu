@@ -2,6 +2,8 @@
  * tests/cudasim/mpi.sh as build/sim-mpi/nccl): the argument errors, ids that differ across ranks
  * refused on every rank, out-of-place sum and max, stream order (a kernel queued before the
  * all-reduce is reduced), the counter. Prints "nccl: rank R: N checks failed"; exit 1 on a failure. */
+#define OMPI_SKIP_MPICXX 1 /* the C API only (OpenMPI's C++ bindings do not build with -Werror) */
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>
 #include <cuda_runtime.h>
