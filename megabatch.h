@@ -25,9 +25,9 @@
  * callers (close before open, since open's failure path calls it; private helpers first).
  *   core         results, the last error, logging, dtypes, overflow-checked sizes
  *   rng          Philox4x32-10 counter-based RNG (API only: inline, host and device)
- *   backend      (implementation only) the backend table: every operation a backend
- *                provides; the CPU table is "cpu backend" below, the CUDA one ends
- *                megabatch_cuda.cuh
+ *   backend      (implementation only) the backend interface: the runtime group, the
+ *                capabilities, and one op group per module, declared in that module and
+ *                filled at the end of its CPU code (here) and of its CUDA section
  *   device       a CPU or GPU: streams, tracked memory, copies, conversions
  *   gemm         the one matrix multiply (CBLAS / cuBLAS); the CPU LSTM's own row-independent
  *                product kernels (AVX-512, AVX2+FMA, portable C)
@@ -47,7 +47,7 @@
  *   dist         data parallel over MPI (NCCL for CUDA params)
  *   graph        capture a step once, replay it as one CUDA graph launch
  *   testing      test hooks (allocation-failure injection)
- *   cpu backend  (implementation only) the CPU backend table
+ *   cpu backend  (implementation only) the CPU backend's table: its groups by name
  * megabatch_cuda.cuh follows the same order with `// ---- cuda name ----` banners.
  *
  * Lifetime verbs: create/destroy for objects the library builds in memory (params, lstm,
@@ -303,9 +303,9 @@ MBDEF const mb_logger *mb_device_logger(const mb_device *dev); /* the config's l
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes);
 MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev);
 MBDEF int mb_device_streams(const mb_device *dev);
-/* The native handles (cudaStream_t, cublasHandle_t) as void*; NULL on the CPU. */
+/* The native stream handle (cudaStream_t) as void*; NULL on the CPU. The CUDA header has the
+ * typed handles (mb_cuda_stream, mb_device_cublas). */
 MBDEF void *mb_device_stream(const mb_device *dev, int stream);
-MBDEF void *mb_device_cublas(const mb_device *dev);
 MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on);
 MBDEF int mb_device_tf32(const mb_device *dev);
 
@@ -1385,97 +1385,96 @@ static inline MB__HD int mb__finite_d(double x) {
 
 // ---- backend ----
 
-/* What a backend provides, one function pointer per operation. The public functions check
- * their arguments, then call `dev->be->op(...)`; nothing else in this file knows which
- * backend runs. The CPU table (mb__cpu_backend) is at the end of this file, the CUDA table
- * (mb__cuda_backend) at the end of megabatch_cuda.cuh; mb_device_open picks one. A new
- * backend (HIP, a fault-injecting test backend) is one more table: fill every field, and
- * add it to mb__backend_of. The operations get valid arguments (checked by the caller),
- * never run on an empty range unless said so, and report failures as mb_result through
- * MB_FAIL. Element math shared by the backends (mb__lstm_cell_fwd, mb__act_f, ...) sits in
- * each module, marked MB__HD, so the backends cannot drift. */
-typedef struct mb__adamw_hp mb__adamw_hp;
-typedef struct mb__adamw_dev mb__adamw_dev;
-typedef struct mb__scaler_hp mb__scaler_hp;
-typedef struct mb__gather mb__gather; /* // ---- series ---- */
+/* What a backend provides: a runtime group (memory, copies, streams, events), values that
+ * say what it can do, and one group of operations per module. The public functions check
+ * their arguments, then call `dev->be->GROUP->op(...)`; nothing else in this file knows
+ * which backend runs. Each module declares its group beside its shared element math (the
+ * MB__HD functions both backends call, so they cannot drift); the CPU instance
+ * (mb__cpu_MODULE_ops) closes the module's CPU code here, the CUDA instance
+ * (mb__cuda_MODULE_ops) closes the module's section of megabatch_cuda.cuh, both filled by
+ * field name. The tables mb__cpu_backend (the end of this file) and mb__cuda_backend (the
+ * end of megabatch_cuda.cuh) name the groups; mb_device_open picks one. A group is all or
+ * nothing: every slot filled (mb_device_open checks), or the group pointer NULL where the
+ * backend lacks it (fused, dist, graph). A backend's private state (the CUDA streams and
+ * cuBLAS handles) hangs off dev->ctx, which its open makes and its close frees.
+ *
+ * Adding an operation: a field in the module's group (and its MB__OPS_CHECK count), its CPU
+ * body and initializer line at the end of the module's CPU part, its CUDA body and
+ * initializer line at the end of the module's CUDA section. The operations get valid
+ * arguments (checked by the caller), never run on an empty range unless said so, and report
+ * failures as mb_result through MB_FAIL. docs/DESIGN.md has the whole picture. */
 
-typedef struct mb__fused_args mb__fused_args;
-typedef struct mb__backend {
-    const char *name;
-    /* device: open fills dev->name, streams, handles; close releases them (dev->recs are freed first) */
+/* A compile-time check: `MB__OPS_CHECK(mb__lstm_ops, 5);` fails the build when a group's slot
+ * count changes without its declaration's count (and so without a look at both instances). */
+#ifdef __cplusplus
+#define MB__STATIC_ASSERT(c, msg) static_assert(c, msg)
+#else
+#define MB__STATIC_ASSERT(c, msg) _Static_assert(c, msg)
+#endif
+#define MB__OPS_CHECK(T, n) \
+    MB__STATIC_ASSERT(sizeof(T) == (n) * sizeof(void (*)(void)), #T " must hold " #n " function pointers")
+/* Designated initializers are C99 and C++20; g++, clang++ and nvcc take them in C++17 too,
+ * and say so under `-pedantic`: MB__OPS_BEGIN/END around this file's instances keep such
+ * builds quiet (megabatch_cuda.cuh needs none: nvcc does not warn). */
+#if defined(__cplusplus) && __cplusplus < 202002L && defined(__clang__) && !defined(__CUDACC__)
+#define MB__OPS_BEGIN _Pragma("clang diagnostic push") _Pragma("clang diagnostic ignored \"-Wc++20-designator\"")
+#define MB__OPS_END _Pragma("clang diagnostic pop")
+#elif defined(__cplusplus) && __cplusplus < 202002L && defined(__GNUC__) && !defined(__CUDACC__)
+#define MB__OPS_BEGIN \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpragmas\"") \
+    _Pragma("GCC diagnostic ignored \"-Wc++20-extensions\"")
+#define MB__OPS_END _Pragma("GCC diagnostic pop")
+#else
+#define MB__OPS_BEGIN
+#define MB__OPS_END
+#endif
+
+/* The runtime: open fills dev->name and dev->ctx; close releases them (dev->recs are freed
+ * first). Copies and waits are in stream order; stream -1 for sync is the whole device.
+ * The device module's CPU code ends with its CPU instance. */
+typedef struct mb__runtime_ops {
     mb_result (*open)(mb_device *dev);
     void (*close)(mb_device *dev);
     mb_result (*memory)(mb_device *dev, size_t *total, size_t *free_bytes);
     mb_result (*set_tf32)(mb_device *dev, int on);
     mb_result (*alloc)(mb_device *dev, mb_mem_kind kind, size_t bytes, void **out);
     void (*dealloc)(mb_device *dev, mb_mem_kind kind, void *ptr);
-    /* copies and streams (device or host memory, in stream order) */
     mb_result (*copy)(mb_device *dev, int stream, void *dst, const void *src, size_t bytes);
     mb_result (*copy_2d)(mb_device *dev, int stream, void *dst, size_t dpitch, const void *src, size_t spitch,
                          size_t width, size_t rows);
     mb_result (*zero)(mb_device *dev, int stream, void *dst, size_t bytes);
     mb_result (*convert)(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st, size_t n);
     mb_result (*stream_wait)(mb_device *dev, int waiter, int waited); /* waiter != waited */
-    mb_result (*sync)(mb_device *dev, int stream);                    /* stream -1: the whole device */
+    mb_result (*sync)(mb_device *dev, int stream);
     void (*thread_init)(mb_device *dev); /* a library thread (the loader's reader) starts using dev */
-    /* gemm, params */
-    mb_result (*gemm)(mb_device *dev, const mb_gemm_args *g);
-    mb_result (*fill_uniform)(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream, float bound);
-    /* lstm: gates forward (need_h 0: h may be left unwritten, a recompute) and backward,
-     * strided rows, y += x, y = v */
-    mb_result (*lstm_fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
-                                const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
-    mb_result (*lstm_bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
-                                const float *c_prev, const float *c, const float *dh_rec, const float *dout,
-                                float *dc, float *dg);
-    mb_result (*copy3)(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
-                       int64_t ss1, int64_t n0, int64_t n1, int64_t d);
-    mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
-    mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
-    /* layers: y = b broadcast over rows; db += column sums of dy; activation (dy NULL:
-     * out = f(x), else out = f'(x) dy); dropout */
-    mb_result (*fill_rows)(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols);
-    mb_result (*colsum_add)(mb_device *dev, int stream, float *db, const float *dy, int64_t rows, int64_t cols);
-    mb_result (*act)(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out, size_t n);
-    mb_result (*dropout)(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x, float *y,
-                         size_t n);
-    /* loss */
-    mb_result (*loss)(mb_device *dev, int stream, int huber, float delta, const float *pred, const float *target,
-                      size_t n, float scale, const float *scale_dev, float *loss_out, float *dpred, double *acc,
-                      double w); /* acc: a meter slot, gains mean * w and w (NULL: none) */
-    /* amp (the compute stream) */
-    mb_result (*unscale)(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
-    mb_result (*scaler_update)(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
-    /* optim: norm, clip, skip and the AdamW update (the compute stream); adamw_scratch
-     * bytes of device memory for it, allocated by mb_adamw_create (0: none) */
-    size_t adamw_scratch;
-    mb_result (*adamw)(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf, float *param,
-                       const float *grad, float *m, float *v, const uint8_t *decay, size_t n, double *scratch);
-    /* dist: the gradient all-reduce on the device (NULL: the host path of mb_dist) */
-    mb_result (*allreduce_grads)(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
-    /* step: events for mb_meter's reads; done = 1 when the work before the record is complete
-     * (wait = 1: wait for it) */
-    mb_result (*event_create)(mb_device *dev, void **ev);
-    void (*event_destroy)(void *ev);
-    mb_result (*event_record)(mb_device *dev, int stream, void *ev);
-    mb_result (*event_done)(mb_device *dev, void *ev, int wait, int *done);
-    int lstm_full_auto; /* 1: an LSTM's checkpoint = 0 keeps full activations when they fit (the GPU) */
+    void *(*native_stream)(const mb_device *dev, int stream); /* cudaStream_t; NULL: none */
+} mb__runtime_ops;
+MB__OPS_CHECK(mb__runtime_ops, 14);
 
-    /* series: one batch of windows gathered from resident bars (// ---- series ----) */
-    mb_result (*series_gather)(mb_device *dev, int stream, const struct mb__gather *g);
+/* What a backend can do, as values. */
+typedef struct mb__caps {
+    int host;            /* 1: operations compute on the calling thread and dev's pool (the CPU):
+                            the flush-to-zero mode and the pool's width apply */
+    int lstm_full_auto;  /* 1: an LSTM's checkpoint = 0 keeps full activations when they fit (the GPU) */
+    size_t adamw_scratch; /* device bytes the optim group's adamw needs, allocated by mb_adamw_create */
+} mb__caps;
 
-    /* lstm, the fused recurrence (NULL: none; docs/LSTM.md): the shared memory a block may
-     * opt into and the largest cluster of blocks (1: none), and one launch of the a->n layers'
-     * forward or backward recurrence */
-    void (*lstm_fused_limits)(mb_device *dev, size_t *smem, int *cluster);
-    mb_result (*lstm_fused)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
-                            unsigned blocks);
-    /* graph: stream capture and replay (NULL: no graphs; // ---- graph ----). end ends the
-     * capture and instantiates it into *exec (its operation count in *nodes) */
-    mb_result (*graph_begin)(mb_device *dev, int stream);
-    mb_result (*graph_end)(mb_device *dev, int stream, void **exec, size_t *nodes);
-    mb_result (*graph_launch)(mb_device *dev, int stream, void *exec);
-    void (*graph_destroy)(void *exec);
+typedef struct mb__backend {
+    const char *name;
+    mb__caps caps;
+    const mb__runtime_ops *rt;
+    const struct mb__gemm_ops *gemm;     /* the groups, in the modules' order */
+    const struct mb__params_ops *params;
+    const struct mb__series_ops *series;
+    const struct mb__lstm_ops *lstm;
+    const struct mb__fused_ops *fused;   /* the LSTM's fused recurrence; NULL: none */
+    const struct mb__layers_ops *layers;
+    const struct mb__loss_ops *loss;
+    const struct mb__amp_ops *amp;
+    const struct mb__optim_ops *optim;
+    const struct mb__step_ops *step;
+    const struct mb__dist_ops *dist;     /* NULL: the host path of mb_dist */
+    const struct mb__graph_ops *graph;   /* NULL: no graphs */
 } mb__backend;
 
 static const mb__backend *mb__cpu_backend(void); /* the end of this file */
@@ -1486,11 +1485,24 @@ static const mb__backend *mb__cuda_backend(void); /* the end of megabatch_cuda.c
 #define MB__CUDA_BACKEND NULL
 #endif
 
+static int mb__backend_complete(const mb__backend *be); /* the end of this file */
+
 /* The table of a backend; NULL when this build has none. */
 static const mb__backend *mb__backend_of(mb_backend backend) {
     if (backend == MB_CPU) return mb__cpu_backend();
     if (backend == MB_CUDA) return MB__CUDA_BACKEND;
     return NULL;
+}
+
+/* A group's slots all set (`bytes` of function pointers at `ops`; NULL is a group the
+ * backend lacks). Read through memcpy: a group is a struct of function pointers only. */
+static int mb__ops_complete(const void *ops, size_t bytes) {
+    for (size_t at = 0; ops && at < bytes; at += sizeof(void (*)(void))) {
+        void (*fn)(void);
+        memcpy(&fn, (const char *)ops + at, sizeof fn);
+        if (!fn) return 0;
+    }
+    return 1;
 }
 
 // ---- device ----
@@ -1506,12 +1518,7 @@ struct mb_device {
     int threads;                    /* CPU: threads for BLAS and for mb_lstm_*_many */
     struct mb__pool *pool;          /* CPU: threads-1 persistent workers (NULL: none) */
     const struct mb__rk *rk;        /* CPU: the LSTM recurrence's product kernel (gemm; NULL: none) */
-    void *stream[MB_MAX_STREAMS];   /* cudaStream_t */
-    void *event[MB_MAX_STREAMS];    /* cudaEvent_t, one per stream for mb_stream_wait */
-    void *cublas;                   /* cublasHandle_t: cublas_on[MB_STREAM_COMPUTE] */
-    void *cublas_on[MB_MAX_STREAMS]; /* cublasHandle_t per stream, bound to it once: concurrent gemms
-                                        never share a workspace, and capture sees no stream switch */
-    int cuda_index;
+    void *ctx;                      /* the backend's private state (CUDA: mb__cuda_ctx) */
     mb_mem_stats stats;
     uint64_t fail_at[MB_MEM_KINDS]; /* fail when allocs[kind] reaches this (0: never) */
     int deny[MB_MEM_KINDS];         /* fail every allocation of this kind */
@@ -1541,7 +1548,7 @@ enum { MB__FTZ_DAZ = 0x8040u }; /* MXCSR bit 15 flush-to-zero, bit 6 denormals-a
 static mb__fpenv mb__fp_enter(const mb_device *dev) {
     mb__fpenv e = {0u, 0};
 #ifdef MB__MXCSR
-    if (!dev || dev->cfg.backend != MB_CPU) return e;
+    if (!dev || !dev->be->caps.host) return e;
     e.csr = _mm_getcsr();
     unsigned want = dev->cfg.keep_denormals ? e.csr & ~(unsigned)MB__FTZ_DAZ : e.csr | (unsigned)MB__FTZ_DAZ;
     if (want != e.csr) { _mm_setcsr(want); e.changed = 1; }
@@ -1719,6 +1726,8 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     if (!be)
         return MB_FAIL(lg, MB_ERR_NO_DEVICE, "mb_device_open: this build has no CUDA backend "
                        "(include megabatch_cuda.cuh and compile that file with nvcc)");
+    if (!mb__backend_complete(be)) /* a library bug: a slot left unfilled in a backend's table */
+        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_device_open: the %s backend's table is incomplete", be->name);
     mb_device *dev = (mb_device *)mb__host_calloc(1, sizeof *dev);
     if (!dev) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the device object");
     dev->be = be;
@@ -1726,7 +1735,7 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     dev->streams = c.streams;
     dev->tf32 = c.tf32 ? 1 : 0;
     dev->graph_stream = -1;
-    mb_result r = be->open(dev);
+    mb_result r = be->rt->open(dev);
     if (r != MB_OK) { MB_FREE(dev); return r; }
     *out = dev;
     return MB_OK;
@@ -1743,8 +1752,8 @@ MBDEF void mb_device_close(mb_device *dev) {
     if (dev->nrecs)
         MB_LOG(&dev->cfg.log, MB_LOG_WARN, "mb_device_close: %zu allocation(s) still live, %zu device bytes",
                dev->nrecs, dev->stats.live[MB_MEM_DEVICE]);
-    for (size_t i = 0; i < dev->nrecs; i++) dev->be->dealloc(dev, dev->recs[i].kind, dev->recs[i].ptr);
-    dev->be->close(dev);
+    for (size_t i = 0; i < dev->nrecs; i++) dev->be->rt->dealloc(dev, dev->recs[i].kind, dev->recs[i].ptr);
+    dev->be->rt->close(dev);
     MB_FREE(dev->recs);
     MB_FREE(dev);
 }
@@ -1754,7 +1763,7 @@ MBDEF const char *mb_device_name(const mb_device *dev) { return dev->name; }
 MBDEF const mb_logger *mb_device_logger(const mb_device *dev) { return dev ? &dev->cfg.log : NULL; }
 MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
     size_t t = 0, f = 0;
-    MB_TRY(dev->be->memory(dev, &t, &f));
+    MB_TRY(dev->be->rt->memory(dev, &t, &f));
     if (total) *total = t;
     if (free_bytes) *free_bytes = f;
     return MB_OK;
@@ -1763,12 +1772,11 @@ MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_byt
 MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev) { return dev->stats; }
 MBDEF int mb_device_streams(const mb_device *dev) { return dev->streams; }
 MBDEF void *mb_device_stream(const mb_device *dev, int stream) {
-    return (stream >= 0 && stream < dev->streams) ? dev->stream[stream] : NULL;
+    return (stream >= 0 && stream < dev->streams) ? dev->be->rt->native_stream(dev, stream) : NULL;
 }
-MBDEF void *mb_device_cublas(const mb_device *dev) { return dev->cublas; }
 
 MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on) {
-    MB_TRY(dev->be->set_tf32(dev, on));
+    MB_TRY(dev->be->rt->set_tf32(dev, on));
     dev->tf32 = on ? 1 : 0;
     return MB_OK;
 }
@@ -1810,9 +1818,9 @@ MBDEF mb_result mb_alloc(mb_device *dev, mb_mem_kind kind, size_t bytes, void **
                        dev->deny[kind] ? "mb_device_deny_alloc" : "mb_device_fail_alloc");
     }
     void *p = NULL;
-    MB_TRY(dev->be->alloc(dev, kind, bytes, &p));
+    MB_TRY(dev->be->rt->alloc(dev, kind, bytes, &p));
     if (!mb__track(dev, p, bytes, kind)) {
-        dev->be->dealloc(dev, kind, p);
+        dev->be->rt->dealloc(dev, kind, p);
         return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_alloc: no host memory to track an allocation");
     }
     *out = p;
@@ -1827,7 +1835,7 @@ MBDEF void mb_free(mb_device *dev, void *ptr) {
         dev->recs[i] = dev->recs[--dev->nrecs];
         dev->stats.live[r.kind] -= r.bytes;
         dev->stats.count[r.kind]--;
-        dev->be->dealloc(dev, r.kind, ptr);
+        dev->be->rt->dealloc(dev, r.kind, ptr);
         return;
     }
     MB_ASSERT(!"mb_free: pointer not from mb_alloc on this device");
@@ -1849,14 +1857,14 @@ MBDEF mb_result mb_copy(mb_device *dev, int stream, void *dst, const void *src, 
     MB_TRY(mb__check_stream(dev, stream, "mb_copy"));
     if (bytes == 0) return MB_OK;
     if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy: NULL pointer for %zu bytes", bytes);
-    return dev->be->copy(dev, stream, dst, src, bytes);
+    return dev->be->rt->copy(dev, stream, dst, src, bytes);
 }
 
 MBDEF mb_result mb_zero(mb_device *dev, int stream, void *dst, size_t bytes) {
     MB_TRY(mb__check_stream(dev, stream, "mb_zero"));
     if (bytes == 0) return MB_OK;
     if (!dst) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_zero: NULL pointer for %zu bytes", bytes);
-    return dev->be->zero(dev, stream, dst, bytes);
+    return dev->be->rt->zero(dev, stream, dst, bytes);
 }
 
 MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pitch, const void *src,
@@ -1867,7 +1875,7 @@ MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pit
     if (dst_pitch < width || src_pitch < width)
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_copy_2d: pitches %zu/%zu smaller than the width %zu",
                        dst_pitch, src_pitch, width);
-    return dev->be->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
+    return dev->be->rt->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
 }
 
 static float mb__load(const void *p, mb_dtype t, size_t i);
@@ -1882,18 +1890,18 @@ MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_t
     if (n == 0) return MB_OK;
     if (!dst || !src) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_convert: NULL pointer");
     if (dst_type == src_type) return mb_copy(dev, stream, dst, src, n * mb_dtype_size(dst_type));
-    return dev->be->convert(dev, stream, dst, dst_type, src, src_type, n);
+    return dev->be->rt->convert(dev, stream, dst, dst_type, src, src_type, n);
 }
 
 MBDEF mb_result mb_stream_wait(mb_device *dev, int waiter, int waited) {
     MB_TRY(mb__check_stream(dev, waiter, "mb_stream_wait"));
     MB_TRY(mb__check_stream(dev, waited, "mb_stream_wait"));
-    return waiter == waited ? MB_OK : dev->be->stream_wait(dev, waiter, waited);
+    return waiter == waited ? MB_OK : dev->be->rt->stream_wait(dev, waiter, waited);
 }
 
 MBDEF mb_result mb_sync(mb_device *dev, int stream) {
     if (stream != -1) MB_TRY(mb__check_stream(dev, stream, "mb_sync"));
-    return dev->be->sync(dev, stream);
+    return dev->be->rt->sync(dev, stream);
 }
 
 /* The CPU backend's device operations: host memory, synchronous copies, no streams. */
@@ -1952,6 +1960,18 @@ static mb_result mb__cpu_stream_wait(mb_device *dev, int waiter, int waited) {
 static mb_result mb__cpu_sync(mb_device *dev, int stream) { (void)dev; (void)stream; return MB_OK; }
 
 static void mb__cpu_thread_init(mb_device *dev) { (void)dev; }
+
+static void *mb__cpu_native_stream(const mb_device *dev, int stream) { (void)dev; (void)stream; return NULL; }
+
+MB__OPS_BEGIN
+static const mb__runtime_ops mb__cpu_runtime_ops = {
+    .open = mb__cpu_open, .close = mb__cpu_close, .memory = mb__cpu_memory, .set_tf32 = mb__cpu_set_tf32,
+    .alloc = mb__cpu_alloc, .dealloc = mb__cpu_dealloc, .copy = mb__cpu_copy, .copy_2d = mb__cpu_copy_2d,
+    .zero = mb__cpu_zero, .convert = mb__cpu_convert, .stream_wait = mb__cpu_stream_wait, .sync = mb__cpu_sync,
+    .thread_init = mb__cpu_thread_init, .native_stream = mb__cpu_native_stream,
+};
+MB__OPS_END
+
 
 // ---- gemm ----
 
@@ -2101,10 +2121,16 @@ static mb_result mb__cpu_gemm_body(mb_device *dev, const mb_gemm_args *g) {
     return MB_OK;
 }
 
+/* The backend's gemm group (// ---- backend ----): g checked by mb_gemm. */
+typedef struct mb__gemm_ops {
+    mb_result (*run)(mb_device *dev, const mb_gemm_args *g);
+} mb__gemm_ops;
+MB__OPS_CHECK(mb__gemm_ops, 1);
+
 MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g) {
     if (!dev || !g) return MB_FAIL(dev ? &dev->cfg.log : NULL, MB_ERR_INVALID_ARG, "mb_gemm: NULL argument");
     MB_TRY(mb__gemm_check(dev, g));
-    return dev->be->gemm(dev, g);
+    return dev->be->gemm->run(dev, g);
 }
 
 static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
@@ -2342,6 +2368,10 @@ static mb__rk_a mb__rk_a1(const float *a, int64_t lda, int64_t K) {
     return A;
 }
 
+MB__OPS_BEGIN
+static const mb__gemm_ops mb__cpu_gemm_ops = {.run = mb__cpu_gemm};
+MB__OPS_END
+
 // ---- params ----
 
 struct mb_params {
@@ -2456,11 +2486,18 @@ static mb_result mb__params_ready(mb_params *p, const char *what) {
     return MB_OK;
 }
 
+/* The backend's params group: n uniform values in [-bound, bound] from (seed, stream), on the
+ * compute stream (mb_rng_symmetric: the same numbers on every backend). */
+typedef struct mb__params_ops {
+    mb_result (*fill_uniform)(mb_device *dev, float *dst, size_t n, uint64_t seed, uint64_t stream, float bound);
+} mb__params_ops;
+MB__OPS_CHECK(mb__params_ops, 1);
+
 MBDEF mb_result mb_params_init(mb_params *p, uint64_t seed) {
     MB_TRY(mb__params_ready(p, "mb_params_init"));
     for (int t = 0; t < p->n; t++) {
         const mb_param_info *in = &p->info[t];
-        MB_TRY(p->dev->be->fill_uniform(p->dev, p->data + in->offset, in->count, seed, (uint64_t)t, in->init_bound));
+        MB_TRY(p->dev->be->params->fill_uniform(p->dev, p->data + in->offset, in->count, seed, (uint64_t)t, in->init_bound));
     }
     return MB_OK;
 }
@@ -2488,6 +2525,10 @@ MBDEF mb_result mb_params_set(mb_params *p, const float *host) {
     MB_TRY(mb_copy(p->dev, MB_STREAM_COMPUTE, p->data, host, p->total * sizeof(float)));
     return mb_sync(p->dev, MB_STREAM_COMPUTE);
 }
+
+MB__OPS_BEGIN
+static const mb__params_ops mb__cpu_params_ops = {.fill_uniform = mb__cpu_fill_uniform};
+MB__OPS_END
 
 // ---- dataset ----
 
@@ -3660,7 +3701,7 @@ static void mb__ld_merge(mb_loader_stats *a, const mb_loader_stats *b) {
 #ifndef MEGABATCH_NO_THREADS
 static void *mb__ld_thread(void *arg) {
     mb_loader *ld = (mb_loader *)arg;
-    ld->dev->be->thread_init(ld->dev);
+    ld->dev->be->rt->thread_init(ld->dev);
     pthread_mutex_lock(&ld->mu);
     for (;;) {
         while (!ld->quit && ld->state != 1) pthread_cond_wait(&ld->cv, &ld->mu);
@@ -4266,7 +4307,7 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
  * idx[b] of targ. Plain byte copies of `es`-byte elements, so every dtype is bitwise the
  * same as the window layout's rows. CPU: memcpy per (sample, timeframe); CUDA: one kernel
  * (megabatch_cuda.cuh, "cuda series"), both through mb__gather_row. */
-struct mb__gather {
+typedef struct mb__gather {
     int segments, es;                       /* timeframes; bytes per element (4 or 2) */
     int64_t len[MB_MAX_SEGMENTS], t, count; /* window lengths, their sum, batch rows */
     const char *bars[MB_MAX_SEGMENTS];      /* device: (bars, f) of es-byte elements */
@@ -4274,7 +4315,7 @@ struct mb__gather {
     const int64_t *ends, *idx;              /* device: (n, segments); the batch's samples */
     const char *targ;                       /* device: (n, k) */
     char *dst_f, *dst_t;                    /* device: (count, t, f) and (count, k) */
-};
+} mb__gather;
 
 /* The bar row that window row r of batch row b reads. */
 static inline MB__HD const char *mb__gather_row(const mb__gather *g, int64_t b, int64_t r) {
@@ -4283,6 +4324,12 @@ static inline MB__HD const char *mb__gather_row(const mb__gather *g, int64_t b, 
     int64_t bar = g->ends[g->idx[b] * g->segments + s] - g->len[s] + 1 + r;
     return g->bars[s] + (size_t)bar * g->row;
 }
+
+/* The backend's series group: one batch gathered on a stream (g->count > 0). */
+typedef struct mb__series_ops {
+    mb_result (*gather)(mb_device *dev, int stream, const mb__gather *g);
+} mb__series_ops;
+MB__OPS_CHECK(mb__series_ops, 1);
 
 static mb_result mb__cpu_series_gather(mb_device *dev, int stream, const mb__gather *g) {
     (void)dev; (void)stream;
@@ -4297,11 +4344,11 @@ static mb_result mb__cpu_series_gather(mb_device *dev, int stream, const mb__gat
     return MB_OK;
 }
 
-/* Validate, then the backend table's series_gather. */
+/* Validate, then the backend's series group. */
 static mb_result mb__series_gather(mb_device *dev, int stream, const mb__gather *g) {
     MB_TRY(mb__check_stream(dev, stream, "mb__series_gather"));
     if (g->count <= 0) return MB_OK;
-    return dev->be->series_gather(dev, stream, g);
+    return dev->be->series->gather(dev, stream, g);
 }
 
 /* ---- the loader's series mode ----
@@ -4476,6 +4523,10 @@ static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
     return MB_OK;
 }
 
+MB__OPS_BEGIN
+static const mb__series_ops mb__cpu_series_ops = {.gather = mb__cpu_series_gather};
+MB__OPS_END
+
 // ---- end series ----
 
 // ---- lstm ----
@@ -4536,6 +4587,21 @@ static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t 
     *dc = dcv * f;
 }
 
+/* The backend's lstm group: a step's gates forward (g: the pre-activations in, activated out;
+ * need_h 0: h may be left unwritten, a recompute) and backward (dh = dh_rec + dout), strided
+ * rows (mb__lstm_copy3), y += x, y = v. On the LSTM's stream. */
+typedef struct mb__lstm_ops {
+    mb_result (*fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
+                           const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
+    mb_result (*bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a, const float *c_prev,
+                           const float *c, const float *dh_rec, const float *dout, float *dc, float *dg);
+    mb_result (*copy3)(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                       int64_t ss1, int64_t n0, int64_t n1, int64_t d);
+    mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
+    mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
+} mb__lstm_ops;
+MB__OPS_CHECK(mb__lstm_ops, 5);
+
 // -- the fused recurrence: types --
 // The persistent fused recurrence of megabatch_cuda.cuh (its section "the fused recurrence";
 // the host side is the section of that name at the end of this module). One descriptor per
@@ -4563,6 +4629,15 @@ typedef struct mb__fused_args {
     int n, cl; /* descriptors; blocks a row tile */
     mb__fused_desc d[MB__FUSED_MAX];
 } mb__fused_args;
+
+/* The backend's fused group (NULL: none): the shared memory a block may opt into and the
+ * largest cluster of blocks (1: none), and one launch of the a->n layers' forward or backward
+ * recurrence over `blocks` blocks. */
+typedef struct mb__fused_ops {
+    void (*limits)(mb_device *dev, size_t *smem, int *cluster);
+    mb_result (*run)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a, unsigned blocks);
+} mb__fused_ops;
+MB__OPS_CHECK(mb__fused_ops, 2);
 
 /* A block's shared memory at hidden size H, cl blocks a row tile (byte offsets;
  * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, rows wld
@@ -4618,8 +4693,8 @@ static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op, int cl) {
 static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
     size_t smem = 0, need = mb__lstm_fused_smem(H, op, cl);
     int maxcl = 0;
-    if (!dev->be->lstm_fused) return 0;
-    dev->be->lstm_fused_limits(dev, &smem, &maxcl);
+    if (!dev->be->fused) return 0;
+    dev->be->fused->limits(dev, &smem, &maxcl);
     return cl <= maxcl && need && need <= smem && mb__lstm_fused_threads(H, cl) <= MB__FUSED_THREADS_MAX;
 }
 
@@ -4840,13 +4915,13 @@ static mb_result mb__cpu_fill(mb_device *dev, int stream, float *y, float v, siz
 static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
                                     const float *c_prev, float *c, float *h) {
     /* a recompute's h (hscr) equals the kept one: the CPU skips it */
-    return l->dev->be->lstm_fwd_gates(l->dev, l->cfg.stream, B, l->H, g, b_ih, b_hh, c_prev, c, h, h != l->hscr);
+    return l->dev->be->lstm->fwd_gates(l->dev, l->cfg.stream, B, l->H, g, b_ih, b_hh, c_prev, c, h, h != l->hscr);
 }
 
 /* dg (B, 4H) from the activated gates a (B, 4H); dh = dh_rec + dout. */
 static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const float *c_prev, const float *c,
                                     const float *dh_rec, const float *dout, float *dc, float *dg) {
-    return l->dev->be->lstm_bwd_gates(l->dev, l->cfg.stream, B, l->H, a, c_prev, c, dh_rec, dout, dc, dg);
+    return l->dev->be->lstm->bwd_gates(l->dev, l->cfg.stream, B, l->H, a, c_prev, c, dh_rec, dout, dc, dg);
 }
 
 /* Rows of d floats: row (i, j) for i < n0, j < n1 goes from src + i*ss0 + j*ss1 to
@@ -4854,15 +4929,15 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
  * transpose, of a whole sequence or of one block of steps. */
 static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
                                 int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    return l->dev->be->copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
+    return l->dev->be->lstm->copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
 static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x */
-    return l->dev->be->add(l->dev, l->cfg.stream, y, x, n);
+    return l->dev->be->lstm->add(l->dev, l->cfg.stream, y, x, n);
 }
 
 static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
-    return l->dev->be->fill(l->dev, l->cfg.stream, y, v, n);
+    return l->dev->be->lstm->fill(l->dev, l->cfg.stream, y, v, n);
 }
 
 static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t n) {
@@ -5117,7 +5192,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     mb_lstm *l = (mb_lstm *)mb__host_calloc(1, sizeof *l);
     if (!l) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     l->dev = dev; l->params = params; l->cfg = *cfg;
-    if (cfg->checkpoint == 0 && dev->be->lstm_full_auto && mb__lstm_full_fits(dev, cfg))
+    if (cfg->checkpoint == 0 && dev->be->caps.lstm_full_auto && mb__lstm_full_fits(dev, cfg))
         l->cfg.checkpoint = -1; /* the GPU's auto: full storage when memory allows (above) */
     l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
     l->G = (int)mb__lstm_G(cfg);
@@ -5716,7 +5791,7 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     mb__fpenv fe = mb__fp_enter(dev);
     mb_result r = MB_OK;
     if (mb__lstm_fused_many_ok(calls, n)) r = mb__lstm_fused_many(calls, n, backward); /* one launch per layer */
-    else mb__lstm_pool_run(dev, &p, dev->cfg.backend == MB_CPU ? (dev->threads < n ? dev->threads : n) : 1);
+    else mb__lstm_pool_run(dev, &p, dev->be->caps.host ? (dev->threads < n ? dev->threads : n) : 1);
     mb__fp_leave(fe);
     if (p.failed < n) r = MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg); /* logged already */
     for (int i = 0; i < n; i++) {
@@ -5800,7 +5875,7 @@ static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb
 
 static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
                                        unsigned *blocks) {
-    MB_TRY(dev->be->lstm_fused(dev, stream, op, backward, a, *blocks));
+    MB_TRY(dev->be->fused->run(dev, stream, op, backward, a, *blocks));
     a->n = 0;
     *blocks = 0;
     return MB_OK;
@@ -5900,6 +5975,13 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
     return MB_OK;
 }
 
+MB__OPS_BEGIN
+static const mb__lstm_ops mb__cpu_lstm_ops = {
+    .fwd_gates = mb__cpu_lstm_fwd_gates, .bwd_gates = mb__cpu_lstm_bwd_gates, .copy3 = mb__cpu_copy3,
+    .add = mb__cpu_add, .fill = mb__cpu_fill,
+}; /* no fused recurrence: the CPU backend's fused group is NULL */
+MB__OPS_END
+
 // ---- end lstm ----
 
 // ---- layers ----
@@ -5941,6 +6023,17 @@ static mb_result mb__linear_check(const mb_linear *l, int stream, int64_t B, con
     return MB_OK;
 }
 
+/* The backend's layers group: y (rows, cols) = b broadcast over rows; db (cols) += column sums of
+ * dy, each in row order; an activation (dy NULL: out = f(x), else out = f'(x) dy); dropout. */
+typedef struct mb__layers_ops {
+    mb_result (*fill_rows)(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols);
+    mb_result (*colsum_add)(mb_device *dev, int stream, float *db, const float *dy, int64_t rows, int64_t cols);
+    mb_result (*act)(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out, size_t n);
+    mb_result (*dropout)(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x, float *y,
+                         size_t n);
+} mb__layers_ops;
+MB__OPS_CHECK(mb__layers_ops, 4);
+
 /* y (rows, cols) = b broadcast over rows. */
 static mb_result mb__cpu_fill_rows(mb_device *dev, int stream, float *y, const float *b, int64_t rows, int64_t cols) {
     (void)dev;
@@ -5965,7 +6058,7 @@ static mb_result mb__cpu_colsum_add(mb_device *dev, int stream, float *db, const
 MBDEF mb_result mb_linear_forward(const mb_linear *l, int stream, const float *x, int64_t B, float *y) {
     MB_TRY(mb__linear_check(l, stream, B, x, y, "mb_linear_forward"));
     mb_device *dev = l->params->dev;
-    MB_TRY(dev->be->fill_rows(dev, stream, y, mb_params_tensor(l->params, l->bias), B, l->out));
+    MB_TRY(dev->be->layers->fill_rows(dev, stream, y, mb_params_tensor(l->params, l->bias), B, l->out));
     mb_gemm_args g;
     memset(&g, 0, sizeof g);
     g.trans_b = 1;                       /* y (B, out) += x (B, in) @ W^T, W (out, in) */
@@ -5992,7 +6085,7 @@ MBDEF mb_result mb_linear_backward(const mb_linear *l, int stream, const float *
     g.c = mb_params_tensor_grad(l->params, l->weight); g.ldc = l->in;
     g.stream = stream;
     MB_TRY(mb_gemm(dev, &g));
-    MB_TRY(dev->be->colsum_add(dev, stream, mb_params_tensor_grad(l->params, l->bias), dy, B, l->out));
+    MB_TRY(dev->be->layers->colsum_add(dev, stream, mb_params_tensor_grad(l->params, l->bias), dy, B, l->out));
     if (!dx) return MB_OK;
     memset(&g, 0, sizeof g);             /* dx (B, in) = dy (B, out) @ W (out, in) */
     g.m = B; g.n = l->in; g.k = l->out;
@@ -6042,7 +6135,7 @@ static mb_result mb__act_check(mb_device *dev, int stream, mb_act a, const void 
 MBDEF mb_result mb_act_forward(mb_device *dev, int stream, mb_act a, const float *x, float *y, size_t n) {
     MB_TRY(mb__act_check(dev, stream, a, x, y, n, "mb_act_forward"));
     if (n == 0) return MB_OK;
-    return dev->be->act(dev, stream, a, x, NULL, y, n);
+    return dev->be->layers->act(dev, stream, a, x, NULL, y, n);
 }
 
 MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *dx,
@@ -6050,7 +6143,7 @@ MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const floa
     MB_TRY(mb__act_check(dev, stream, a, x, dx, n, "mb_act_backward"));
     if (n && !dy) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_act_backward: NULL dy");
     if (n == 0) return MB_OK;
-    return dev->be->act(dev, stream, a, x, dy, dx, n);
+    return dev->be->layers->act(dev, stream, a, x, dy, dx, n);
 }
 
 static mb_result mb__cpu_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
@@ -6117,7 +6210,7 @@ static mb_result mb__dropout(mb_device *dev, int stream, float p, uint64_t seed,
     if (n && (!x || !y)) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", what, n);
     if (n == 0) return MB_OK;
     if (p == 0.0f) return x == y ? MB_OK : mb_copy(dev, stream, y, x, n * sizeof(float));
-    return dev->be->dropout(dev, stream, p, seed, step, x, y, n);
+    return dev->be->layers->dropout(dev, stream, p, seed, step, x, y, n);
 }
 
 static mb_result mb__cpu_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
@@ -6136,6 +6229,12 @@ MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_
                                     const float *dy, float *dx, size_t n) {
     return mb__dropout(dev, stream, p, seed, step, dy, dx, n, "mb_dropout_backward");
 }
+
+MB__OPS_BEGIN
+static const mb__layers_ops mb__cpu_layers_ops = {
+    .fill_rows = mb__cpu_fill_rows, .colsum_add = mb__cpu_colsum_add, .act = mb__cpu_act, .dropout = mb__cpu_dropout,
+};
+MB__OPS_END
 
 // ---- loss ----
 
@@ -6158,6 +6257,15 @@ static inline MB__HD void mb__loss_acc(double *acc, double mean, double w) {
 static inline MB__HD float mb__loss_coef(float scale, const float *scale_dev, size_t n) {
     return (float)((double)scale * (scale_dev ? (double)*scale_dev : 1.0) / (double)n);
 }
+
+/* The backend's loss group: the mean loss of n elements (into loss_out and the meter slot acc,
+ * which gains mean * w and w; each NULL: none) and dpred = dLoss/dpred * scale * scale_dev. */
+typedef struct mb__loss_ops {
+    mb_result (*run)(mb_device *dev, int stream, int huber, float delta, const float *pred, const float *target,
+                     size_t n, float scale, const float *scale_dev, float *loss_out, float *dpred, double *acc,
+                     double w);
+} mb__loss_ops;
+MB__OPS_CHECK(mb__loss_ops, 1);
 
 MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, const float *pred,
                         const float *target, int64_t B, int64_t K, float scale, const float *scale_dev,
@@ -6182,7 +6290,7 @@ MBDEF mb_result mb_loss(mb_device *dev, int stream, const mb_loss_config *cfg, c
     size_t n;
     if (!mb_size_mul((size_t)B, (size_t)K, &n)) return MB_FAIL(lg, MB_ERR_OVERFLOW, "mb_loss: B*K overflows");
     int huber = c.kind == MB_LOSS_HUBER;
-    return dev->be->loss(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred,
+    return dev->be->loss->run(dev, stream, huber, c.huber_delta, pred, target, n, scale, scale_dev, loss_out, dpred,
                          c.acc, (double)B);
 }
 
@@ -6208,9 +6316,13 @@ MBDEF mb_result mb_fetch_scalar(mb_device *dev, int stream, const float *dev_sca
     return mb_sync(dev, stream);
 }
 
+MB__OPS_BEGIN
+static const mb__loss_ops mb__cpu_loss_ops = {.run = mb__cpu_loss};
+MB__OPS_END
+
 // ---- amp ----
 
-struct mb__scaler_hp { float growth, backoff, min_scale, max_scale; int32_t interval; };
+typedef struct mb__scaler_hp { float growth, backoff, min_scale, max_scale; int32_t interval; } mb__scaler_hp;
 
 struct mb_scaler {
     mb_device *dev;
@@ -6235,6 +6347,14 @@ static inline MB__HD void mb__scaler_update_state(mb_scaler_state *st, const mb_
     st->last_found_inf = st->found_inf;
     st->found_inf = 0;
 }
+
+/* The backend's amp group, on the compute stream: grad *= 1/scale, found_inf set on a
+ * non-finite value; the scale's update (mb__scaler_update_state). */
+typedef struct mb__amp_ops {
+    mb_result (*unscale)(mb_device *dev, mb_scaler_state *st, float *grad, size_t n);
+    mb_result (*scaler_update)(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp);
+} mb__amp_ops;
+MB__OPS_CHECK(mb__amp_ops, 2);
 
 static mb_result mb__scaler_put(mb_scaler *s, const mb_scaler_state *st) {
     MB_TRY(mb_copy(s->dev, MB_STREAM_COMPUTE, s->st, st, sizeof *st));
@@ -6293,12 +6413,12 @@ MBDEF mb_result mb_scaler_unscale(mb_scaler *s, float *grad, size_t n) {
     if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL scaler");
     if (n && !grad) return MB_FAIL(&s->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_scaler_unscale: NULL gradients");
     if (n == 0) return MB_OK;
-    return s->dev->be->unscale(s->dev, s->st, grad, n);
+    return s->dev->be->amp->unscale(s->dev, s->st, grad, n);
 }
 
 MBDEF mb_result mb_scaler_update(mb_scaler *s) {
     if (!s) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_scaler_update: NULL scaler");
-    return s->dev->be->scaler_update(s->dev, s->st, &s->hp);
+    return s->dev->be->amp->scaler_update(s->dev, s->st, &s->hp);
 }
 
 static mb_result mb__cpu_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
@@ -6342,6 +6462,10 @@ MBDEF mb_result mb_scaler_step_taken(mb_scaler *s, int *taken) {
     return MB_OK;
 }
 
+MB__OPS_BEGIN
+static const mb__amp_ops mb__cpu_amp_ops = {.unscale = mb__cpu_unscale, .scaler_update = mb__cpu_scaler_update};
+MB__OPS_END
+
 // ---- optim ----
 
 static inline MB__HD double mb__cos_anneal(double start, double end, double pct) {
@@ -6369,15 +6493,15 @@ static inline MB__HD float mb__lr_value(const mb_lr_schedule *s, int64_t step) {
 }
 
 /* Host-computed constants of one step, passed by value to the kernels. */
-struct mb__adamw_hp {
+typedef struct mb__adamw_hp {
     double beta1_d, beta2_d;                        /* for the bias corrections */
     float lr, beta1, beta2, eps, max_norm, weight_decay;
     float one_minus_b1, one_minus_b2;               /* 1 - b1, 1 - b2 */
     int scheduled;                                  /* 1: lr from sched at the device's counter */
     mb_lr_schedule sched;
-};
+} mb__adamw_hp;
 /* Device-side optimizer state, written by the norm pass and read by the update pass. */
-struct mb__adamw_dev {
+typedef struct mb__adamw_dev {
     int64_t step;        /* steps taken */
     int64_t sched_step;  /* scheduled calls so far (the schedule's position) */
     double sumsq;        /* sum of squared gradients seen by the last call */
@@ -6385,7 +6509,16 @@ struct mb__adamw_dev {
     float norm, clip_coef, step_size, bc2_sqrt;
     int32_t own_found_inf; /* found_inf flag when no scaler is given */
     int32_t skipped;     /* the last call skipped its step */
-};
+} mb__adamw_dev;
+
+/* The backend's optim group, on the compute stream: the gradients' global norm, the clip, the
+ * skip on found_inf and the AdamW update of n parameters (mb__adamw_finalize, mb__adamw_elem);
+ * scratch: the backend's caps.adamw_scratch bytes of device memory. */
+typedef struct mb__optim_ops {
+    mb_result (*adamw)(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf, float *param,
+                       const float *grad, float *m, float *v, const uint8_t *decay, size_t n, double *scratch);
+} mb__optim_ops;
+MB__OPS_CHECK(mb__optim_ops, 1);
 
 #define MB__NORM_BLOCKS 1024 /* CUDA: the most blocks of the sum-of-squares pass (its grid: a function of n) */
 
@@ -6487,7 +6620,7 @@ MBDEF mb_result mb_adamw_create(mb_adamw **out, mb_params *p, const mb_adamw_con
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->m);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&o->v);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_DEVICE, sizeof dv, (void **)&o->dv);
-    if (r == MB_OK && dev->be->adamw_scratch) r = mb_alloc(dev, MB_MEM_DEVICE, dev->be->adamw_scratch, (void **)&o->partials);
+    if (r == MB_OK && dev->be->caps.adamw_scratch) r = mb_alloc(dev, MB_MEM_DEVICE, dev->be->caps.adamw_scratch, (void **)&o->partials);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->m, bytes);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, o->v, bytes);
     if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, o->dv, &dv, sizeof dv);
@@ -6521,7 +6654,7 @@ static mb_result mb__adamw_step(mb_adamw *o, float lr, const mb_lr_schedule *sch
     float *param = o->params->data;
     const float *grad = o->params->grad;
     size_t n = o->params->total;
-    return dev->be->adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
+    return dev->be->optim->adamw(dev, &hp, o->dv, found_inf, param, grad, o->m, o->v, o->decay, n, o->partials);
 }
 
 static mb_result mb__cpu_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf,
@@ -6538,6 +6671,10 @@ static mb_result mb__cpu_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw
     mb__fp_leave(fe);
     return MB_OK;
 }
+
+MB__OPS_BEGIN
+static const mb__optim_ops mb__cpu_optim_ops = {.adamw = mb__cpu_adamw};
+MB__OPS_END
 
 MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
     if (!o) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_adamw_step: NULL optimizer");
@@ -6685,7 +6822,17 @@ MBDEF mb_result mb_adamw_set_schedule_step(mb_adamw *o, int64_t step) {
     return mb_sync(o->params->dev, MB_STREAM_COMPUTE);
 }
 
-/* Events for the meter's reads: the CPU's (work is done when a call returns: nothing to wait for). */
+/* The backend's step group: events for mb_meter's reads. done = 1 when the work queued before
+ * the record is complete (wait = 1: wait for it). */
+typedef struct mb__step_ops {
+    mb_result (*event_create)(mb_device *dev, void **ev);
+    void (*event_destroy)(void *ev);
+    mb_result (*event_record)(mb_device *dev, int stream, void *ev);
+    mb_result (*event_done)(mb_device *dev, void *ev, int wait, int *done);
+} mb__step_ops;
+MB__OPS_CHECK(mb__step_ops, 4);
+
+/* The CPU's events: work is done when a call returns, nothing to wait for. */
 static mb_result mb__cpu_event_create(mb_device *dev, void **ev) {
     (void)dev;
     *ev = NULL;
@@ -6702,6 +6849,13 @@ static mb_result mb__cpu_event_done(mb_device *dev, void *ev, int wait, int *don
     return MB_OK;
 }
 
+MB__OPS_BEGIN
+static const mb__step_ops mb__cpu_step_ops = {
+    .event_create = mb__cpu_event_create, .event_destroy = mb__cpu_event_destroy,
+    .event_record = mb__cpu_event_record, .event_done = mb__cpu_event_done,
+};
+MB__OPS_END
+
 struct mb_meter {
     mb_device *dev;
     int slots, depth;
@@ -6717,7 +6871,7 @@ MBDEF void mb_meter_destroy(mb_meter *m) {
     if (!m) return;
     if (m->pending) mb_meter_wait(m); /* the copies must land before their buffers go */
     for (int i = 0; m->ev && i < m->depth; i++)
-        if (m->ev[i]) m->dev->be->event_destroy(m->ev[i]);
+        if (m->ev[i]) m->dev->be->step->event_destroy(m->ev[i]);
     mb_free(m->dev, m->sums);
     mb_free(m->dev, m->pinned);
     MB_FREE(m->ev);
@@ -6746,7 +6900,7 @@ MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots, int d
     m->depth = depth;
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&m->sums);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_PINNED, bytes * (size_t)depth, (void **)&m->pinned);
-    for (int i = 0; r == MB_OK && i < depth; i++) r = dev->be->event_create(dev, &m->ev[i]);
+    for (int i = 0; r == MB_OK && i < depth; i++) r = dev->be->step->event_create(dev, &m->ev[i]);
     if (r == MB_OK) r = mb_zero(dev, MB_STREAM_COMPUTE, m->sums, bytes);
     if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
     if (r != MB_OK) { mb_meter_destroy(m); return r; }
@@ -6767,7 +6921,7 @@ MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset) {
     size_t n = (size_t)m->slots * 2, bytes = n * sizeof(double);
     int i = (m->head + m->pending) % m->depth;
     MB_TRY(mb_copy(m->dev, stream, m->pinned + (size_t)i * n, m->sums, bytes));
-    MB_TRY(m->dev->be->event_record(m->dev, stream, m->ev[i]));
+    MB_TRY(m->dev->be->step->event_record(m->dev, stream, m->ev[i]));
     if (reset) MB_TRY(mb_zero(m->dev, stream, m->sums, bytes));
     m->pending++;
     return MB_OK;
@@ -6776,7 +6930,7 @@ MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset) {
 MBDEF mb_result mb_meter_next(mb_meter *m, int wait, int *landed) {
     if (!m || !landed) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_next: NULL argument");
     int done = 0;
-    if (m->pending) MB_TRY(m->dev->be->event_done(m->dev, m->ev[m->head], wait, &done));
+    if (m->pending) MB_TRY(m->dev->be->step->event_done(m->dev, m->ev[m->head], wait, &done));
     *landed = done;
     if (!done) return MB_OK;
     size_t n = (size_t)m->slots * 2;
@@ -7875,6 +8029,15 @@ extern "C" {
 #endif
 #endif
 
+/* The backend's dist group (NULL: the host path of mb_dist_allreduce_grads): the gradient
+ * all-reduce on the device (same contract as mb_dist_allreduce_grads, d->size > 1), and release,
+ * which frees the device communicator it made in d->comm_dev (mb_dist_close calls it). */
+typedef struct mb__dist_ops {
+    mb_result (*allreduce_grads)(mb_dist *d, mb_params *p, int64_t count, float *loss, int64_t *total);
+    void (*release)(mb_dist *d);
+} mb__dist_ops;
+MB__OPS_CHECK(mb__dist_ops, 2);
+
 struct mb_dist {
     mb_device *dev;
     int rank, size, local_rank, owns_mpi;
@@ -7885,8 +8048,8 @@ struct mb_dist {
     MPI_Comm comm;
     int *scount, *sdisp, *rcount, *rdisp, *gcount, *gdisp; /* per-rank counts and offsets */
 #endif
-    void *nccl;                /* MEGABATCH_NCCL: the ncclComm_t of CUDA params, made on first use */
-    void (*nccl_destroy)(mb_dist *d); /* set with nccl by the backend that made it */
+    void *comm_dev;            /* a device communicator (CUDA: NCCL's), made on first use by the dist */
+    const struct mb__dist_ops *comm_ops; /* group of the backend that made it; its release frees it */
 };
 
 MBDEF int mb_dist_rank(const mb_dist *d) { return d ? d->rank : 0; }
@@ -7913,7 +8076,7 @@ static mb_result mb__mpi(const mb_dist *d, int rc, const char *what) {
 
 MBDEF void mb_dist_close(mb_dist *d) {
     if (!d) return;
-    if (d->nccl_destroy) d->nccl_destroy(d);
+    if (d->comm_ops) d->comm_ops->release(d);
 #ifdef MEGABATCH_MPI
     if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
     MB_FREE(d->scount); MB_FREE(d->sdisp); MB_FREE(d->rcount); MB_FREE(d->rdisp); MB_FREE(d->gcount); MB_FREE(d->gdisp);
@@ -8126,7 +8289,7 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
         return MB_OK; /* a world of one: the identity, bit for bit */
     }
     const mb__backend *be = mb_params_device(p)->be;
-    if (be->allreduce_grads) return be->allreduce_grads(d, p, count, loss, total);
+    if (be->dist) return be->dist->allreduce_grads(d, p, count, loss, total);
 #ifdef MEGABATCH_MPI
     size_t n = mb_params_total(p), payload = n + 1;
     if (payload / (size_t)d->size + 2 > (size_t)INT32_MAX / 2 || payload > (size_t)INT32_MAX - (size_t)d->size)
@@ -8153,6 +8316,17 @@ MBDEF mb_result mb_dist_allreduce_grads(mb_dist *d, mb_params *p, int64_t count,
 
 // ---- graph ----
 
+/* The backend's graph group (NULL: no graphs): begin a capture on a stream; end it and
+ * instantiate it into *exec (its operation count in *nodes; end ends the capture even when it
+ * fails); launch on a stream; destroy an exec. */
+typedef struct mb__graph_ops {
+    mb_result (*begin)(mb_device *dev, int stream);
+    mb_result (*end)(mb_device *dev, int stream, void **exec, size_t *nodes);
+    mb_result (*launch)(mb_device *dev, int stream, void *exec);
+    void (*destroy)(void *exec);
+} mb__graph_ops;
+MB__OPS_CHECK(mb__graph_ops, 4);
+
 struct mb_graph {
     mb_device *dev;
     int stream;   /* where it was captured, and is launched */
@@ -8160,7 +8334,7 @@ struct mb_graph {
     size_t nodes;
 };
 
-MBDEF int mb_graph_supported(const mb_device *dev) { return dev && dev->be->graph_begin; }
+MBDEF int mb_graph_supported(const mb_device *dev) { return dev && dev->be->graph; }
 
 MBDEF mb_result mb_graph_begin(mb_device *dev, int stream) {
     if (!dev) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_begin: dev is NULL");
@@ -8171,7 +8345,7 @@ MBDEF mb_result mb_graph_begin(mb_device *dev, int stream) {
     if (dev->graph_stream >= 0)
         return MB_FAIL(&dev->cfg.log, MB_ERR_STATE, "mb_graph_begin: a capture on stream %d is under way",
                        dev->graph_stream);
-    MB_TRY(dev->be->graph_begin(dev, stream));
+    MB_TRY(dev->be->graph->begin(dev, stream));
     dev->graph_stream = stream;
     return MB_OK;
 }
@@ -8186,9 +8360,9 @@ MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out) {
     mb_result r = g ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_graph_end: no host memory");
     void *exec = NULL;
     size_t nodes = 0;
-    mb_result e = dev->be->graph_end(dev, stream, &exec, &nodes); /* ends the capture, even without g */
+    mb_result e = dev->be->graph->end(dev, stream, &exec, &nodes); /* ends the capture, even without g */
     if (r == MB_OK) r = e;
-    else if (exec) dev->be->graph_destroy(exec);
+    else if (exec) dev->be->graph->destroy(exec);
     if (r != MB_OK) { MB_FREE(g); return r; }
     g->dev = dev;
     g->stream = stream;
@@ -8200,14 +8374,14 @@ MBDEF mb_result mb_graph_end(mb_device *dev, mb_graph **out) {
 
 MBDEF mb_result mb_graph_launch(mb_graph *g) {
     if (!g) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_graph_launch: g is NULL");
-    return g->dev->be->graph_launch(g->dev, g->stream, g->exec); /* g exists: the backend has graphs */
+    return g->dev->be->graph->launch(g->dev, g->stream, g->exec); /* g exists: the backend has graphs */
 }
 
 MBDEF size_t mb_graph_nodes(const mb_graph *g) { return g ? g->nodes : 0; }
 
 MBDEF void mb_graph_destroy(mb_graph *g) {
     if (!g) return;
-    g->dev->be->graph_destroy(g->exec);
+    g->dev->be->graph->destroy(g->exec);
     MB_FREE(g);
 }
 
@@ -8258,40 +8432,40 @@ MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny) {
 }
 
 // ---- cpu backend ----
-// The CPU table: the mb__cpu_* functions of each module (see "the backend table").
+// The CPU table: the groups that close each module's CPU code (see "backend").
 
-static const mb__backend *mb__cpu_backend(void) {
-    static const mb__backend be = {
-        /* name */ "cpu",
-        mb__cpu_open, mb__cpu_close, mb__cpu_memory, mb__cpu_set_tf32, mb__cpu_alloc, mb__cpu_dealloc,
-        /* copies and streams */
-        mb__cpu_copy, mb__cpu_copy_2d, mb__cpu_zero, mb__cpu_convert, mb__cpu_stream_wait, mb__cpu_sync,
-        mb__cpu_thread_init,
-        /* gemm, params */
-        mb__cpu_gemm, mb__cpu_fill_uniform,
-        /* lstm */
-        mb__cpu_lstm_fwd_gates, mb__cpu_lstm_bwd_gates, mb__cpu_copy3, mb__cpu_add, mb__cpu_fill,
-        /* layers, loss, amp */
-        mb__cpu_fill_rows, mb__cpu_colsum_add, mb__cpu_act, mb__cpu_dropout, mb__cpu_loss, mb__cpu_unscale,
-        mb__cpu_scaler_update,
-        /* optim: no scratch */
-        0, mb__cpu_adamw,
-        /* dist: the host path */
-        NULL,
-        /* step */
-        mb__cpu_event_create, mb__cpu_event_destroy, mb__cpu_event_record, mb__cpu_event_done,
-        /* lstm_full_auto: no (caches favour checkpointing's small working set) */
-        0,
+MB__OPS_BEGIN
+static const mb__backend mb__cpu_table = {
+    .name = "cpu",
+    /* host: FTZ and the pool apply; no full-storage LSTM by default (caches favour
+     * checkpointing's small working set); AdamW needs no scratch */
+    .caps = {.host = 1, .lstm_full_auto = 0, .adamw_scratch = 0},
+    .rt = &mb__cpu_runtime_ops,
+    .gemm = &mb__cpu_gemm_ops,
+    .params = &mb__cpu_params_ops,
+    .series = &mb__cpu_series_ops,
+    .lstm = &mb__cpu_lstm_ops,
+    .fused = NULL, /* no fused recurrence */
+    .layers = &mb__cpu_layers_ops,
+    .loss = &mb__cpu_loss_ops,
+    .amp = &mb__cpu_amp_ops,
+    .optim = &mb__cpu_optim_ops,
+    .step = &mb__cpu_step_ops,
+    .dist = NULL,  /* the host path */
+    .graph = NULL, /* no graphs: every call completes when made */
+};
+MB__OPS_END
 
-        /* series */
-        mb__cpu_series_gather,
+static const mb__backend *mb__cpu_backend(void) { return &mb__cpu_table; }
 
-        /* lstm: no fused recurrence */
-        NULL, NULL,
-        /* graph: none (every call completes when made) */
-        NULL, NULL, NULL, NULL,
-    };
-    return &be;
+/* Every group of a table complete (mb__ops_complete); the optional ones may be NULL. */
+static int mb__backend_complete(const mb__backend *be) {
+#define MB__GROUP(g, optional) ((optional && !be->g) || (be->g && mb__ops_complete(be->g, sizeof *be->g)))
+    return MB__GROUP(rt, 0) && MB__GROUP(gemm, 0) && MB__GROUP(params, 0) && MB__GROUP(series, 0) &&
+           MB__GROUP(lstm, 0) && MB__GROUP(fused, 1) && MB__GROUP(layers, 0) && MB__GROUP(loss, 0) &&
+           MB__GROUP(amp, 0) && MB__GROUP(optim, 0) && MB__GROUP(step, 0) && MB__GROUP(dist, 1) &&
+           MB__GROUP(graph, 1);
+#undef MB__GROUP
 }
 
 // ---- end cpu backend ----

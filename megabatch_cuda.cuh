@@ -34,6 +34,9 @@ extern "C" {
 #endif
 /* The CUDA stream of a device stream index, for user kernels beside megabatch's. */
 MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream);
+/* The compute stream's cuBLAS handle (a cublasHandle_t) as void*, for user gemms beside
+ * megabatch's; NULL for a CPU device. Every stream has its own handle, bound to it at open. */
+MBDEF void *mb_device_cublas(const mb_device *dev);
 #ifdef __cplusplus
 }
 #endif
@@ -85,7 +88,18 @@ static inline mb_result mb__cuda_check(mb_device *dev, cublasStatus_t s, const c
 #define MB_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
 #endif
 
-static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return (cudaStream_t)dev->stream[stream]; }
+/* The CUDA backend's private state (dev->ctx): per stream, its CUDA stream, an event for
+ * mb_stream_wait, and a cuBLAS handle bound to it once (concurrent gemms never share a
+ * workspace, and a capture sees no stream switch); the GPU's ordinal. */
+typedef struct mb__cuda_ctx {
+    cudaStream_t stream[MB_MAX_STREAMS];
+    cudaEvent_t event[MB_MAX_STREAMS];
+    cublasHandle_t blas[MB_MAX_STREAMS];
+    int index;
+} mb__cuda_ctx;
+
+static inline mb__cuda_ctx *mb__cu(const mb_device *dev) { return (mb__cuda_ctx *)dev->ctx; }
+static inline cudaStream_t mb__st(const mb_device *dev, int stream) { return mb__cu(dev)->stream[stream]; }
 
 /* The launch error of the kernel just launched (e.g. a bad configuration), as a result. */
 static mb_result mb__launched(mb_device *dev, const char *kernel, const char *file, int line) {
@@ -101,7 +115,10 @@ static mb_result mb__launched(mb_device *dev, const char *kernel, const char *fi
 #define MB__RUN_N(dev, stream, k, n, ...) MB__RUN(dev, stream, k, mb__grid((size_t)(n), 256), 256, __VA_ARGS__)
 
 MBDEF cudaStream_t mb_cuda_stream(const mb_device *dev, int stream) {
-    return (stream >= 0 && stream < dev->streams) ? mb__st(dev, stream) : (cudaStream_t)0;
+    return (cudaStream_t)mb_device_stream(dev, stream);
+}
+MBDEF void *mb_device_cublas(const mb_device *dev) {
+    return dev->be == mb__cuda_backend() ? (void *)mb__cu(dev)->blas[MB_STREAM_COMPUTE] : NULL;
 }
 
 /* Grid size for a grid-stride loop over n elements. */
@@ -126,56 +143,56 @@ static mb_result mb__cuda_open(mb_device *dev) {
     if (dev->cfg.index >= count)
         return MB_FAIL(&dev->cfg.log, MB_ERR_NO_DEVICE, "mb_device_open: GPU %d requested, %d present",
                        dev->cfg.index, count);
-    dev->cuda_index = dev->cfg.index;
-    MB_CUDA_TRY(dev, cudaSetDevice(dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaSetDevice(dev->cfg.index));
     cudaDeviceProp prop;
-    MB_CUDA_TRY(dev, cudaGetDeviceProperties(&prop, dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaGetDeviceProperties(&prop, dev->cfg.index));
     snprintf(dev->name, sizeof dev->name, "%.200s (sm_%d%d, %zu MiB)", prop.name, prop.major, prop.minor,
              prop.totalGlobalMem >> 20);
+    mb__cuda_ctx *cx = (mb__cuda_ctx *)mb__host_calloc(1, sizeof *cx);
+    if (!cx) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory");
+    cx->index = dev->cfg.index;
+    dev->ctx = cx;
     mb_result r = MB_OK;
     for (int i = 0; i < dev->streams && r == MB_OK; i++) {
-        cudaStream_t s;
-        cudaEvent_t ev;
-        r = mb__cuda_check(dev, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", __FILE__, __LINE__);
-        if (r != MB_OK) break;
-        dev->stream[i] = (void *)s;
-        r = mb__cuda_check(dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate", __FILE__, __LINE__);
-        if (r == MB_OK) dev->event[i] = (void *)ev;
+        r = mb__cuda_check(dev, cudaStreamCreateWithFlags(&cx->stream[i], cudaStreamNonBlocking), "cudaStreamCreate",
+                           __FILE__, __LINE__);
+        if (r == MB_OK)
+            r = mb__cuda_check(dev, cudaEventCreateWithFlags(&cx->event[i], cudaEventDisableTiming), "cudaEventCreate",
+                               __FILE__, __LINE__);
     }
     for (int i = 0; i < dev->streams && r == MB_OK; i++) { /* one handle per stream */
-        cublasHandle_t h = NULL;
-        r = mb__cuda_check(dev, cublasCreate(&h), "cublasCreate", __FILE__, __LINE__);
-        dev->cublas_on[i] = (void *)h;
-        if (r == MB_OK) r = mb__cuda_check(dev, cublasSetStream(h, mb__st(dev, i)), "cublasSetStream", __FILE__, __LINE__);
+        r = mb__cuda_check(dev, cublasCreate(&cx->blas[i]), "cublasCreate", __FILE__, __LINE__);
+        if (r == MB_OK) r = mb__cuda_check(dev, cublasSetStream(cx->blas[i], cx->stream[i]), "cublasSetStream", __FILE__, __LINE__);
     }
-    dev->cublas = dev->cublas_on[MB_STREAM_COMPUTE];
     if (r == MB_OK) r = mb__cuda_set_tf32(dev, dev->tf32);
     if (r != MB_OK) mb__cuda_close(dev);
     return r;
 }
 
 static void mb__cuda_close(mb_device *dev) {
-    cudaSetDevice(dev->cuda_index);
+    mb__cuda_ctx *cx = mb__cu(dev);
+    if (!cx) return;
+    cudaSetDevice(cx->index);
     cudaDeviceSynchronize();
     for (int i = 0; i < dev->streams; i++) {
-        if (dev->cublas_on[i]) cublasDestroy((cublasHandle_t)dev->cublas_on[i]);
-        dev->cublas_on[i] = NULL;
-        if (dev->event[i]) cudaEventDestroy((cudaEvent_t)dev->event[i]);
-        if (dev->stream[i]) cudaStreamDestroy(mb__st(dev, i));
+        if (cx->blas[i]) cublasDestroy(cx->blas[i]);
+        if (cx->event[i]) cudaEventDestroy(cx->event[i]);
+        if (cx->stream[i]) cudaStreamDestroy(cx->stream[i]);
     }
-    dev->cublas = NULL;
+    MB_FREE(cx);
+    dev->ctx = NULL;
     cudaGetLastError();
 }
 
 static mb_result mb__cuda_set_tf32(mb_device *dev, int on) {
     for (int i = 0; i < dev->streams; i++)
-        MB_CUDA_TRY(dev, cublasSetMathMode((cublasHandle_t)dev->cublas_on[i],
+        MB_CUDA_TRY(dev, cublasSetMathMode(mb__cu(dev)->blas[i],
                                       on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     return MB_OK;
 }
 
 static mb_result mb__cuda_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
-    MB_CUDA_TRY(dev, cudaSetDevice(dev->cuda_index));
+    MB_CUDA_TRY(dev, cudaSetDevice(mb__cu(dev)->index));
     MB_CUDA_TRY(dev, cudaMemGetInfo(free_bytes, total));
     return MB_OK;
 }
@@ -221,7 +238,7 @@ static mb_result mb__cuda_zero(mb_device *dev, int stream, void *dst, size_t byt
 }
 
 static mb_result mb__cuda_stream_wait(mb_device *dev, int waiter, int waited) {
-    cudaEvent_t ev = (cudaEvent_t)dev->event[waited];
+    cudaEvent_t ev = mb__cu(dev)->event[waited];
     MB_CUDA_TRY(dev, cudaEventRecord(ev, mb__st(dev, waited)));
     MB_CUDA_TRY(dev, cudaStreamWaitEvent(mb__st(dev, waiter), ev, 0));
     return MB_OK;
@@ -247,6 +264,21 @@ static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtyp
     return MB__RUN_N(dev, stream, mb__k_convert, n, dst, dt, src, st, n);
 }
 
+/* The loader's reader thread issues copies on this device's streams: make it current there. */
+static void mb__cuda_thread_init(mb_device *dev) {
+    cudaSetDevice(mb__cu(dev)->index);
+    cudaGetLastError();
+}
+
+static void *mb__cuda_native_stream(const mb_device *dev, int stream) { return (void *)mb__st(dev, stream); }
+
+static const mb__runtime_ops mb__cuda_runtime_ops = {
+    .open = mb__cuda_open, .close = mb__cuda_close, .memory = mb__cuda_memory, .set_tf32 = mb__cuda_set_tf32,
+    .alloc = mb__cuda_alloc, .dealloc = mb__cuda_dealloc, .copy = mb__cuda_copy, .copy_2d = mb__cuda_copy_2d,
+    .zero = mb__cuda_zero, .convert = mb__cuda_convert, .stream_wait = mb__cuda_stream_wait, .sync = mb__cuda_sync,
+    .thread_init = mb__cuda_thread_init, .native_stream = mb__cuda_native_stream,
+};
+
 // ---- cuda gemm ----
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands
 // and hand cuBLAS the same buffers.
@@ -256,7 +288,7 @@ static cudaDataType_t mb__cuda_type(mb_dtype t) {
 }
 
 static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
-    cublasHandle_t h = (cublasHandle_t)dev->cublas_on[g->stream]; /* bound to g->stream at open */
+    cublasHandle_t h = mb__cu(dev)->blas[g->stream]; /* bound to g->stream at open */
     if (g->m == 0 || g->n == 0) return MB_OK;
     cublasComputeType_t ct = (g->ab_type == MB_F32 && dev->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     float alpha = g->k == 0 ? 0.0f : g->alpha;
@@ -275,6 +307,8 @@ static mb_result mb__cuda_gemm(mb_device *dev, const mb_gemm_args *g) {
     return MB_OK;
 }
 
+static const mb__gemm_ops mb__cuda_gemm_ops = {.run = mb__cuda_gemm};
+
 // ---- cuda params ----
 
 __global__ void mb__k_fill_uniform(float *dst, size_t n, uint64_t seed, uint64_t stream, float bound) {
@@ -288,17 +322,13 @@ static mb_result mb__cuda_fill_uniform(mb_device *dev, float *dst, size_t n, uin
     return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_fill_uniform, n, dst, n, seed, stream, bound);
 }
 
+static const mb__params_ops mb__cuda_params_ops = {.fill_uniform = mb__cuda_fill_uniform};
+
 // ---- cuda dataset ----
 
 // ---- cuda end dataset ----
 
 // ---- cuda loader ----
-// The reader thread issues copies on this device's streams: make it current there.
-
-static void mb__cuda_thread_init(mb_device *dev) {
-    cudaSetDevice(dev->cuda_index);
-    cudaGetLastError();
-}
 
 // ---- cuda end loader ----
 
@@ -341,6 +371,8 @@ static mb_result mb__cuda_series_gather(mb_device *dev, int stream, const mb__ga
     size_t n = (size_t)g->count * ((size_t)g->t * g->row + g->trow) / (size_t)g->es;
     return MB__RUN_N(dev, stream, mb__k_series_gather, n, *g);
 }
+static const mb__series_ops mb__cuda_series_ops = {.gather = mb__cuda_series_gather};
+
 // ---- cuda end series ----
 
 // ---- cuda lstm ----
@@ -1085,14 +1117,21 @@ static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, in
  * recurrence (4 with clusters, sm_90, else 1). */
 static void mb__cuda_fused_limits(mb_device *dev, size_t *smem, int *cluster) {
     int v = 0, c = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev->cuda_index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&c, cudaDevAttrClusterLaunch, dev->cuda_index) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, mb__cu(dev)->index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c, cudaDevAttrClusterLaunch, mb__cu(dev)->index) != cudaSuccess) {
         cudaGetLastError();
         v = c = 0;
     }
     *smem = (size_t)v;
     *cluster = c ? 4 : 1;
 }
+
+static const mb__lstm_ops mb__cuda_lstm_ops = {
+    .fwd_gates = mb__cuda_lstm_fwd_gates, .bwd_gates = mb__cuda_lstm_bwd_gates, .copy3 = mb__cuda_copy3,
+    .add = mb__cuda_add, .fill = mb__cuda_fill,
+};
+
+static const mb__fused_ops mb__cuda_fused_ops = {.limits = mb__cuda_fused_limits, .run = mb__cuda_lstm_fused};
 
 // ---- cuda end lstm ----
 
@@ -1146,6 +1185,10 @@ static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t 
     return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, x, y, n);
 }
 
+static const mb__layers_ops mb__cuda_layers_ops = {
+    .fill_rows = mb__cuda_fill_rows, .colsum_add = mb__cuda_colsum_add, .act = mb__cuda_act, .dropout = mb__cuda_dropout,
+};
+
 // ---- cuda loss ----
 
 #define MB__RED_THREADS 256
@@ -1185,6 +1228,8 @@ static mb_result mb__cuda_loss(mb_device *dev, int stream, int huber, float delt
                    loss_out, dpred, acc, w);
 }
 
+static const mb__loss_ops mb__cuda_loss_ops = {.run = mb__cuda_loss};
+
 // ---- cuda amp ----
 
 __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
@@ -1207,6 +1252,8 @@ __global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb_
 static mb_result mb__cuda_scaler_update(mb_device *dev, mb_scaler_state *st, const mb__scaler_hp *hp) {
     return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_scaler_update, 1, 1, st, *hp);
 }
+
+static const mb__amp_ops mb__cuda_amp_ops = {.unscale = mb__cuda_unscale, .scaler_update = mb__cuda_scaler_update};
 
 // ---- cuda optim ----
 
@@ -1254,6 +1301,8 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
     return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
 
+static const mb__optim_ops mb__cuda_optim_ops = {.adamw = mb__cuda_adamw};
+
 // ---- cuda end optim ----
 
 // ---- cuda step ----
@@ -1282,6 +1331,11 @@ static mb_result mb__cuda_event_done(mb_device *dev, void *ev, int wait, int *do
     return MB_OK;
 }
 
+static const mb__step_ops mb__cuda_step_ops = {
+    .event_create = mb__cuda_event_create, .event_destroy = mb__cuda_event_destroy,
+    .event_record = mb__cuda_event_record, .event_done = mb__cuda_event_done,
+};
+
 // ---- cuda end step ----
 
 // ---- cuda dist ----
@@ -1306,21 +1360,21 @@ __global__ void mb__k_dist_scale(float *g, float w, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) g[i] *= w;
 }
 
-static void mb__nccl_destroy(mb_dist *d) {
-    if (d->nccl) ncclCommDestroy((ncclComm_t)d->nccl);
-    d->nccl = NULL;
+static void mb__nccl_release(mb_dist *d) {
+    if (d->comm_dev) ncclCommDestroy((ncclComm_t)d->comm_dev);
+    d->comm_dev = NULL;
 }
 
 static mb_result mb__nccl_comm(mb_dist *d, mb_device *dev) {
-    if (d->nccl) return MB_OK;
+    if (d->comm_dev) return MB_OK;
     ncclUniqueId id;
     if (d->rank == 0) MB_TRY(mb__nccl_check(d, ncclGetUniqueId(&id), "ncclGetUniqueId"));
     MB_TRY(mb__mpi(d, MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm), "mb_dist: MPI_Bcast of the NCCL id"));
     MB_CUDA_TRY(dev, cudaSetDevice(dev->cfg.index));
     ncclComm_t c;
     MB_TRY(mb__nccl_check(d, ncclCommInitRank(&c, d->size, id, d->rank), "ncclCommInitRank"));
-    d->nccl = (void *)c;
-    d->nccl_destroy = mb__nccl_destroy;
+    d->comm_dev = (void *)c;
+    d->comm_ops = dev->be->dist; /* this group: its release frees c */
     return MB_OK;
 }
 
@@ -1333,16 +1387,17 @@ static mb_result mb__nccl_allreduce(mb_dist *d, mb_params *p, int64_t count, flo
     size_t n = mb_params_total(p);
     MB_TRY(MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_dist_scale, n, mb_params_grad(p), (float)((double)count / v[0]), n));
     MB_TRY(mb__nccl_check(d, ncclAllReduce(mb_params_grad(p), mb_params_grad(p), n, ncclFloat, ncclSum,
-                                           (ncclComm_t)d->nccl, mb__st(dev, MB_STREAM_COMPUTE)), "ncclAllReduce"));
+                                           (ncclComm_t)d->comm_dev, mb__st(dev, MB_STREAM_COMPUTE)), "ncclAllReduce"));
     if (loss) *loss = (float)(v[1] / v[0]);
     if (total) *total = (int64_t)v[0];
     d->stats.reductions++;
     d->stats.bytes_sent += (uint64_t)(2.0 * (double)(d->size - 1) / d->size * (double)n * sizeof(float));
     return MB_OK;
 }
-#define MB__CUDA_ALLREDUCE mb__nccl_allreduce
+static const mb__dist_ops mb__cuda_dist_ops = {.allreduce_grads = mb__nccl_allreduce, .release = mb__nccl_release};
+#define MB__CUDA_DIST (&mb__cuda_dist_ops)
 #else
-#define MB__CUDA_ALLREDUCE NULL
+#define MB__CUDA_DIST NULL /* the host path */
 #endif
 // ---- cuda end dist ----
 
@@ -1383,44 +1438,37 @@ static void mb__cuda_graph_destroy(void *exec) {
     if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
 }
 
+static const mb__graph_ops mb__cuda_graph_ops = {
+    .begin = mb__cuda_graph_begin, .end = mb__cuda_graph_end, .launch = mb__cuda_graph_launch,
+    .destroy = mb__cuda_graph_destroy,
+};
+
 // ---- cuda end graph ----
 
 // ---- cuda backend ----
-// The CUDA table: the mb__cuda_* functions above (see "the backend table" in megabatch.h).
+// The CUDA table: the groups that close each section above (see "backend" in megabatch.h).
 
-static const mb__backend *mb__cuda_backend(void) {
-    static const mb__backend be = {
-        /* name */ "cuda",
-        mb__cuda_open, mb__cuda_close, mb__cuda_memory, mb__cuda_set_tf32, mb__cuda_alloc, mb__cuda_dealloc,
-        /* copies and streams */
-        mb__cuda_copy, mb__cuda_copy_2d, mb__cuda_zero, mb__cuda_convert, mb__cuda_stream_wait, mb__cuda_sync,
-        mb__cuda_thread_init,
-        /* gemm, params */
-        mb__cuda_gemm, mb__cuda_fill_uniform,
-        /* lstm */
-        mb__cuda_lstm_fwd_gates, mb__cuda_lstm_bwd_gates, mb__cuda_copy3, mb__cuda_add, mb__cuda_fill,
-        /* layers, loss, amp */
-        mb__cuda_fill_rows, mb__cuda_colsum_add, mb__cuda_act, mb__cuda_dropout, mb__cuda_loss, mb__cuda_unscale,
-        mb__cuda_scaler_update,
-        /* optim: the sum-of-squares partials */
-        MB__NORM_BLOCKS * sizeof(double), mb__cuda_adamw,
-        /* dist: NCCL when built with it */
-        MB__CUDA_ALLREDUCE,
-        /* step */
-        mb__cuda_event_create, mb__cuda_event_destroy, mb__cuda_event_record, mb__cuda_event_done,
-        /* lstm_full_auto: full storage when memory allows */
-        1,
+static const mb__backend mb__cuda_table = {
+    .name = "cuda",
+    /* not host: streams and kernels; full-storage LSTM when memory allows; AdamW's
+     * sum-of-squares partials */
+    .caps = {.host = 0, .lstm_full_auto = 1, .adamw_scratch = MB__NORM_BLOCKS * sizeof(double)},
+    .rt = &mb__cuda_runtime_ops,
+    .gemm = &mb__cuda_gemm_ops,
+    .params = &mb__cuda_params_ops,
+    .series = &mb__cuda_series_ops,
+    .lstm = &mb__cuda_lstm_ops,
+    .fused = &mb__cuda_fused_ops,
+    .layers = &mb__cuda_layers_ops,
+    .loss = &mb__cuda_loss_ops,
+    .amp = &mb__cuda_amp_ops,
+    .optim = &mb__cuda_optim_ops,
+    .step = &mb__cuda_step_ops,
+    .dist = MB__CUDA_DIST, /* NCCL when built with it */
+    .graph = &mb__cuda_graph_ops,
+};
 
-        /* series */
-        mb__cuda_series_gather,
-
-        /* lstm: the fused recurrence */
-        mb__cuda_fused_limits, mb__cuda_lstm_fused,
-        /* graph: stream capture */
-        mb__cuda_graph_begin, mb__cuda_graph_end, mb__cuda_graph_launch, mb__cuda_graph_destroy,
-    };
-    return &be;
-}
+static const mb__backend *mb__cuda_backend(void) { return &mb__cuda_table; }
 
 // ---- cuda end backend ----
 

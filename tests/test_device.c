@@ -3,6 +3,7 @@
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
+#include "backend_check.h"
 
 static void test_open_cpu_defaults(void **state) {
     (void)state;
@@ -12,7 +13,6 @@ static void test_open_cpu_defaults(void **state) {
     assert_non_null(strstr(mb_device_name(dev), "cpu"));
     assert_int_equal(mb_device_streams(dev), 2);
     assert_null(mb_device_stream(dev, 0));
-    assert_null(mb_device_cublas(dev));
     size_t total = 0, avail = 0;
     tu_ok(mb_device_memory(dev, &total, &avail));
     assert_true(total > ((size_t)64 << 20));
@@ -147,12 +147,19 @@ static void test_close_reports_and_frees_leaks(void **state) {
     assert_non_null(strstr(w.msg, "1 allocation(s) still live, 128 device bytes"));
 }
 
+/* The CPU table fills every slot of its groups, and a slot left out is seen. */
+static void test_backend_table(void **state) {
+    (void)state;
+    bc_check_table(mb__cpu_backend());
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_cpu_defaults),  cmocka_unit_test(test_cuda_not_built),
         cmocka_unit_test(test_alloc_counters),     cmocka_unit_test(test_alloc_failure_injection),
         cmocka_unit_test(test_close_reports_and_frees_leaks), cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_backend_table),
     };
     return cmocka_run_group_tests_name("device", tests, NULL, NULL);
 }

@@ -4,6 +4,13 @@
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "gemm_case.h"
+#include "backend_check.h"
+
+/* The CUDA table fills every slot of its groups (needs no GPU). */
+static void test_cuda_backend_table(void **state) {
+    (void)state;
+    bc_check_table(mb__cuda_backend());
+}
 
 static void test_cuda_device_basics(void **state) {
     (void)state;
@@ -145,7 +152,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         tu_cuda_test(test_cuda_device_basics),  tu_cuda_test(test_cuda_gemm_vs_reference),
         tu_cuda_test(test_cuda_gemm_tf32),      tu_cuda_test(test_cuda_params_init_matches_cpu),
-        tu_cuda_test(test_cuda_convert_matches_cpu),
+        tu_cuda_test(test_cuda_convert_matches_cpu), cmocka_unit_test(test_cuda_backend_table),
     };
     return cmocka_run_group_tests_name("cuda_foundation", tests, NULL, NULL);
 }
