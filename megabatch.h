@@ -24,6 +24,7 @@
  * `// ---- end name ----`); parts within a module are `// -- name --`. Within a module the
  * implementation follows the API's order where it can: a function is defined before its
  * callers (close before open, since open's failure path calls it; private helpers first).
+ * README.md lists the same modules (tests/docs/modules.sh).
  *   core         results, the last error, logging, dtypes, overflow-checked sizes
  *   rng          Philox4x32-10 counter-based RNG (API only: inline, host and device)
  *   backend      (implementation only) the backend table: every operation a backend
