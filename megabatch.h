@@ -18,11 +18,13 @@
  *   MB_MAX_NAME, MB_MAX_RANK, MB_MAX_STREAMS, MB_MAX_ERROR   limits, see below
  *
  * Contents. The file is the API, then the implementation (under MEGABATCH_IMPLEMENTATION),
- * module by module in the same order, the data flow of DESIGN.md section 3. Each module
- * opens with the banner `// ---- name ----` in both parts (some also close with
+ * module by module in the same order, the data flow of docs/DESIGN.md ("Data flow"; that
+ * document is the design: architecture, the backend interface, threads and streams). Each
+ * module opens with the banner `// ---- name ----` in both parts (some also close with
  * `// ---- end name ----`); parts within a module are `// -- name --`. Within a module the
  * implementation follows the API's order where it can: a function is defined before its
  * callers (close before open, since open's failure path calls it; private helpers first).
+ * README.md lists the same modules (tests/docs/modules.sh).
  *   core         results, the last error, logging, dtypes, overflow-checked sizes
  *   rng          Philox4x32-10 counter-based RNG (API only: inline, host and device)
  *   backend      (implementation only) the backend interface: the runtime group, the

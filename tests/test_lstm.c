@@ -406,7 +406,8 @@ static void test_memory_query(void **state) {
     mb_lstm_config cfg = make_cfg(&s, 0);
     size_t full = 0, ck = 0, f2 = 0, c2 = 0;
     tu_ok(mb_lstm_memory(&cfg, 128, 480, &full, &ck));
-    assert_true(ck > 0 && ck * 4 <= full); /* DESIGN.md §5: at most a quarter at the bench shape */
+    /* docs/DESIGN.md, "Numbers to aim at": at most a quarter at the bench shape */
+    assert_true(ck > 0 && ck * 4 <= full);
     /* full storage keeps gates + c + h per step: at least 6H floats per (b, t) */
     assert_true(full >= (size_t)128 * 480 * 6 * 256 * 4);
     cfg.checkpoint = -1;

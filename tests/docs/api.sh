@@ -19,8 +19,9 @@ cat <<'EOF'
 Every public function of `megabatch.h` and `megabatch_cuda.cuh`, module by module, with the
 comment next to its declaration: its contract (arguments, results, errors, what it costs).
 This page is generated from the headers (`sh tests/docs/api.sh --write`) and `make test` fails
-when it and the headers disagree or a public function has no such comment. The guides say how
-the pieces fit: FOUNDATION.md (core, device, gemm, params), LOADER.md (dataset, loader),
+when it and the headers disagree or a public function has no such comment. DESIGN.md is the
+design (architecture, data flow, the backend interface, threads and streams); the guides say
+how the pieces fit: FOUNDATION.md (core, device, gemm, params), LOADER.md (dataset, loader),
 SERIES.md, LSTM.md, NUMERICS.md (layers, loss, amp, optim, accum, step), CHECKPOINT.md,
 TRADING.md (export), DIST.md, GRAPH.md, RELIABILITY.md (the probe), GPU.md (CUDA).
 
