@@ -15,7 +15,8 @@
 #   make deps        install the Debian packages (as root), else print the command
 #   make mpi-test    data parallel on CPU ranks: mpirun -np 2 and -np 3 (tests/dist/run.sh; also in make test)
 #   make onnx-test   the ONNX export under onnxruntime (tests/onnx/run.sh; make onnx-venv installs onnx,
-#                    onnxruntime and numpy from PyPI into build/onnx-venv): a manual check, not in make test or CI
+#                    onnxruntime and numpy from PyPI into build/onnx-venv): not in make test (no Python
+#                    there); CI runs it as its own stage
 #
 # Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
 # NVCC=..., CUDA_ARCHS="90 80".
@@ -245,17 +246,19 @@ $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) $(foreach a,$(sort $(CUDA_ARCHS) 80 90),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $@ $<
 
-# the build runs with one job per core (JOBS=1 for a serial build); the tests then run in order
+# the build runs with one job per core (JOBS=1 for a serial build), and so do the tests
+# (tests/run.sh: MB_TEST_JOBS at a time, results printed in order)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+export MB_TEST_JOBS ?= $(JOBS)
 test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
 	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
-# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): a manual check, run by hand, not
-# part of make test or .ci/run (nothing there needs Python; tests/test_onnx checks the files
-# without it). onnx-venv: build/onnx-venv with onnx, onnxruntime and numpy from PyPI (pinned;
+# The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): not part of make test (nothing
+# there needs Python; tests/test_onnx checks the files without it); .ci/run runs it as a stage
+# of its own. onnx-venv: build/onnx-venv with onnx, onnxruntime and numpy from PyPI (pinned;
 # kept once made; nothing cached elsewhere).
 onnx-venv:
 	@sh tests/onnx/venv.sh

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): make onnx-test, a manual check
-# (not in make test or .ci/run: it needs Python packages; its output is kept in bench/results/):
+# (not in make test, which needs no Python; .ci/run's stage onnx runs it):
 #   - an MT5-format CSV of 13,000 synthetic M1 bars (seeded), prepared in the window and the
 #     series layout (F = 12, stride 3: a few hundred samples);
 #   - four models, covering both layouts, 1 and 2 LSTM layers, f32 and bf16 training (the

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The Python that tests/onnx/run.sh needs: a virtual environment, build/onnx-venv (or
-# $ONNX_VENV), with onnx, onnxruntime and numpy from PyPI (make onnx-venv; never CI). Kept
+# $ONNX_VENV), with onnx, onnxruntime and numpy from PyPI (make onnx-venv; CI's stage onnx). Kept
 # when it already imports them; pip caches nothing (--no-cache-dir): the environment under
 # build/ is all that is kept. Versions pinned; if those cannot be installed, the newest ones
 # are tried. Exit 0 either way: when nothing installs, run.sh skips and shows why, from
