@@ -2506,18 +2506,36 @@ struct mb_dataset {
     mb_dataset_meta meta;
     mb_dataset_config cfg;
     char fname[MB_MAX_NAME], tname[MB_MAX_NAME];
-    const float *mem_f, *mem_t;  /* in-memory dataset: caller arrays */
-    struct mb__series_ds *ser;   /* the series layout (// ---- series ----); NULL: windows */
+    const struct mb__source *src; /* the layout behind the samples (// -- the data source --) */
+    void *ctx;                   /* the source's own state (series: mb__series_ds); NULL: none */
+    const float *mem_f, *mem_t;  /* the window layout in memory: caller arrays */
 #ifndef MEGABATCH_NO_HDF5
     hid_t file, dfeat, dtarg;    /* HDF5 handles (file datasets) */
+    const char *dfeat_name;      /* what dfeat holds, for attributes: fname, or "ends" (series) */
 #endif
 };
 
-/* The series layout, implemented in // ---- series ---- below. */
-static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
-static void mb__sr_free(mb_dataset *ds);
+// -- the data source --
+// Where a dataset's samples come from, and how the loader gets them onto the device. Two
+// layouts implement it: the window layout (features (N, T, F) stored as trained, in caller
+// memory or an HDF5 file: its reads in // -- the window layout -- below) and the series
+// layout (bars stored once, windows cut by index: // ---- series ----). A source fills
+// ds->meta when it opens a dataset; after that the dataset and the loader reach it only
+// through these functions, so neither knows which layout it serves.
+typedef struct mb__source {
+    const char *name; /* "window" or "series" */
+    /* Samples [start, start + n) as float32 (n, t, f) and (n, k), before the NaN policy. */
+    mb_result (*read)(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
+    /* Free ds->ctx (the dataset closes its HDF5 handles itself). */
+    void (*close)(mb_dataset *ds);
+} mb__source;
+
+/* The two tables. Functions that return them, not declarations of the tables: C++ cannot
+ * declare a static object ahead of its definition. */
+static const mb__source *mb__window_source(void);
+static const mb__source *mb__series_source(void);
 #ifndef MEGABATCH_NO_HDF5
-static mb_result mb__sr_h5_validate(mb_dataset *ds);
+static mb_result mb__sr_h5_validate(mb_dataset *ds); /* a series file: its source opens the rest */
 #endif
 
 /* Check one non-finite-free sample, apply the policy. Returns 1 to keep, 0 to skip,
@@ -2605,8 +2623,10 @@ static mb_result mb__ds_new(mb_dataset **out, const char *source, const mb_datas
     strcpy(ds->fname, fn);
     strcpy(ds->tname, tn);
     snprintf(ds->meta.source, sizeof ds->meta.source, "%s", source);
+    ds->src = mb__window_source(); /* until an open finds the series layout */
 #ifndef MEGABATCH_NO_HDF5
     ds->file = ds->dfeat = ds->dtarg = -1;
+    ds->dfeat_name = ds->fname;
 #endif
     *out = ds;
     return MB_OK;
@@ -3023,7 +3043,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
                     "T=%lld F=%lld K=%lld, the open N=%lld T=%lld F=%lld K=%lld)", path, (long long)probed.n,
                     (long long)probed.t, (long long)probed.f, (long long)probed.k, (long long)ds->meta.n,
                     (long long)ds->meta.t, (long long)ds->meta.f, (long long)ds->meta.k);
-    if (r != MB_OK) { mb__h5_close(ds); mb__sr_free(ds); MB_FREE(ds); }
+    if (r != MB_OK) { mb__h5_close(ds); ds->src->close(ds); MB_FREE(ds); }
     else *out = ds;
     H5Eclear2(H5E_DEFAULT);
     mb__h5_restore(q);
@@ -3056,6 +3076,40 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
                    "datasets", path ? path : "(null)");
 }
 #endif
+
+// -- the window layout --
+// The data source of features (N, T, F) and targets (N, K) stored as they are trained:
+// opened by mb_dataset_open_memory or mb__h5_validate above, read row ranges as they are.
+
+/* Samples [start, start + n): a copy of the caller's arrays, or hyperslabs of the file. */
+static mb_result mb__win_read(mb_dataset *ds, int64_t start, int64_t n, float *features, float *targets) {
+    size_t nf = (size_t)(ds->meta.t * ds->meta.f), nk = (size_t)ds->meta.k;
+    if (ds->mem_f) {
+        memcpy(features, ds->mem_f + (size_t)start * nf, (size_t)n * nf * sizeof(float));
+        memcpy(targets, ds->mem_t + (size_t)start * nk, (size_t)n * nk * sizeof(float));
+        return MB_OK;
+    }
+#ifndef MEGABATCH_NO_HDF5
+    mb__h5quiet q = mb__h5_quiet();
+    mb_result r = mb__h5_read_rows(ds, ds->dfeat, ds->fname, start, n, features);
+    if (r == MB_OK) r = mb__h5_read_rows(ds, ds->dtarg, ds->tname, start, n, targets);
+    mb__h5_restore(q);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+static void mb__win_close(mb_dataset *ds) { (void)ds; } /* the arrays are the caller's */
+
+static const mb__source *mb__window_source(void) {
+    static const mb__source src = {
+        "window",
+        mb__win_read,  /* read */
+        mb__win_close, /* close */
+    };
+    return &src;
+}
 
 #ifndef MEGABATCH_NO_HDF5
 /* A numeric attribute of dataset obj (named oname) into out (mb_dataset_read_attr). */
@@ -3111,8 +3165,8 @@ MBDEF mb_result mb_dataset_read_attr(mb_dataset *ds, int on, const char *name, f
 #ifndef MEGABATCH_NO_HDF5
     if (ds->file < 0) return MB_OK; /* in memory: no attributes */
     mb__h5quiet q = mb__h5_quiet();
-    mb_result r = mb__h5_read_attr(ds, on ? ds->dtarg : ds->dfeat, on ? ds->tname : ds->ser ? "ends" : ds->fname, name,
-                                   out, cap, count);
+    mb_result r = mb__h5_read_attr(ds, on ? ds->dtarg : ds->dfeat, on ? ds->tname : ds->dfeat_name, name, out, cap,
+                                   count);
     mb__h5_restore(q);
     return r;
 #else
@@ -3138,7 +3192,7 @@ MBDEF void mb_dataset_close(mb_dataset *ds) {
         mb__h5_restore(q);
     }
 #endif
-    mb__sr_free(ds);
+    ds->src->close(ds);
     MB_FREE(ds);
 }
 
@@ -3153,21 +3207,7 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
     if (end == start) return MB_OK;
     if (!features || !targets) return MB_FAIL(&ds->cfg.log, MB_ERR_INVALID_ARG, "mb_dataset_read: NULL buffer");
     int64_t n = end - start;
-    size_t nf = (size_t)(m->t * m->f), nk = (size_t)m->k;
-    if (ds->ser) MB_TRY(mb__sr_read(ds, start, n, features, targets));
-    else if (ds->mem_f) {
-        memcpy(features, ds->mem_f + (size_t)start * nf, (size_t)n * nf * sizeof(float));
-        memcpy(targets, ds->mem_t + (size_t)start * nk, (size_t)n * nk * sizeof(float));
-    }
-#ifndef MEGABATCH_NO_HDF5
-    else {
-        mb__h5quiet q = mb__h5_quiet();
-        mb_result r = mb__h5_read_rows(ds, ds->dfeat, ds->fname, start, n, features);
-        if (r == MB_OK) r = mb__h5_read_rows(ds, ds->dtarg, ds->tname, start, n, targets);
-        mb__h5_restore(q);
-        MB_TRY(r);
-    }
-#endif
+    MB_TRY(ds->src->read(ds, start, n, features, targets));
     return mb__ds_policy(ds, start, n, features, targets, rows);
 }
 
@@ -3219,7 +3259,7 @@ static mb_result mb__probe_attrs(mb_dataset *ds) {
     mb_result r = names && buf ? MB_OK : MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: probe: no memory", ds->meta.source);
     for (int on = 0; on < 2 && r == MB_OK && ds->file >= 0; on++) {
         hid_t obj = on ? ds->dtarg : ds->dfeat;
-        const char *oname = on ? ds->tname : ds->ser ? "ends" : ds->fname;
+        const char *oname = on ? ds->tname : ds->dfeat_name;
         hsize_t idx = 0;
         char st[512];
         names->n = names->more = 0;
@@ -4056,11 +4096,15 @@ typedef struct mb__series_ds {
     int nonfinite;                          /* some bar or target is NaN/Inf */
 } mb__series_ds;
 
-static void mb__sr_free(mb_dataset *ds) {
-    if (!ds->ser) return;
-    for (int i = 0; i < MB_MAX_SEGMENTS + 2; i++) MB_FREE(ds->ser->owned[i]);
-    MB_FREE(ds->ser);
-    ds->ser = NULL;
+/* The series of a dataset this source opened (its ctx). */
+static mb__series_ds *mb__sr(const mb_dataset *ds) { return (mb__series_ds *)ds->ctx; }
+
+static void mb__sr_close(mb_dataset *ds) {
+    mb__series_ds *sr = mb__sr(ds);
+    if (!sr) return;
+    for (int i = 0; i < MB_MAX_SEGMENTS + 2; i++) MB_FREE(sr->owned[i]);
+    MB_FREE(sr);
+    ds->ctx = NULL;
 }
 
 /* Byte counts of a series (float32 bars + int64 ends + float32 targets) and of one sample's
@@ -4092,7 +4136,7 @@ static mb_result mb__sr_sizes(mb_dataset *ds) {
  * non-finite bars or targets (the loader then cuts windows on the host, applying the policy). */
 static mb_result mb__sr_check(mb_dataset *ds) {
     const mb_dataset_meta *m = &ds->meta;
-    mb__series_ds *sr = ds->ser;
+    mb__series_ds *sr = mb__sr(ds);
     int S = sr->s;
     for (int64_t i = 0; i < m->n; i++)
         for (int s = 0; s < S; s++) {
@@ -4127,20 +4171,22 @@ MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, con
     MB_TRY(mb__ds_new(&ds, "memory", cfg));
     mb_dataset_meta *m = &ds->meta;
     mb_result r = MB_OK;
-    ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser);
-    if (!ds->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dataset_open_series: no host memory");
+    mb__series_ds *sr = (mb__series_ds *)mb__host_calloc(1, sizeof *sr);
+    ds->src = mb__series_source();
+    ds->ctx = sr;
+    if (!sr) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dataset_open_series: no host memory");
     m->n = s->n; m->f = s->f; m->k = s->k; m->segments = s->segments; m->layout = MB_LAYOUT_SERIES;
     for (int i = 0; i < s->segments && r == MB_OK; i++) {
         if (s->window[i] < 1 || s->window[i] > ((int64_t)1 << 40) || s->bars_n[i] < 1 || !s->bars[i])
             r = MB_FAIL(lg, MB_ERR_FORMAT, "mb_dataset_open_series: timeframe %d: window %lld, %lld bars (each >= 1) "
                         "at %p", i, (long long)s->window[i], (long long)s->bars_n[i], (const void *)s->bars[i]);
-        else { m->segment_len[i] = s->window[i]; m->t += s->window[i]; m->bars[i] = s->bars_n[i]; ds->ser->bars[i] = s->bars[i]; }
+        else { m->segment_len[i] = s->window[i]; m->t += s->window[i]; m->bars[i] = s->bars_n[i]; sr->bars[i] = s->bars[i]; }
     }
     strcpy(m->features_type, "float32");
     strcpy(m->targets_type, "float32");
     strcpy(ds->fname, "bars");
     if (r == MB_OK) {
-        ds->ser->s = s->segments; ds->ser->ends = s->ends; ds->ser->targ = s->targets;
+        sr->s = s->segments; sr->ends = s->ends; sr->targ = s->targets;
         r = mb__sr_sizes(ds);
     }
     if (r == MB_OK) r = mb__sr_check(ds);
@@ -4152,7 +4198,7 @@ MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, con
 /* Samples [start, start + n) as windows (n, t, f) and targets (n, k), cut on the host. */
 static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ) {
     const mb_dataset_meta *m = &ds->meta;
-    const mb__series_ds *sr = ds->ser;
+    const mb__series_ds *sr = mb__sr(ds);
     size_t f = (size_t)m->f, k = (size_t)m->k;
     for (int64_t i = 0; i < n; i++) {
         float *dst = feat + (size_t)i * (size_t)m->t * f;
@@ -4173,7 +4219,7 @@ static mb_result mb__sr_h5_read_all(mb_dataset *ds, hid_t d, const char *name, h
     void *p = mb__host_alloc(bytes ? bytes : 1);
     if (!p) return MB_FAIL(&ds->cfg.log, MB_ERR_OUT_OF_MEMORY, "%s: no host memory for '%s' (%zu bytes)",
                            ds->meta.source, name, bytes);
-    ds->ser->owned[slot] = p;
+    mb__sr(ds)->owned[slot] = p;
     if (H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p) < 0)
         return MB_FAIL(&ds->cfg.log, MB_ERR_IO, "%s: reading '%s': %s", ds->meta.source, name, mb__h5_stack(st));
     return MB_OK;
@@ -4212,6 +4258,8 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     int er = 0, tr = 0;
     char et[32];
     strcpy(ds->fname, "ends");
+    ds->dfeat_name = "ends";
+    ds->src = mb__series_source();
     m->layout = MB_LAYOUT_SERIES;
     MB_TRY(mb__h5_open_ds(ds, "ends", 2, 2, &ds->dfeat, ed, &er, et));
     if (strncmp(et, "int", 3) && strncmp(et, "uint", 4))
@@ -4236,11 +4284,12 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     for (; opened < m->segments && r == MB_OK; opened++) r = mb__sr_h5_bars(ds, opened, &bd[opened]);
     if (r != MB_OK) opened--; /* the failed one is not open */
     if (r == MB_OK) r = mb__sr_sizes(ds);
-    if (r == MB_OK && !(ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser)))
+    mb__series_ds *sr = NULL;
+    if (r == MB_OK && !(ds->ctx = sr = (mb__series_ds *)mb__host_calloc(1, sizeof *sr)))
         r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", m->source);
     for (int s = 0; s < m->segments && r == MB_OK; s++) {
         r = mb__sr_h5_read_all(ds, bd[s], "bars", H5T_NATIVE_FLOAT, (size_t)(m->bars[s] * m->f) * sizeof(float), s);
-        ds->ser->bars[s] = (const float *)ds->ser->owned[s];
+        sr->bars[s] = (const float *)sr->owned[s];
     }
     for (int s = 0; s < opened; s++) H5Dclose(bd[s]);
     if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dfeat, "ends", H5T_NATIVE_INT64,
@@ -4248,9 +4297,9 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dtarg, ds->tname, H5T_NATIVE_FLOAT,
                                             (size_t)(m->n * m->k) * sizeof(float), MB_MAX_SEGMENTS + 1);
     MB_TRY(r);
-    ds->ser->s = m->segments;
-    ds->ser->ends = (const int64_t *)ds->ser->owned[MB_MAX_SEGMENTS];
-    ds->ser->targ = (const float *)ds->ser->owned[MB_MAX_SEGMENTS + 1];
+    sr->s = m->segments;
+    sr->ends = (const int64_t *)sr->owned[MB_MAX_SEGMENTS];
+    sr->targ = (const float *)sr->owned[MB_MAX_SEGMENTS + 1];
     MB_TRY(mb__sr_check(ds));
     strcpy(ds->fname, "bars");
     if (strcmp(m->features_type, "float32") || strcmp(m->targets_type, "float32"))
@@ -4361,7 +4410,7 @@ static mb_result mb__sl_upload(mb_loader *ld, void **dst, const float *src, size
 
 static mb_result mb__sl_alloc(mb_loader *ld) {
     const mb_dataset_meta *m = mb_dataset_info(ld->ds);
-    const mb__series_ds *sr = ld->ds->ser;
+    const mb__series_ds *sr = mb__sr(ld->ds);
     mb__series_ld *sl = ld->ser;
     mb__gather *g = &sl->g;
     size_t es = mb_dtype_size(ld->cfg.dtype);
@@ -4397,12 +4446,12 @@ static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, co
     const mb_dataset_meta *m = mb_dataset_info(ds);
     const mb_logger *lg = &dev->cfg.log;
     *out = NULL;
-    if (!ds->ser) return MB_OK;
+    if (ds->src != mb__series_source()) return MB_OK;
     size_t need = 0, budget = cfg->chunk_bytes ? cfg->chunk_bytes
                                                : (size_t)((double)free_bytes * (cfg->chunk_fraction ? cfg->chunk_fraction : 0.75));
-    if (ds->ser->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
+    if (mb__sr(ds)->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
         MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
-               ds->ser->nonfinite ? "holds non-finite values" : "does not fit the device budget");
+               mb__sr(ds)->nonfinite ? "holds non-finite values" : "does not fit the device budget");
         return MB_OK;
     }
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
@@ -4474,6 +4523,17 @@ static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
     ld->batch++;
     *done = 1;
     return MB_OK;
+}
+
+// -- the series layout's source --
+
+static const mb__source *mb__series_source(void) {
+    static const mb__source src = {
+        "series",
+        mb__sr_read,  /* read */
+        mb__sr_close, /* close */
+    };
+    return &src;
 }
 
 // ---- end series ----
