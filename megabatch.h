@@ -2528,10 +2528,18 @@ typedef struct mb__source {
     mb_result (*read)(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
     /* Free ds->ctx (the dataset closes its HDF5 handles itself). */
     void (*close)(mb_dataset *ds);
+    /* The loader's device side, after mb_loader_open's checks and plan (ld->plan): allocate
+     * it and adjust the plan (loader_open), the batch at the loader's position (loader_next:
+     * *done = 1 with *out filled, or 0 when none is left there and the position moved on),
+     * free it, also after a failed open (loader_close). */
+    mb_result (*loader_open)(mb_loader *ld, size_t free_bytes);
+    mb_result (*loader_next)(mb_loader *ld, mb_batch *out, int *done);
+    void (*loader_close)(mb_loader *ld);
 } mb__source;
 
-/* The two tables. Functions that return them, not declarations of the tables: C++ cannot
- * declare a static object ahead of its definition. */
+/* The two tables (the window layout's at the end of the loader module, beside its chunks).
+ * Functions that return them, not declarations of the tables: C++ cannot declare a static
+ * object ahead of its definition. */
 static const mb__source *mb__window_source(void);
 static const mb__source *mb__series_source(void);
 #ifndef MEGABATCH_NO_HDF5
@@ -3080,6 +3088,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
 // -- the window layout --
 // The data source of features (N, T, F) and targets (N, K) stored as they are trained:
 // opened by mb_dataset_open_memory or mb__h5_validate above, read row ranges as they are.
+// Its loader side is the loader module's chunks; its table closes that module.
 
 /* Samples [start, start + n): a copy of the caller's arrays, or hyperslabs of the file. */
 static mb_result mb__win_read(mb_dataset *ds, int64_t start, int64_t n, float *features, float *targets) {
@@ -3101,15 +3110,6 @@ static mb_result mb__win_read(mb_dataset *ds, int64_t start, int64_t n, float *f
 }
 
 static void mb__win_close(mb_dataset *ds) { (void)ds; } /* the arrays are the caller's */
-
-static const mb__source *mb__window_source(void) {
-    static const mb__source src = {
-        "window",
-        mb__win_read,  /* read */
-        mb__win_close, /* close */
-    };
-    return &src;
-}
 
 #ifndef MEGABATCH_NO_HDF5
 /* A numeric attribute of dataset obj (named oname) into out (mb_dataset_read_attr). */
@@ -3416,12 +3416,6 @@ extern "C" {
 #endif
 #include <time.h>
 
-/* Series mode (// ---- series ---- below): bars resident on the device, windows gathered per batch. */
-static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
-                             size_t free_bytes);
-static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done);
-static void mb__sl_free(mb_loader *ld);
-
 static double mb__seconds(void) {
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
@@ -3523,7 +3517,9 @@ struct mb_loader {
                                      then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
     int64_t *gperm;               /* sharded: the whole chunk's sample order (samples_per_chunk) */
-    struct mb__series_ld *ser;    /* series mode (// ---- series ----): bars resident; NULL: chunks */
+    const mb__source *src;        /* whose loader side runs: the dataset's, or the window layout's
+                                     chunks for a series that does not stay resident */
+    void *ctx;                    /* that source's own state (series: mb__series_ld); NULL: none */
     unsigned char *seen;
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
@@ -3812,10 +3808,35 @@ static mb_result mb__ld_prefetch(mb_loader *ld, int b) {
     return mb__ld_kick(ld, 1 - b, e, c);
 }
 
+/* The window layout's batch at the loader's position: a view into the buffer that holds
+ * chunk (epoch, chunk), loaded or waited for; none when the chunk's batches are over. */
+static mb_result mb__ld_chunks_next(mb_loader *ld, mb_batch *out, int *done) {
+    int64_t B = ld->cfg.batch;
+    int b;
+    *done = 0;
+    MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
+    mb__chunk_buf *cb = &ld->buf[b];
+    int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
+    if (count <= 0 || (ld->cfg.drop_last && count < B)) {
+        ld->chunk++;
+        ld->batch = 0;
+        return MB_OK;
+    }
+    ld->cur_buf = b;
+    MB_TRY(mb__ld_prefetch(ld, b));
+    out->features = cb->feat + (size_t)first * ld->drow_f;
+    out->targets = cb->targ + (size_t)first * ld->drow_t;
+    out->count = count;
+    out->epoch = ld->epoch;
+    out->index = ld->index++;
+    ld->batch++;
+    *done = 1;
+    return MB_OK;
+}
+
 MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
     if (!ld || !out) return MB_FAIL(ld ? ld->lg : NULL, MB_ERR_INVALID_ARG, "mb_loader_next: NULL argument");
     memset(out, 0, sizeof *out);
-    int64_t B = ld->cfg.batch;
     for (;;) {
         if (ld->chunk >= ld->plan.chunks) {
             out->epoch = ld->epoch;
@@ -3825,25 +3846,9 @@ MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
             ld->chunk = ld->batch = ld->index = 0;
             return MB_OK;
         }
-        int b, done = 0;
-        if (ld->ser) { MB_TRY(mb__sl_batch(ld, out, &done)); if (done) return MB_OK; continue; } /* series */
-        MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
-        mb__chunk_buf *cb = &ld->buf[b];
-        int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
-        if (count <= 0 || (ld->cfg.drop_last && count < B)) {
-            ld->chunk++;
-            ld->batch = 0;
-            continue;
-        }
-        ld->cur_buf = b;
-        MB_TRY(mb__ld_prefetch(ld, b));
-        out->features = cb->feat + (size_t)first * ld->drow_f;
-        out->targets = cb->targ + (size_t)first * ld->drow_t;
-        out->count = count;
-        out->epoch = ld->epoch;
-        out->index = ld->index++;
-        ld->batch++;
-        return MB_OK;
+        int done = 0;
+        MB_TRY(ld->src->loader_next(ld, out, &done));
+        if (done) return MB_OK;
     }
 }
 
@@ -4011,8 +4016,32 @@ static mb_result mb__ld_alloc_stage(mb_loader *ld) {
     }
 }
 
-MBDEF void mb_loader_close(mb_loader *ld) {
-    if (!ld) return;
+/* The window layout's device side: the chunk buffers of the plan, two staging slabs, the
+ * conversion stage, the host index arrays, the reader thread. */
+static mb_result mb__ld_chunks_open(mb_loader *ld, size_t free_bytes) {
+    const mb_dataset_meta *m = mb_dataset_info(ld->ds);
+    mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
+    if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
+    if (r == MB_OK) r = mb__ld_alloc_stage(ld);
+    if (r == MB_OK) r = mb__ld_alloc_host(ld);
+#ifndef MEGABATCH_NO_THREADS
+    if (r == MB_OK) {
+        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
+            r = MB_FAIL(ld->lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
+        else ld->started = 1;
+    }
+#endif
+    MB_TRY(r);
+    MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
+           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples, %s", m->source, (long long)m->n,
+           ld->plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
+           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows,
+           mb_dtype_name(ld->cfg.dtype));
+    return MB_OK;
+}
+
+/* Stop the reader thread, then free what mb__ld_chunks_open allocated (NULL is fine). */
+static void mb__ld_chunks_close(mb_loader *ld) {
 #ifndef MEGABATCH_NO_THREADS
     if (ld->started) {
         pthread_mutex_lock(&ld->mu);
@@ -4021,8 +4050,6 @@ MBDEF void mb_loader_close(mb_loader *ld) {
         pthread_mutex_unlock(&ld->mu);
         pthread_join(ld->thread, NULL);
     }
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->cv);
 #endif
     mb_sync(ld->dev, MB_STREAM_COPY);
     for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); MB_FREE(ld->buf[b].cur); }
@@ -4031,7 +4058,15 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->tmp_row);
     mb_free(ld->dev, ld->stage);
     MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order); MB_FREE(ld->gperm);
-    mb__sl_free(ld);
+}
+
+MBDEF void mb_loader_close(mb_loader *ld) {
+    if (!ld) return;
+    ld->src->loader_close(ld);
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+#endif
     MB_FREE(ld);
 }
 
@@ -4044,8 +4079,6 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
     MB_TRY(mb__ld_plan(cfg, m, free_bytes, &plan));
-    MB_TRY(mb__sl_open(out, dev, ds, cfg, free_bytes));
-    if (*out) return MB_OK; /* series: the bars fit the budget and stay resident */
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
     if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
@@ -4060,32 +4093,34 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     pthread_mutex_init(&ld->mu, NULL);
     pthread_cond_init(&ld->cv, NULL);
 #endif
-    mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
-    if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
-    if (r == MB_OK) r = mb__ld_alloc_stage(ld);
-    if (r == MB_OK) r = mb__ld_alloc_host(ld);
-#ifndef MEGABATCH_NO_THREADS
-    if (r == MB_OK) {
-        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
-            r = MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
-        else ld->started = 1;
-    }
-#endif
+    ld->src = ds->src;
+    mb_result r = ld->src->loader_open(ld, free_bytes);
     if (r != MB_OK) { mb_loader_close(ld); return r; }
-    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
-           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples, %s", m->source, (long long)m->n,
-           plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
-           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows,
-           mb_dtype_name(cfg->dtype));
     *out = ld;
     return MB_OK;
+}
+
+// -- the window layout's source --
+// Its reads (// -- the window layout -- in the dataset module) and its chunks (above).
+
+static const mb__source *mb__window_source(void) {
+    static const mb__source src = {
+        "window",
+        mb__win_read,        /* read */
+        mb__win_close,       /* close */
+        mb__ld_chunks_open,  /* loader_open */
+        mb__ld_chunks_next,  /* loader_next */
+        mb__ld_chunks_close, /* loader_close */
+    };
+    return &src;
 }
 
 // ---- end loader ----
 
 // ---- series ----
-// The series layout (docs/SERIES.md): the dataset side (validation, host reads that cut
-// windows on the host), the gather backend operation, and the loader's series mode.
+// The series layout (docs/SERIES.md) as a data source (// -- the data source -- in the
+// dataset module): the dataset side (validation, host reads that cut windows on the host),
+// the gather backend operation, the loader's series mode, and last the source's table.
 
 typedef struct mb__series_ds {
     int s;                                  /* timeframes */
@@ -4367,15 +4402,18 @@ typedef struct mb__series_ld {
     mb__gather g;
 } mb__series_ld;
 
-static void mb__sl_free(mb_loader *ld) {
-    mb__series_ld *sl = ld->ser;
+/* The series mode of a loader this source opened (its ctx). */
+static mb__series_ld *mb__sl(const mb_loader *ld) { return (mb__series_ld *)ld->ctx; }
+
+static void mb__sl_close(mb_loader *ld) {
+    mb__series_ld *sl = mb__sl(ld);
     if (!sl) return;
     mb_sync(ld->dev, -1);
     for (int s = 0; s < MB_MAX_SEGMENTS; s++) mb_free(ld->dev, sl->bars[s]);
     mb_free(ld->dev, sl->ends); mb_free(ld->dev, sl->targ); mb_free(ld->dev, sl->idx); mb_free(ld->dev, sl->batch);
     MB_FREE(sl->hidx); MB_FREE(sl->perm);
     MB_FREE(sl);
-    ld->ser = NULL;
+    ld->ctx = NULL;
 }
 
 /* Device bytes of series mode: bars, ends, targets, the order and one batch buffer. */
@@ -4411,7 +4449,7 @@ static mb_result mb__sl_upload(mb_loader *ld, void **dst, const float *src, size
 static mb_result mb__sl_alloc(mb_loader *ld) {
     const mb_dataset_meta *m = mb_dataset_info(ld->ds);
     const mb__series_ds *sr = mb__sr(ld->ds);
-    mb__series_ld *sl = ld->ser;
+    mb__series_ld *sl = mb__sl(ld);
     mb__gather *g = &sl->g;
     size_t es = mb_dtype_size(ld->cfg.dtype);
     for (int s = 0; s < m->segments; s++) {
@@ -4437,57 +4475,41 @@ static mb_result mb__sl_alloc(mb_loader *ld) {
     return MB_OK;
 }
 
-/* A series dataset whose bars fit the budget: open the loader in series mode (*out set).
- * Otherwise *out stays NULL and mb_loader_open goes on with window chunks cut on the host
- * (the chunk rule; also when some value is non-finite, so the NaN policy applies as for
- * windows). */
-static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
-                             size_t free_bytes) {
-    const mb_dataset_meta *m = mb_dataset_info(ds);
-    const mb_logger *lg = &dev->cfg.log;
-    *out = NULL;
-    if (ds->src != mb__series_source()) return MB_OK;
+/* The series layout's device side: bars, ends and targets resident (series mode) when they
+ * fit the budget and are all finite. Otherwise the loader runs the window layout's chunks
+ * over this dataset: windows cut on the host by mb_dataset_read (the chunk rule; the NaN
+ * policy then applies as for windows). */
+static mb_result mb__sl_open(mb_loader *ld, size_t free_bytes) {
+    const mb_dataset_meta *m = mb_dataset_info(ld->ds);
+    const mb_loader_config *cfg = &ld->cfg;
     size_t need = 0, budget = cfg->chunk_bytes ? cfg->chunk_bytes
                                                : (size_t)((double)free_bytes * (cfg->chunk_fraction ? cfg->chunk_fraction : 0.75));
-    if (mb__sr(ds)->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
-        MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
-               mb__sr(ds)->nonfinite ? "holds non-finite values" : "does not fit the device budget");
-        return MB_OK;
+    if (mb__sr(ld->ds)->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
+        MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
+               mb__sr(ld->ds)->nonfinite ? "holds non-finite values" : "does not fit the device budget");
+        ld->src = mb__window_source();
+        return ld->src->loader_open(ld, free_bytes);
     }
-    mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
-    if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
-    ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg;
-    ld->drow_f = (size_t)(m->t * m->f) * mb_dtype_size(cfg->dtype);
-    ld->drow_t = (size_t)m->k * mb_dtype_size(cfg->dtype);
-    ld->buf[0].epoch = ld->buf[1].epoch = -1;
-    ld->cur_buf = ld->order_epoch = -1;
-#ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_init(&ld->mu, NULL);
-    pthread_cond_init(&ld->cv, NULL);
-#endif
     mb_loader_config whole = *cfg;
     whole.chunk_bytes = SIZE_MAX; /* one chunk: every sample */
-    mb_result r = mb__ld_plan(&whole, m, free_bytes, &ld->plan);
+    MB_TRY(mb__ld_plan(&whole, m, free_bytes, &ld->plan));
     ld->plan.budget_bytes = budget;
     ld->plan.chunk_bytes = need;
-    ld->ser = (mb__series_ld *)mb__host_calloc(1, sizeof *ld->ser);
-    if (r == MB_OK && !ld->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
-    if (r == MB_OK) {
-        ld->ser->idx_epoch = -1;
-        ld->ser->rows = cfg->shard_count > 1 ? mb__shard_rows(cfg, m->n) : m->n;
-        r = mb__sl_alloc(ld);
-    }
-    if (r != MB_OK) { mb_loader_close(ld); return r; }
-    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series mode, %lld samples, %zu device bytes resident, %lld "
+    mb__series_ld *sl = (mb__series_ld *)mb__host_calloc(1, sizeof *sl);
+    ld->ctx = sl;
+    if (!sl) return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
+    sl->idx_epoch = -1;
+    sl->rows = cfg->shard_count > 1 ? mb__shard_rows(cfg, m->n) : m->n;
+    MB_TRY(mb__sl_alloc(ld));
+    MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: series mode, %lld samples, %zu device bytes resident, %lld "
            "batches/epoch, %s", m->source, (long long)m->n, need, (long long)ld->plan.batches, mb_dtype_name(cfg->dtype));
-    *out = ld;
     return MB_OK;
 }
 
 /* The sample of each local row for ld->epoch on the device: the permutation the window
  * layout applies to a resident chunk (Philox stream (epoch, 0)), sharded as mb__shard_pos. */
 static mb_result mb__sl_order(mb_loader *ld) {
-    mb__series_ld *sl = ld->ser;
+    mb__series_ld *sl = mb__sl(ld);
     int64_t n = mb_dataset_info(ld->ds)->n;
     if (sl->idx_epoch == ld->epoch || (!ld->cfg.shuffle && sl->idx_epoch >= 0)) return MB_OK;
     if (sl->idx_epoch >= 0) MB_TRY(mb_sync(ld->dev, MB_STREAM_COMPUTE)); /* the last copy out of hidx is done */
@@ -4504,7 +4526,7 @@ static mb_result mb__sl_order(mb_loader *ld) {
 /* mb_loader_next in series mode: the next batch gathered into the batch buffer (*done = 1),
  * or the epoch's batches are over (*done = 0; the caller ends the epoch). */
 static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
-    mb__series_ld *sl = ld->ser;
+    mb__series_ld *sl = mb__sl(ld);
     int64_t B = ld->cfg.batch, first = ld->batch * B, count = sl->rows - first < B ? sl->rows - first : B;
     *done = 0;
     if (count <= 0 || (ld->cfg.drop_last && count < B)) {
@@ -4532,6 +4554,9 @@ static const mb__source *mb__series_source(void) {
         "series",
         mb__sr_read,  /* read */
         mb__sr_close, /* close */
+        mb__sl_open,  /* loader_open */
+        mb__sl_batch, /* loader_next */
+        mb__sl_close, /* loader_close */
     };
     return &src;
 }
