@@ -2537,11 +2537,10 @@ typedef struct mb__source {
     void (*loader_close)(mb_loader *ld);
 } mb__source;
 
-/* The two tables (the window layout's at the end of the loader module, beside its chunks).
- * Functions that return them, not declarations of the tables: C++ cannot declare a static
- * object ahead of its definition. */
+/* The window layout's table, at the end of the loader module beside its chunks (the series
+ * layout's ends its module). A function that returns it, not a declaration of the table:
+ * C++ cannot declare a static object ahead of its definition. */
 static const mb__source *mb__window_source(void);
-static const mb__source *mb__series_source(void);
 #ifndef MEGABATCH_NO_HDF5
 static mb_result mb__sr_h5_validate(mb_dataset *ds); /* a series file: its source opens the rest */
 #endif
@@ -4133,6 +4132,8 @@ typedef struct mb__series_ds {
 
 /* The series of a dataset this source opened (its ctx). */
 static mb__series_ds *mb__sr(const mb_dataset *ds) { return (mb__series_ds *)ds->ctx; }
+
+static const mb__source *mb__series_source(void); /* the table, at the end of this module */
 
 static void mb__sr_close(mb_dataset *ds) {
     mb__series_ds *sr = mb__sr(ds);
