@@ -2549,18 +2549,43 @@ struct mb_dataset {
     mb_dataset_meta meta;
     mb_dataset_config cfg;
     char fname[MB_MAX_NAME], tname[MB_MAX_NAME];
-    const float *mem_f, *mem_t;  /* in-memory dataset: caller arrays */
-    struct mb__series_ds *ser;   /* the series layout (// ---- series ----); NULL: windows */
+    const struct mb__source *src; /* the layout behind the samples (// -- the data source --) */
+    void *ctx;                   /* the source's own state (series: mb__series_ds); NULL: none */
+    const float *mem_f, *mem_t;  /* the window layout in memory: caller arrays */
 #ifndef MEGABATCH_NO_HDF5
     hid_t file, dfeat, dtarg;    /* HDF5 handles (file datasets) */
+    const char *dfeat_name;      /* what dfeat holds, for attributes: fname, or "ends" (series) */
 #endif
 };
 
-/* The series layout, implemented in // ---- series ---- below. */
-static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
-static void mb__sr_free(mb_dataset *ds);
+// -- the data source --
+// Where a dataset's samples come from, and how the loader gets them onto the device. Two
+// layouts implement it: the window layout (features (N, T, F) stored as trained, in caller
+// memory or an HDF5 file: its reads in // -- the window layout -- below) and the series
+// layout (bars stored once, windows cut by index: // ---- series ----). A source fills
+// ds->meta when it opens a dataset; after that the dataset and the loader reach it only
+// through these functions, so neither knows which layout it serves.
+typedef struct mb__source {
+    const char *name; /* "window" or "series" */
+    /* Samples [start, start + n) as float32 (n, t, f) and (n, k), before the NaN policy. */
+    mb_result (*read)(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ);
+    /* Free ds->ctx (the dataset closes its HDF5 handles itself). */
+    void (*close)(mb_dataset *ds);
+    /* The loader's device side, after mb_loader_open's checks and plan (ld->plan): allocate
+     * it and adjust the plan (loader_open), the batch at the loader's position (loader_next:
+     * *done = 1 with *out filled, or 0 when none is left there and the position moved on),
+     * free it, also after a failed open (loader_close). */
+    mb_result (*loader_open)(mb_loader *ld, size_t free_bytes);
+    mb_result (*loader_next)(mb_loader *ld, mb_batch *out, int *done);
+    void (*loader_close)(mb_loader *ld);
+} mb__source;
+
+/* The window layout's table, at the end of the loader module beside its chunks (the series
+ * layout's ends its module). A function that returns it, not a declaration of the table:
+ * C++ cannot declare a static object ahead of its definition. */
+static const mb__source *mb__window_source(void);
 #ifndef MEGABATCH_NO_HDF5
-static mb_result mb__sr_h5_validate(mb_dataset *ds);
+static mb_result mb__sr_h5_validate(mb_dataset *ds); /* a series file: its source opens the rest */
 #endif
 
 /* Check one non-finite-free sample, apply the policy. Returns 1 to keep, 0 to skip,
@@ -2648,8 +2673,10 @@ static mb_result mb__ds_new(mb_dataset **out, const char *source, const mb_datas
     strcpy(ds->fname, fn);
     strcpy(ds->tname, tn);
     snprintf(ds->meta.source, sizeof ds->meta.source, "%s", source);
+    ds->src = mb__window_source(); /* until an open finds the series layout */
 #ifndef MEGABATCH_NO_HDF5
     ds->file = ds->dfeat = ds->dtarg = -1;
+    ds->dfeat_name = ds->fname;
 #endif
     *out = ds;
     return MB_OK;
@@ -3066,7 +3093,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
                     "T=%lld F=%lld K=%lld, the open N=%lld T=%lld F=%lld K=%lld)", path, (long long)probed.n,
                     (long long)probed.t, (long long)probed.f, (long long)probed.k, (long long)ds->meta.n,
                     (long long)ds->meta.t, (long long)ds->meta.f, (long long)ds->meta.k);
-    if (r != MB_OK) { mb__h5_close(ds); mb__sr_free(ds); MB_FREE(ds); }
+    if (r != MB_OK) { mb__h5_close(ds); ds->src->close(ds); MB_FREE(ds); }
     else *out = ds;
     H5Eclear2(H5E_DEFAULT);
     mb__h5_restore(q);
@@ -3099,6 +3126,32 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
                    "datasets", path ? path : "(null)");
 }
 #endif
+
+// -- the window layout --
+// The data source of features (N, T, F) and targets (N, K) stored as they are trained:
+// opened by mb_dataset_open_memory or mb__h5_validate above, read row ranges as they are.
+// Its loader side is the loader module's chunks; its table closes that module.
+
+/* Samples [start, start + n): a copy of the caller's arrays, or hyperslabs of the file. */
+static mb_result mb__win_read(mb_dataset *ds, int64_t start, int64_t n, float *features, float *targets) {
+    size_t nf = (size_t)(ds->meta.t * ds->meta.f), nk = (size_t)ds->meta.k;
+    if (ds->mem_f) {
+        memcpy(features, ds->mem_f + (size_t)start * nf, (size_t)n * nf * sizeof(float));
+        memcpy(targets, ds->mem_t + (size_t)start * nk, (size_t)n * nk * sizeof(float));
+        return MB_OK;
+    }
+#ifndef MEGABATCH_NO_HDF5
+    mb__h5quiet q = mb__h5_quiet();
+    mb_result r = mb__h5_read_rows(ds, ds->dfeat, ds->fname, start, n, features);
+    if (r == MB_OK) r = mb__h5_read_rows(ds, ds->dtarg, ds->tname, start, n, targets);
+    mb__h5_restore(q);
+    return r;
+#else
+    return MB_OK;
+#endif
+}
+
+static void mb__win_close(mb_dataset *ds) { (void)ds; } /* the arrays are the caller's */
 
 #ifndef MEGABATCH_NO_HDF5
 /* A numeric attribute of dataset obj (named oname) into out (mb_dataset_read_attr). */
@@ -3154,8 +3207,8 @@ MBDEF mb_result mb_dataset_read_attr(mb_dataset *ds, int on, const char *name, f
 #ifndef MEGABATCH_NO_HDF5
     if (ds->file < 0) return MB_OK; /* in memory: no attributes */
     mb__h5quiet q = mb__h5_quiet();
-    mb_result r = mb__h5_read_attr(ds, on ? ds->dtarg : ds->dfeat, on ? ds->tname : ds->ser ? "ends" : ds->fname, name,
-                                   out, cap, count);
+    mb_result r = mb__h5_read_attr(ds, on ? ds->dtarg : ds->dfeat, on ? ds->tname : ds->dfeat_name, name, out, cap,
+                                   count);
     mb__h5_restore(q);
     return r;
 #else
@@ -3181,7 +3234,7 @@ MBDEF void mb_dataset_close(mb_dataset *ds) {
         mb__h5_restore(q);
     }
 #endif
-    mb__sr_free(ds);
+    ds->src->close(ds);
     MB_FREE(ds);
 }
 
@@ -3196,21 +3249,7 @@ MBDEF mb_result mb_dataset_read(mb_dataset *ds, int64_t start, int64_t end, floa
     if (end == start) return MB_OK;
     if (!features || !targets) return MB_FAIL(&ds->cfg.log, MB_ERR_INVALID_ARG, "mb_dataset_read: NULL buffer");
     int64_t n = end - start;
-    size_t nf = (size_t)(m->t * m->f), nk = (size_t)m->k;
-    if (ds->ser) MB_TRY(mb__sr_read(ds, start, n, features, targets));
-    else if (ds->mem_f) {
-        memcpy(features, ds->mem_f + (size_t)start * nf, (size_t)n * nf * sizeof(float));
-        memcpy(targets, ds->mem_t + (size_t)start * nk, (size_t)n * nk * sizeof(float));
-    }
-#ifndef MEGABATCH_NO_HDF5
-    else {
-        mb__h5quiet q = mb__h5_quiet();
-        mb_result r = mb__h5_read_rows(ds, ds->dfeat, ds->fname, start, n, features);
-        if (r == MB_OK) r = mb__h5_read_rows(ds, ds->dtarg, ds->tname, start, n, targets);
-        mb__h5_restore(q);
-        MB_TRY(r);
-    }
-#endif
+    MB_TRY(ds->src->read(ds, start, n, features, targets));
     return mb__ds_policy(ds, start, n, features, targets, rows);
 }
 
@@ -3262,7 +3301,7 @@ static mb_result mb__probe_attrs(mb_dataset *ds) {
     mb_result r = names && buf ? MB_OK : MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: probe: no memory", ds->meta.source);
     for (int on = 0; on < 2 && r == MB_OK && ds->file >= 0; on++) {
         hid_t obj = on ? ds->dtarg : ds->dfeat;
-        const char *oname = on ? ds->tname : ds->ser ? "ends" : ds->fname;
+        const char *oname = on ? ds->tname : ds->dfeat_name;
         hsize_t idx = 0;
         char st[512];
         names->n = names->more = 0;
@@ -3419,12 +3458,6 @@ extern "C" {
 #endif
 #include <time.h>
 
-/* Series mode (// ---- series ---- below): bars resident on the device, windows gathered per batch. */
-static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
-                             size_t free_bytes);
-static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done);
-static void mb__sl_free(mb_loader *ld);
-
 static double mb__seconds(void) {
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
@@ -3526,7 +3559,9 @@ struct mb_loader {
                                      then (stage_rows, k), converted into the chunk */
     int64_t *perm, *inv, *order;  /* host scratch: row permutation, its inverse, chunk order */
     int64_t *gperm;               /* sharded: the whole chunk's sample order (samples_per_chunk) */
-    struct mb__series_ld *ser;    /* series mode (// ---- series ----): bars resident; NULL: chunks */
+    const mb__source *src;        /* whose loader side runs: the dataset's, or the window layout's
+                                     chunks for a series that does not stay resident */
+    void *ctx;                    /* that source's own state (series: mb__series_ld); NULL: none */
     unsigned char *seen;
     int64_t order_epoch;
     int64_t epoch, chunk, batch, index; /* position of the next batch */
@@ -3815,10 +3850,35 @@ static mb_result mb__ld_prefetch(mb_loader *ld, int b) {
     return mb__ld_kick(ld, 1 - b, e, c);
 }
 
+/* The window layout's batch at the loader's position: a view into the buffer that holds
+ * chunk (epoch, chunk), loaded or waited for; none when the chunk's batches are over. */
+static mb_result mb__ld_chunks_next(mb_loader *ld, mb_batch *out, int *done) {
+    int64_t B = ld->cfg.batch;
+    int b;
+    *done = 0;
+    MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
+    mb__chunk_buf *cb = &ld->buf[b];
+    int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
+    if (count <= 0 || (ld->cfg.drop_last && count < B)) {
+        ld->chunk++;
+        ld->batch = 0;
+        return MB_OK;
+    }
+    ld->cur_buf = b;
+    MB_TRY(mb__ld_prefetch(ld, b));
+    out->features = cb->feat + (size_t)first * ld->drow_f;
+    out->targets = cb->targ + (size_t)first * ld->drow_t;
+    out->count = count;
+    out->epoch = ld->epoch;
+    out->index = ld->index++;
+    ld->batch++;
+    *done = 1;
+    return MB_OK;
+}
+
 MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
     if (!ld || !out) return MB_FAIL(ld ? ld->lg : NULL, MB_ERR_INVALID_ARG, "mb_loader_next: NULL argument");
     memset(out, 0, sizeof *out);
-    int64_t B = ld->cfg.batch;
     for (;;) {
         if (ld->chunk >= ld->plan.chunks) {
             out->epoch = ld->epoch;
@@ -3828,25 +3888,9 @@ MBDEF mb_result mb_loader_next(mb_loader *ld, mb_batch *out) {
             ld->chunk = ld->batch = ld->index = 0;
             return MB_OK;
         }
-        int b, done = 0;
-        if (ld->ser) { MB_TRY(mb__sl_batch(ld, out, &done)); if (done) return MB_OK; continue; } /* series */
-        MB_TRY(mb__ld_acquire(ld, ld->epoch, ld->chunk, &b));
-        mb__chunk_buf *cb = &ld->buf[b];
-        int64_t first = ld->batch * B, count = cb->rows - first < B ? cb->rows - first : B;
-        if (count <= 0 || (ld->cfg.drop_last && count < B)) {
-            ld->chunk++;
-            ld->batch = 0;
-            continue;
-        }
-        ld->cur_buf = b;
-        MB_TRY(mb__ld_prefetch(ld, b));
-        out->features = cb->feat + (size_t)first * ld->drow_f;
-        out->targets = cb->targ + (size_t)first * ld->drow_t;
-        out->count = count;
-        out->epoch = ld->epoch;
-        out->index = ld->index++;
-        ld->batch++;
-        return MB_OK;
+        int done = 0;
+        MB_TRY(ld->src->loader_next(ld, out, &done));
+        if (done) return MB_OK;
     }
 }
 
@@ -4014,8 +4058,32 @@ static mb_result mb__ld_alloc_stage(mb_loader *ld) {
     }
 }
 
-MBDEF void mb_loader_close(mb_loader *ld) {
-    if (!ld) return;
+/* The window layout's device side: the chunk buffers of the plan, two staging slabs, the
+ * conversion stage, the host index arrays, the reader thread. */
+static mb_result mb__ld_chunks_open(mb_loader *ld, size_t free_bytes) {
+    const mb_dataset_meta *m = mb_dataset_info(ld->ds);
+    mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
+    if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
+    if (r == MB_OK) r = mb__ld_alloc_stage(ld);
+    if (r == MB_OK) r = mb__ld_alloc_host(ld);
+#ifndef MEGABATCH_NO_THREADS
+    if (r == MB_OK) {
+        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
+            r = MB_FAIL(ld->lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
+        else ld->started = 1;
+    }
+#endif
+    MB_TRY(r);
+    MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
+           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples, %s", m->source, (long long)m->n,
+           ld->plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
+           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows,
+           mb_dtype_name(ld->cfg.dtype));
+    return MB_OK;
+}
+
+/* Stop the reader thread, then free what mb__ld_chunks_open allocated (NULL is fine). */
+static void mb__ld_chunks_close(mb_loader *ld) {
 #ifndef MEGABATCH_NO_THREADS
     if (ld->started) {
         pthread_mutex_lock(&ld->mu);
@@ -4024,8 +4092,6 @@ MBDEF void mb_loader_close(mb_loader *ld) {
         pthread_mutex_unlock(&ld->mu);
         pthread_join(ld->thread, NULL);
     }
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->cv);
 #endif
     mb_sync(ld->dev, MB_STREAM_COPY);
     for (int b = 0; b < 2; b++) { mb_free(ld->dev, ld->buf[b].mem); MB_FREE(ld->buf[b].cur); }
@@ -4034,7 +4100,15 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     mb_free(ld->dev, ld->tmp_row);
     mb_free(ld->dev, ld->stage);
     MB_FREE(ld->perm); MB_FREE(ld->inv); MB_FREE(ld->seen); MB_FREE(ld->order); MB_FREE(ld->gperm);
-    mb__sl_free(ld);
+}
+
+MBDEF void mb_loader_close(mb_loader *ld) {
+    if (!ld) return;
+    ld->src->loader_close(ld);
+#ifndef MEGABATCH_NO_THREADS
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+#endif
     MB_FREE(ld);
 }
 
@@ -4047,8 +4121,6 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     if (!cfg->chunk_bytes) MB_TRY(mb_device_memory(dev, NULL, &free_bytes));
     mb_chunk_plan plan;
     MB_TRY(mb__ld_plan(cfg, m, free_bytes, &plan));
-    MB_TRY(mb__sl_open(out, dev, ds, cfg, free_bytes));
-    if (*out) return MB_OK; /* series: the bars fit the budget and stay resident */
     mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
     if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
     ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg; ld->plan = plan;
@@ -4063,32 +4135,32 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     pthread_mutex_init(&ld->mu, NULL);
     pthread_cond_init(&ld->cv, NULL);
 #endif
-    mb_result r = mb__ld_alloc_chunks(ld, m, free_bytes);
-    if (r == MB_OK) r = mb__ld_alloc_slabs(ld);
-    if (r == MB_OK) r = mb__ld_alloc_stage(ld);
-    if (r == MB_OK) r = mb__ld_alloc_host(ld);
-#ifndef MEGABATCH_NO_THREADS
-    if (r == MB_OK) {
-        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
-            r = MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
-        else ld->started = 1;
-    }
-#endif
+    ld->src = ds->src;
+    mb_result r = ld->src->loader_open(ld, free_bytes);
     if (r != MB_OK) { mb_loader_close(ld); return r; }
-    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: %lld samples of %zu bytes, %lld chunk(s) of %lld samples in %d "
-           "buffer(s), %lld batches/epoch, slabs 2 x %lld samples, %s", m->source, (long long)m->n,
-           plan.bytes_per_sample, (long long)ld->plan.chunks, (long long)ld->plan.samples_per_chunk,
-           ld->plan.buffers, (long long)ld->plan.batches, (long long)ld->slab_rows,
-           mb_dtype_name(cfg->dtype));
     *out = ld;
     return MB_OK;
+}
+
+// -- the window layout's source --
+// Its reads (// -- the window layout -- in the dataset module) and its chunks (above).
+
+static const mb__source *mb__window_source(void) {
+    MB__OPS_BEGIN
+    static const mb__source src = {
+        .name = "window", .read = mb__win_read, .close = mb__win_close,
+        .loader_open = mb__ld_chunks_open, .loader_next = mb__ld_chunks_next, .loader_close = mb__ld_chunks_close,
+    };
+    MB__OPS_END
+    return &src;
 }
 
 // ---- end loader ----
 
 // ---- series ----
-// The series layout (docs/SERIES.md): the dataset side (validation, host reads that cut
-// windows on the host), the gather backend operation, and the loader's series mode.
+// The series layout (docs/SERIES.md) as a data source (// -- the data source -- in the
+// dataset module): the dataset side (validation, host reads that cut windows on the host),
+// the gather backend operation, the loader's series mode, and last the source's table.
 
 typedef struct mb__series_ds {
     int s;                                  /* timeframes */
@@ -4099,11 +4171,17 @@ typedef struct mb__series_ds {
     int nonfinite;                          /* some bar or target is NaN/Inf */
 } mb__series_ds;
 
-static void mb__sr_free(mb_dataset *ds) {
-    if (!ds->ser) return;
-    for (int i = 0; i < MB_MAX_SEGMENTS + 2; i++) MB_FREE(ds->ser->owned[i]);
-    MB_FREE(ds->ser);
-    ds->ser = NULL;
+/* The series of a dataset this source opened (its ctx). */
+static mb__series_ds *mb__sr(const mb_dataset *ds) { return (mb__series_ds *)ds->ctx; }
+
+static const mb__source *mb__series_source(void); /* the table, at the end of this module */
+
+static void mb__sr_close(mb_dataset *ds) {
+    mb__series_ds *sr = mb__sr(ds);
+    if (!sr) return;
+    for (int i = 0; i < MB_MAX_SEGMENTS + 2; i++) MB_FREE(sr->owned[i]);
+    MB_FREE(sr);
+    ds->ctx = NULL;
 }
 
 /* Byte counts of a series (float32 bars + int64 ends + float32 targets) and of one sample's
@@ -4135,7 +4213,7 @@ static mb_result mb__sr_sizes(mb_dataset *ds) {
  * non-finite bars or targets (the loader then cuts windows on the host, applying the policy). */
 static mb_result mb__sr_check(mb_dataset *ds) {
     const mb_dataset_meta *m = &ds->meta;
-    mb__series_ds *sr = ds->ser;
+    mb__series_ds *sr = mb__sr(ds);
     int S = sr->s;
     for (int64_t i = 0; i < m->n; i++)
         for (int s = 0; s < S; s++) {
@@ -4170,20 +4248,22 @@ MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, con
     MB_TRY(mb__ds_new(&ds, "memory", cfg));
     mb_dataset_meta *m = &ds->meta;
     mb_result r = MB_OK;
-    ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser);
-    if (!ds->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dataset_open_series: no host memory");
+    mb__series_ds *sr = (mb__series_ds *)mb__host_calloc(1, sizeof *sr);
+    ds->src = mb__series_source();
+    ds->ctx = sr;
+    if (!sr) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_dataset_open_series: no host memory");
     m->n = s->n; m->f = s->f; m->k = s->k; m->segments = s->segments; m->layout = MB_LAYOUT_SERIES;
     for (int i = 0; i < s->segments && r == MB_OK; i++) {
         if (s->window[i] < 1 || s->window[i] > ((int64_t)1 << 40) || s->bars_n[i] < 1 || !s->bars[i])
             r = MB_FAIL(lg, MB_ERR_FORMAT, "mb_dataset_open_series: timeframe %d: window %lld, %lld bars (each >= 1) "
                         "at %p", i, (long long)s->window[i], (long long)s->bars_n[i], (const void *)s->bars[i]);
-        else { m->segment_len[i] = s->window[i]; m->t += s->window[i]; m->bars[i] = s->bars_n[i]; ds->ser->bars[i] = s->bars[i]; }
+        else { m->segment_len[i] = s->window[i]; m->t += s->window[i]; m->bars[i] = s->bars_n[i]; sr->bars[i] = s->bars[i]; }
     }
     strcpy(m->features_type, "float32");
     strcpy(m->targets_type, "float32");
     strcpy(ds->fname, "bars");
     if (r == MB_OK) {
-        ds->ser->s = s->segments; ds->ser->ends = s->ends; ds->ser->targ = s->targets;
+        sr->s = s->segments; sr->ends = s->ends; sr->targ = s->targets;
         r = mb__sr_sizes(ds);
     }
     if (r == MB_OK) r = mb__sr_check(ds);
@@ -4195,7 +4275,7 @@ MBDEF mb_result mb_dataset_open_series(mb_dataset **out, const mb_series *s, con
 /* Samples [start, start + n) as windows (n, t, f) and targets (n, k), cut on the host. */
 static mb_result mb__sr_read(mb_dataset *ds, int64_t start, int64_t n, float *feat, float *targ) {
     const mb_dataset_meta *m = &ds->meta;
-    const mb__series_ds *sr = ds->ser;
+    const mb__series_ds *sr = mb__sr(ds);
     size_t f = (size_t)m->f, k = (size_t)m->k;
     for (int64_t i = 0; i < n; i++) {
         float *dst = feat + (size_t)i * (size_t)m->t * f;
@@ -4216,7 +4296,7 @@ static mb_result mb__sr_h5_read_all(mb_dataset *ds, hid_t d, const char *name, h
     void *p = mb__host_alloc(bytes ? bytes : 1);
     if (!p) return MB_FAIL(&ds->cfg.log, MB_ERR_OUT_OF_MEMORY, "%s: no host memory for '%s' (%zu bytes)",
                            ds->meta.source, name, bytes);
-    ds->ser->owned[slot] = p;
+    mb__sr(ds)->owned[slot] = p;
     if (H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p) < 0)
         return MB_FAIL(&ds->cfg.log, MB_ERR_IO, "%s: reading '%s': %s", ds->meta.source, name, mb__h5_stack(st));
     return MB_OK;
@@ -4255,6 +4335,8 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     int er = 0, tr = 0;
     char et[32];
     strcpy(ds->fname, "ends");
+    ds->dfeat_name = "ends";
+    ds->src = mb__series_source();
     m->layout = MB_LAYOUT_SERIES;
     MB_TRY(mb__h5_open_ds(ds, "ends", 2, 2, &ds->dfeat, ed, &er, et));
     if (strncmp(et, "int", 3) && strncmp(et, "uint", 4))
@@ -4279,11 +4361,12 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     for (; opened < m->segments && r == MB_OK; opened++) r = mb__sr_h5_bars(ds, opened, &bd[opened]);
     if (r != MB_OK) opened--; /* the failed one is not open */
     if (r == MB_OK) r = mb__sr_sizes(ds);
-    if (r == MB_OK && !(ds->ser = (mb__series_ds *)mb__host_calloc(1, sizeof *ds->ser)))
+    mb__series_ds *sr = NULL;
+    if (r == MB_OK && !(ds->ctx = sr = (mb__series_ds *)mb__host_calloc(1, sizeof *sr)))
         r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", m->source);
     for (int s = 0; s < m->segments && r == MB_OK; s++) {
         r = mb__sr_h5_read_all(ds, bd[s], "bars", H5T_NATIVE_FLOAT, (size_t)(m->bars[s] * m->f) * sizeof(float), s);
-        ds->ser->bars[s] = (const float *)ds->ser->owned[s];
+        sr->bars[s] = (const float *)sr->owned[s];
     }
     for (int s = 0; s < opened; s++) H5Dclose(bd[s]);
     if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dfeat, "ends", H5T_NATIVE_INT64,
@@ -4291,9 +4374,9 @@ static mb_result mb__sr_h5_validate(mb_dataset *ds) {
     if (r == MB_OK) r = mb__sr_h5_read_all(ds, ds->dtarg, ds->tname, H5T_NATIVE_FLOAT,
                                             (size_t)(m->n * m->k) * sizeof(float), MB_MAX_SEGMENTS + 1);
     MB_TRY(r);
-    ds->ser->s = m->segments;
-    ds->ser->ends = (const int64_t *)ds->ser->owned[MB_MAX_SEGMENTS];
-    ds->ser->targ = (const float *)ds->ser->owned[MB_MAX_SEGMENTS + 1];
+    sr->s = m->segments;
+    sr->ends = (const int64_t *)sr->owned[MB_MAX_SEGMENTS];
+    sr->targ = (const float *)sr->owned[MB_MAX_SEGMENTS + 1];
     MB_TRY(mb__sr_check(ds));
     strcpy(ds->fname, "bars");
     if (strcmp(m->features_type, "float32") || strcmp(m->targets_type, "float32"))
@@ -4367,15 +4450,18 @@ typedef struct mb__series_ld {
     mb__gather g;
 } mb__series_ld;
 
-static void mb__sl_free(mb_loader *ld) {
-    mb__series_ld *sl = ld->ser;
+/* The series mode of a loader this source opened (its ctx). */
+static mb__series_ld *mb__sl(const mb_loader *ld) { return (mb__series_ld *)ld->ctx; }
+
+static void mb__sl_close(mb_loader *ld) {
+    mb__series_ld *sl = mb__sl(ld);
     if (!sl) return;
     mb_sync(ld->dev, -1);
     for (int s = 0; s < MB_MAX_SEGMENTS; s++) mb_free(ld->dev, sl->bars[s]);
     mb_free(ld->dev, sl->ends); mb_free(ld->dev, sl->targ); mb_free(ld->dev, sl->idx); mb_free(ld->dev, sl->batch);
     MB_FREE(sl->hidx); MB_FREE(sl->perm);
     MB_FREE(sl);
-    ld->ser = NULL;
+    ld->ctx = NULL;
 }
 
 /* Device bytes of series mode: bars, ends, targets, the order and one batch buffer. */
@@ -4410,8 +4496,8 @@ static mb_result mb__sl_upload(mb_loader *ld, void **dst, const float *src, size
 
 static mb_result mb__sl_alloc(mb_loader *ld) {
     const mb_dataset_meta *m = mb_dataset_info(ld->ds);
-    const mb__series_ds *sr = ld->ds->ser;
-    mb__series_ld *sl = ld->ser;
+    const mb__series_ds *sr = mb__sr(ld->ds);
+    mb__series_ld *sl = mb__sl(ld);
     mb__gather *g = &sl->g;
     size_t es = mb_dtype_size(ld->cfg.dtype);
     for (int s = 0; s < m->segments; s++) {
@@ -4437,57 +4523,41 @@ static mb_result mb__sl_alloc(mb_loader *ld) {
     return MB_OK;
 }
 
-/* A series dataset whose bars fit the budget: open the loader in series mode (*out set).
- * Otherwise *out stays NULL and mb_loader_open goes on with window chunks cut on the host
- * (the chunk rule; also when some value is non-finite, so the NaN policy applies as for
- * windows). */
-static mb_result mb__sl_open(mb_loader **out, mb_device *dev, mb_dataset *ds, const mb_loader_config *cfg,
-                             size_t free_bytes) {
-    const mb_dataset_meta *m = mb_dataset_info(ds);
-    const mb_logger *lg = &dev->cfg.log;
-    *out = NULL;
-    if (!ds->ser) return MB_OK;
+/* The series layout's device side: bars, ends and targets resident (series mode) when they
+ * fit the budget and are all finite. Otherwise the loader runs the window layout's chunks
+ * over this dataset: windows cut on the host by mb_dataset_read (the chunk rule; the NaN
+ * policy then applies as for windows). */
+static mb_result mb__sl_open(mb_loader *ld, size_t free_bytes) {
+    const mb_dataset_meta *m = mb_dataset_info(ld->ds);
+    const mb_loader_config *cfg = &ld->cfg;
     size_t need = 0, budget = cfg->chunk_bytes ? cfg->chunk_bytes
                                                : (size_t)((double)free_bytes * (cfg->chunk_fraction ? cfg->chunk_fraction : 0.75));
-    if (ds->ser->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
-        MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
-               ds->ser->nonfinite ? "holds non-finite values" : "does not fit the device budget");
-        return MB_OK;
+    if (mb__sr(ld->ds)->nonfinite || !mb__sl_bytes(m, cfg, &need) || need > budget) {
+        MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: series %s; windows are cut on the host into chunks", m->source,
+               mb__sr(ld->ds)->nonfinite ? "holds non-finite values" : "does not fit the device budget");
+        ld->src = mb__window_source();
+        return ld->src->loader_open(ld, free_bytes);
     }
-    mb_loader *ld = (mb_loader *)mb__host_calloc(1, sizeof *ld);
-    if (!ld) return MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
-    ld->dev = dev; ld->ds = ds; ld->lg = lg; ld->cfg = *cfg;
-    ld->drow_f = (size_t)(m->t * m->f) * mb_dtype_size(cfg->dtype);
-    ld->drow_t = (size_t)m->k * mb_dtype_size(cfg->dtype);
-    ld->buf[0].epoch = ld->buf[1].epoch = -1;
-    ld->cur_buf = ld->order_epoch = -1;
-#ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_init(&ld->mu, NULL);
-    pthread_cond_init(&ld->cv, NULL);
-#endif
     mb_loader_config whole = *cfg;
     whole.chunk_bytes = SIZE_MAX; /* one chunk: every sample */
-    mb_result r = mb__ld_plan(&whole, m, free_bytes, &ld->plan);
+    MB_TRY(mb__ld_plan(&whole, m, free_bytes, &ld->plan));
     ld->plan.budget_bytes = budget;
     ld->plan.chunk_bytes = need;
-    ld->ser = (mb__series_ld *)mb__host_calloc(1, sizeof *ld->ser);
-    if (r == MB_OK && !ld->ser) r = MB_FAIL(lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
-    if (r == MB_OK) {
-        ld->ser->idx_epoch = -1;
-        ld->ser->rows = cfg->shard_count > 1 ? mb__shard_rows(cfg, m->n) : m->n;
-        r = mb__sl_alloc(ld);
-    }
-    if (r != MB_OK) { mb_loader_close(ld); return r; }
-    MB_LOG(lg, MB_LOG_INFO, "mb_loader_open: %s: series mode, %lld samples, %zu device bytes resident, %lld "
+    mb__series_ld *sl = (mb__series_ld *)mb__host_calloc(1, sizeof *sl);
+    ld->ctx = sl;
+    if (!sl) return MB_FAIL(ld->lg, MB_ERR_OUT_OF_MEMORY, "mb_loader_open: no host memory");
+    sl->idx_epoch = -1;
+    sl->rows = cfg->shard_count > 1 ? mb__shard_rows(cfg, m->n) : m->n;
+    MB_TRY(mb__sl_alloc(ld));
+    MB_LOG(ld->lg, MB_LOG_INFO, "mb_loader_open: %s: series mode, %lld samples, %zu device bytes resident, %lld "
            "batches/epoch, %s", m->source, (long long)m->n, need, (long long)ld->plan.batches, mb_dtype_name(cfg->dtype));
-    *out = ld;
     return MB_OK;
 }
 
 /* The sample of each local row for ld->epoch on the device: the permutation the window
  * layout applies to a resident chunk (Philox stream (epoch, 0)), sharded as mb__shard_pos. */
 static mb_result mb__sl_order(mb_loader *ld) {
-    mb__series_ld *sl = ld->ser;
+    mb__series_ld *sl = mb__sl(ld);
     int64_t n = mb_dataset_info(ld->ds)->n;
     if (sl->idx_epoch == ld->epoch || (!ld->cfg.shuffle && sl->idx_epoch >= 0)) return MB_OK;
     if (sl->idx_epoch >= 0) MB_TRY(mb_sync(ld->dev, MB_STREAM_COMPUTE)); /* the last copy out of hidx is done */
@@ -4504,7 +4574,7 @@ static mb_result mb__sl_order(mb_loader *ld) {
 /* mb_loader_next in series mode: the next batch gathered into the batch buffer (*done = 1),
  * or the epoch's batches are over (*done = 0; the caller ends the epoch). */
 static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
-    mb__series_ld *sl = ld->ser;
+    mb__series_ld *sl = mb__sl(ld);
     int64_t B = ld->cfg.batch, first = ld->batch * B, count = sl->rows - first < B ? sl->rows - first : B;
     *done = 0;
     if (count <= 0 || (ld->cfg.drop_last && count < B)) {
@@ -4523,6 +4593,18 @@ static mb_result mb__sl_batch(mb_loader *ld, mb_batch *out, int *done) {
     ld->batch++;
     *done = 1;
     return MB_OK;
+}
+
+// -- the series layout's source --
+
+static const mb__source *mb__series_source(void) {
+    MB__OPS_BEGIN
+    static const mb__source src = {
+        .name = "series", .read = mb__sr_read, .close = mb__sr_close,
+        .loader_open = mb__sl_open, .loader_next = mb__sl_batch, .loader_close = mb__sl_close,
+    };
+    MB__OPS_END
+    return &src;
 }
 
 MB__OPS_BEGIN

@@ -112,7 +112,7 @@ static size_t collect(mb_device *dev, const gen *g, const mb_loader_config *c, c
     tu_ok(mb_dataset_open_series(&ds, &d, NULL));
     mb_loader *ld;
     tu_ok(mb_loader_open(&ld, dev, ds, c));
-    assert_non_null(ld->ser);
+    assert_ptr_equal(ld->src, mb__series_source()); /* series mode */
     return tu_drain_two_epochs(dev, ld, ds, (size_t)(g->t * g->f), (size_t)g->k, mb_dtype_size(c->dtype), out, cap);
 }
 
