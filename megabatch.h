@@ -1055,8 +1055,9 @@ typedef struct mb_ckpt_key {
 #define MB_CKPT_F32(name, v) {name, MB_CKPT_KIND_F32, 0, 0, (double)(float)(v), NULL}
 #define MB_CKPT_F64(name, v) {name, MB_CKPT_KIND_F64, 0, 0, (double)(v), NULL}
 
-/* Add the n entries as text section `section`. MB_ERR_INVALID_ARG (naming the entry) for
- * a bad or repeated name, a bad kind, or a `before` that is not a value of its kind. */
+/* Add the n entries (0..4096) as text section `section`. MB_ERR_INVALID_ARG (naming the
+ * entry) for a bad or repeated name, a bad kind, or a `before` that is not a value of its
+ * kind. */
 MBDEF mb_result mb_ckpt_add_key(mb_ckpt_writer *w, const char *section, const mb_ckpt_key *key, int n);
 /* Compare section `section` with the n entries. MB_ERR_FORMAT when the file has no such
  * section, or an entry differs ("'run.ckpt' was written with other options: hidden is 16
@@ -7381,7 +7382,8 @@ static int mb__ckpt_key_format(mb_ckpt_kind kind, const mb__ckpt_val *v, char *b
 }
 
 /* Parse len bytes of text as a value of `kind`: the whole text, no sign on a UINT, no
- * leading blank or '+', in range. 1 on success. */
+ * leading blank or '+', an integer in range (a float's overflow is inf, which then differs
+ * from any finite value). 1 on success. */
 static int mb__ckpt_key_parse(mb_ckpt_kind kind, const char *s, size_t len, mb__ckpt_val *v) {
     char buf[MB__CKPT_KEY_VALUE], *end = NULL;
     if (len == 0 || len >= sizeof buf) return 0;
@@ -7397,11 +7399,11 @@ static int mb__ckpt_key_parse(mb_ckpt_kind kind, const char *s, size_t len, mb__
         if (buf[0] == '-') return 0;
         v->u = (uint64_t)strtoull(buf, &end, 10);
         break;
-    case MB_CKPT_KIND_F32: v->f = (double)strtof(buf, &end); break;
-    case MB_CKPT_KIND_F64: v->f = strtod(buf, &end); break;
+    case MB_CKPT_KIND_F32: v->f = (double)strtof(buf, &end); errno = 0; break; /* a subnormal is a value */
+    case MB_CKPT_KIND_F64: v->f = strtod(buf, &end); errno = 0; break;
     default: return 0;
     }
-    return end == buf + len && errno != ERANGE;
+    return end == buf + len && errno != ERANGE; /* an integer out of range */
 }
 
 static int mb__ckpt_key_equal(mb_ckpt_kind kind, const mb__ckpt_val *a, const mb__ckpt_val *b) {
@@ -7424,7 +7426,9 @@ static mb__ckpt_val mb__ckpt_key_val(const mb_ckpt_key *k) {
 static mb_result mb__ckpt_key_valid(const mb_logger *lg, const char *what, const char *section, const mb_ckpt_key *key,
                                     int n) {
     MB_TRY(mb__ckpt_check_name(lg, section, what));
-    if (n < 0 || (n && !key)) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: %d entries at %p", what, n, (const void *)key);
+    if (n < 0 || n > MB__CKPT_KEY_LINES || (n && !key))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: %d entries at %p (0..%d)", what, n, (const void *)key,
+                       MB__CKPT_KEY_LINES);
     for (int e = 0; e < n; e++) {
         const mb_ckpt_key *k = &key[e];
         mb__ckpt_val v;

@@ -553,6 +553,11 @@ static void test_key_added_and_unknown(void **state) {
     tu_assert_error(mb_ckpt_add_key(w, "bad", &nanb, 1), MB_ERR_INVALID_ARG, "before='one' is not an integer");
     tu_assert_error(mb_ckpt_add_key(w, "bad", &kind, 1), MB_ERR_INVALID_ARG, "entry 'z' has kind 9");
     tu_assert_error(mb_ckpt_add_key(w, "bad", NULL, 2), MB_ERR_INVALID_ARG, "2 entries");
+    tu_assert_error(mb_ckpt_add_key(w, "bad", old, 4097), MB_ERR_INVALID_ARG, "4097 entries");
+    mb_ckpt_key tiny[] = {MB_CKPT_F32("sub", 1e-40f), MB_CKPT_F64("dsub", 1e-310), MB_CKPT_F32("big", 3e38f),
+                          MB_CKPT_F64("inf", INFINITY), MB_CKPT_F64("nan", NAN), MB_CKPT_INT("min", INT64_MIN),
+                          MB_CKPT_UINT("max", UINT64_MAX)};
+    tu_ok(mb_ckpt_add_key(w, "tiny", tiny, 7));
     tu_ok(mb_ckpt_write(w, tpath("added.mb")));
     mb_ckpt_writer_destroy(w);
     mb_ckpt_reader *r;
@@ -572,6 +577,9 @@ static void test_key_added_and_unknown(void **state) {
     now[1].kind = MB_CKPT_KIND_INT; now[1].i = 0;
     tu_assert_error(mb_ckpt_check_key(r, "k", now, 3), MB_ERR_FORMAT, "lr is '0.00200000009' in the checkpoint, not an integer");
     tu_ok(mb_ckpt_check_key(r, "empty", NULL, 0));
+    tu_ok(mb_ckpt_check_key(r, "tiny", tiny, 7)); /* subnormals, extremes, inf, NaN read back */
+    tiny[0].f = 2e-40f;
+    tu_assert_error(mb_ckpt_check_key(r, "tiny", tiny, 7), MB_ERR_FORMAT, "sub is 9.9999461e-41 in the checkpoint but 2.00000323e-40 here");
     tu_assert_error(mb_ckpt_check_key(r, "empty", old, 1), MB_ERR_FORMAT, "hidden is not in the checkpoint");
     tu_assert_error(mb_ckpt_check_key(NULL, "k", old, 1), MB_ERR_INVALID_ARG, "reader is NULL");
     mb_ckpt_close(r);
