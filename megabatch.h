@@ -1031,6 +1031,57 @@ MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o);
 MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
 
+/* A compatibility key: the named values a resume must match (the options that shape a
+ * run), one text section of "name=value\n" lines in the caller's order (integers in
+ * decimal, a float as %.9g, a double as %.17g), so it depends on no struct layout, padding,
+ * byte order or compiler. The check compares entry by entry, by name and exactly (a float
+ * by its value), and names the first entry that differs with both values. An option added
+ * later is one more entry; `before` says what files written before it hold.
+ *
+ *   mb_ckpt_key key[] = {MB_CKPT_INT("hidden", o.hidden), MB_CKPT_F32("lr", o.lr),
+ *                        {"no_ftz", MB_CKPT_KIND_INT, o.no_ftz, 0, 0, "0"}};  // added later
+ *   mb_ckpt_add_key(w, "options.key", key, 3);
+ *   mb_ckpt_check_key(r, "options.key", key, 3);  // "... hidden is 16 in the checkpoint but 8 here" */
+typedef enum mb_ckpt_kind { MB_CKPT_KIND_INT, MB_CKPT_KIND_UINT, MB_CKPT_KIND_F32, MB_CKPT_KIND_F64 } mb_ckpt_kind;
+typedef struct mb_ckpt_key {
+    const char *name;   /* 1..MB_MAX_NAME-1 bytes of letters, digits, '_', '-', '.'; unique */
+    mb_ckpt_kind kind;
+    int64_t i;          /* MB_CKPT_KIND_INT's value */
+    uint64_t u;         /* MB_CKPT_KIND_UINT's */
+    double f;           /* MB_CKPT_KIND_F32's (a float's value) and MB_CKPT_KIND_F64's */
+    const char *before; /* the value, as text, of a file written before this entry existed
+                           ("0"); NULL: such a file is refused */
+} mb_ckpt_key;
+#define MB_CKPT_INT(name, v) {name, MB_CKPT_KIND_INT, (int64_t)(v), 0, 0.0, NULL}
+#define MB_CKPT_UINT(name, v) {name, MB_CKPT_KIND_UINT, 0, (uint64_t)(v), 0.0, NULL}
+#define MB_CKPT_F32(name, v) {name, MB_CKPT_KIND_F32, 0, 0, (double)(float)(v), NULL}
+#define MB_CKPT_F64(name, v) {name, MB_CKPT_KIND_F64, 0, 0, (double)(v), NULL}
+
+/* Add the n entries (0..4096) as text section `section`. MB_ERR_INVALID_ARG (naming the
+ * entry) for a bad or repeated name, a bad kind, or a `before` that is not a value of its
+ * kind. */
+MBDEF mb_result mb_ckpt_add_key(mb_ckpt_writer *w, const char *section, const mb_ckpt_key *key, int n);
+/* Compare section `section` with the n entries. MB_ERR_FORMAT when the file has no such
+ * section, or an entry differs ("'run.ckpt' was written with other options: hidden is 16
+ * in the checkpoint but 8 here", and how many more differ), is missing (and has no
+ * `before`), or is one this build does not know; MB_ERR_CORRUPT for a malformed key text.
+ * Reads only: nothing changes whatever the answer. */
+MBDEF mb_result mb_ckpt_check_key(mb_ckpt_reader *r, const char *section, const mb_ckpt_key *key, int n);
+
+/* Where one named value of a struct's raw bytes lies: offset and width in bytes,
+ * little-endian (INT and UINT 1, 2, 4 or 8 bytes, INT sign-extended; F32 4; F64 8). */
+typedef struct mb_ckpt_field { const char *name; mb_ckpt_kind kind; uint32_t offset, width; } mb_ckpt_field;
+/* A key that an older program stored as a struct's raw bytes, read back unambiguously
+ * through a layout table of `fields` named fields: section `section` must hold exactly
+ * `bytes` bytes, every byte outside the fields zero. Compared with the n entries as
+ * mb_ckpt_check_key does (MB_ERR_FORMAT naming the first entry that differs). A section
+ * of another size or with a stray non-zero byte (another layout, platform or build: not
+ * readable without guessing) is MB_ERR_UNSUPPORTED saying so; a missing section
+ * MB_ERR_FORMAT; a bad layout table (a field outside `bytes`, overlapping another, of a
+ * bad width) MB_ERR_INVALID_ARG. Reads only. */
+MBDEF mb_result mb_ckpt_check_key_bytes(mb_ckpt_reader *r, const char *section, size_t bytes,
+                                        const mb_ckpt_field *layout, int fields, const mb_ckpt_key *key, int n);
+
 // ---- end checkpoint ----
 
 // ---- export ----
@@ -7526,6 +7577,307 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s) {
     memcpy(&st.scale, &v[0], 4);
     st.growth_tracker = v[1]; st.found_inf = v[2]; st.last_found_inf = v[3];
     return mb_scaler_set(s, &st);
+}
+
+/* -- compatibility keys: "name=value\n" lines -- */
+
+#define MB__CKPT_KEY_VALUE 64     /* bytes of a value's text, with the NUL */
+#define MB__CKPT_KEY_LINES 4096   /* lines a key section may hold */
+
+static int mb__ckpt_key_name_ok(const char *s, size_t len) {
+    if (len == 0 || len >= MB_MAX_NAME) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+              c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static const char *mb__ckpt_kind_name(mb_ckpt_kind kind) {
+    switch (kind) {
+    case MB_CKPT_KIND_INT: return "an integer";
+    case MB_CKPT_KIND_UINT: return "an unsigned integer";
+    case MB_CKPT_KIND_F32: return "a float";
+    case MB_CKPT_KIND_F64: return "a double";
+    }
+    return "(bad kind)";
+}
+
+/* A parsed value of one kind. */
+typedef struct mb__ckpt_val { int64_t i; uint64_t u; double f; } mb__ckpt_val;
+
+/* The text of a value: 1 on success. */
+static int mb__ckpt_key_format(mb_ckpt_kind kind, const mb__ckpt_val *v, char *buf) {
+    switch (kind) {
+    case MB_CKPT_KIND_INT: snprintf(buf, MB__CKPT_KEY_VALUE, "%lld", (long long)v->i); return 1;
+    case MB_CKPT_KIND_UINT: snprintf(buf, MB__CKPT_KEY_VALUE, "%llu", (unsigned long long)v->u); return 1;
+    case MB_CKPT_KIND_F32: snprintf(buf, MB__CKPT_KEY_VALUE, "%.9g", (double)(float)v->f); return 1;
+    case MB_CKPT_KIND_F64: snprintf(buf, MB__CKPT_KEY_VALUE, "%.17g", v->f); return 1;
+    }
+    return 0;
+}
+
+/* Parse len bytes of text as a value of `kind`: the whole text, no sign on a UINT, no
+ * leading blank or '+', an integer in range (a float's overflow is inf, which then differs
+ * from any finite value). 1 on success. */
+static int mb__ckpt_key_parse(mb_ckpt_kind kind, const char *s, size_t len, mb__ckpt_val *v) {
+    char buf[MB__CKPT_KEY_VALUE], *end = NULL;
+    if (len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    if (!(buf[0] == '-' || buf[0] == '.' || (buf[0] >= '0' && buf[0] <= '9') || buf[0] == 'i' || buf[0] == 'n'))
+        return 0;
+    memset(v, 0, sizeof *v);
+    errno = 0;
+    switch (kind) {
+    case MB_CKPT_KIND_INT: v->i = (int64_t)strtoll(buf, &end, 10); break;
+    case MB_CKPT_KIND_UINT:
+        if (buf[0] == '-') return 0;
+        v->u = (uint64_t)strtoull(buf, &end, 10);
+        break;
+    case MB_CKPT_KIND_F32: v->f = (double)strtof(buf, &end); errno = 0; break; /* a subnormal is a value */
+    case MB_CKPT_KIND_F64: v->f = strtod(buf, &end); errno = 0; break;
+    default: return 0;
+    }
+    return end == buf + len && errno != ERANGE; /* an integer out of range */
+}
+
+static int mb__ckpt_key_equal(mb_ckpt_kind kind, const mb__ckpt_val *a, const mb__ckpt_val *b) {
+    switch (kind) {
+    case MB_CKPT_KIND_INT: return a->i == b->i;
+    case MB_CKPT_KIND_UINT: return a->u == b->u;
+    case MB_CKPT_KIND_F32:
+    case MB_CKPT_KIND_F64: return a->f == b->f || (a->f != a->f && b->f != b->f); /* NaN matches NaN */
+    }
+    return 0;
+}
+
+static mb__ckpt_val mb__ckpt_key_val(const mb_ckpt_key *k) {
+    mb__ckpt_val v;
+    v.i = k->i; v.u = k->u; v.f = k->kind == MB_CKPT_KIND_F32 ? (double)(float)k->f : k->f;
+    return v;
+}
+
+/* The section's name and the entries: names, kinds, uniqueness, `before`. */
+static mb_result mb__ckpt_key_valid(const mb_logger *lg, const char *what, const char *section, const mb_ckpt_key *key,
+                                    int n) {
+    MB_TRY(mb__ckpt_check_name(lg, section, what));
+    if (n < 0 || n > MB__CKPT_KEY_LINES || (n && !key))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: %d entries at %p (0..%d)", what, n, (const void *)key,
+                       MB__CKPT_KEY_LINES);
+    for (int e = 0; e < n; e++) {
+        const mb_ckpt_key *k = &key[e];
+        mb__ckpt_val v;
+        if (!k->name || !mb__ckpt_key_name_ok(k->name, strlen(k->name)))
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: entry %d's name '%s' must be 1..%d bytes of letters, digits, "
+                           "'_', '-', '.'", what, e, k->name ? k->name : "(null)", MB_MAX_NAME - 1);
+        if ((unsigned)k->kind > (unsigned)MB_CKPT_KIND_F64)
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: entry '%s' has kind %d", what, k->name, (int)k->kind);
+        if (k->before && !mb__ckpt_key_parse(k->kind, k->before, strlen(k->before), &v))
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: entry '%s': before='%s' is not %s", what, k->name, k->before,
+                           mb__ckpt_kind_name(k->kind));
+        for (int j = 0; j < e; j++)
+            if (strcmp(key[j].name, k->name) == 0)
+                return MB_FAIL(lg, MB_ERR_INVALID_ARG, "%s: entry '%s' given twice", what, k->name);
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_ckpt_add_key(mb_ckpt_writer *w, const char *section, const mb_ckpt_key *key, int n) {
+    if (!w) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add_key: writer is NULL");
+    const mb_logger *lg = mb__ckpt_log(w->dev);
+    MB_TRY(mb__ckpt_key_valid(lg, "mb_ckpt_add_key", section, key, n));
+    size_t cap = (size_t)n * (MB_MAX_NAME + MB__CKPT_KEY_VALUE + 2) + 1, len = 0;
+    char *text = NULL;
+    MB_TRY(mb__ckpt_alloc(w->dev, cap, (void **)&text));
+    for (int e = 0; e < n; e++) {
+        char v[MB__CKPT_KEY_VALUE];
+        mb__ckpt_val val = mb__ckpt_key_val(&key[e]);
+        mb__ckpt_key_format(key[e].kind, &val, v);
+        len += (size_t)snprintf(text + len, cap - len, "%s=%s\n", key[e].name, v);
+    }
+    mb_result r = mb_ckpt_add(w, section, text, len);
+    mb__ckpt_free(w->dev, text);
+    return r;
+}
+
+/* Line `i` of a checked key text: its name and value (not NUL-terminated). */
+typedef struct mb__ckpt_line { const char *name, *value; size_t nlen, vlen; } mb__ckpt_line;
+
+/* Split a key text into lines, checking each: "name=value\n", a valid name, a value of
+ * 1..63 printable bytes without blanks, no name twice. */
+static mb_result mb__ckpt_key_lines(const mb_logger *lg, const char *path, const char *section, const char *text,
+                                    size_t len, mb__ckpt_line *lines, int *count) {
+    int n = 0;
+    for (size_t pos = 0; pos < len; n++) {
+        const char *s = text + pos, *nl = (const char *)memchr(s, '\n', len - pos);
+        const char *eq = nl ? (const char *)memchr(s, '=', (size_t)(nl - s)) : NULL;
+        if (n >= MB__CKPT_KEY_LINES)
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "'%s': key section '%s' has more than %d lines", path, section,
+                           MB__CKPT_KEY_LINES);
+        if (!nl) return MB_FAIL(lg, MB_ERR_CORRUPT, "'%s': key section '%s' is cut short in line %d", path, section, n + 1);
+        mb__ckpt_line *l = &lines[n];
+        l->name = s; l->nlen = eq ? (size_t)(eq - s) : 0;
+        l->value = eq ? eq + 1 : s; l->vlen = eq ? (size_t)(nl - eq - 1) : 0;
+        int ok = eq && mb__ckpt_key_name_ok(l->name, l->nlen) && l->vlen > 0 && l->vlen < MB__CKPT_KEY_VALUE;
+        for (size_t i = 0; ok && i < l->vlen; i++) ok = l->value[i] > ' ' && l->value[i] < 127;
+        if (!ok) {
+            char shown[64]; /* the line's start, bytes that are not printable as '?' */
+            size_t k = 0;
+            for (; k < sizeof shown - 1 && s + k < nl; k++) shown[k] = s[k] >= ' ' && s[k] < 127 ? s[k] : '?';
+            shown[k] = 0;
+            return MB_FAIL(lg, MB_ERR_CORRUPT, "'%s': key section '%s': line %d is not name=value: '%s%s'", path,
+                           section, n + 1, shown, s + k < nl ? "..." : "");
+        }
+        for (int j = 0; j < n; j++)
+            if (lines[j].nlen == l->nlen && memcmp(lines[j].name, l->name, l->nlen) == 0)
+                return MB_FAIL(lg, MB_ERR_CORRUPT, "'%s': key section '%s' holds '%.*s' twice", path, section,
+                               (int)l->nlen, l->name);
+        pos = (size_t)(nl - text) + 1;
+    }
+    *count = n;
+    return MB_OK;
+}
+
+static const mb__ckpt_line *mb__ckpt_key_find(const mb__ckpt_line *lines, int count, const char *name) {
+    size_t len = strlen(name);
+    for (int j = 0; j < count; j++)
+        if (lines[j].nlen == len && memcmp(lines[j].name, name, len) == 0) return &lines[j];
+    return NULL;
+}
+
+/* Compare a key text with the entries; the first difference named, the others counted. */
+static mb_result mb__ckpt_key_compare(const mb_logger *lg, mb_device *dev, const char *path, const char *section,
+                                      const char *text, size_t len, const mb_ckpt_key *key, int n) {
+    mb__ckpt_line *lines = NULL;
+    int count = 0, differ = 0;
+    char first[MB_MAX_NAME * 2 + MB__CKPT_KEY_VALUE * 2 + 96] = "";
+    size_t most = len / 4 + 1; /* each line takes at least "a=b\n" */
+    MB_TRY(mb__ckpt_alloc(dev, (most < MB__CKPT_KEY_LINES ? most : MB__CKPT_KEY_LINES) * sizeof *lines,
+                          (void **)&lines));
+    mb_result res = mb__ckpt_key_lines(lg, path, section, text, len, lines, &count);
+    for (int e = 0; res == MB_OK && e < n; e++) {
+        const mb_ckpt_key *k = &key[e];
+        const mb__ckpt_line *l = mb__ckpt_key_find(lines, count, k->name);
+        char here[MB__CKPT_KEY_VALUE];
+        mb__ckpt_val want = mb__ckpt_key_val(k), got;
+        mb__ckpt_key_format(k->kind, &want, here);
+        const char *saved = l ? l->value : k->before;
+        size_t slen = l ? l->vlen : (k->before ? strlen(k->before) : 0);
+        if (!saved) {
+            if (!differ++)
+                snprintf(first, sizeof first, "%s is not in the checkpoint (written before it existed) but %s here",
+                         k->name, here);
+        } else if (!mb__ckpt_key_parse(k->kind, saved, slen, &got)) {
+            if (!differ++)
+                snprintf(first, sizeof first, "%s is '%.*s' in the checkpoint, not %s as here (%s)", k->name, (int)slen,
+                         saved, mb__ckpt_kind_name(k->kind), here);
+        } else if (!mb__ckpt_key_equal(k->kind, &got, &want)) {
+            if (!differ++)
+                snprintf(first, sizeof first, "%s is %.*s in the checkpoint but %s here", k->name, (int)slen, saved, here);
+        }
+    }
+    for (int j = 0; res == MB_OK && j < count; j++) {
+        int known = 0;
+        for (int e = 0; e < n && !known; e++)
+            known = strlen(key[e].name) == lines[j].nlen && memcmp(key[e].name, lines[j].name, lines[j].nlen) == 0;
+        if (!known && !differ++)
+            snprintf(first, sizeof first, "%.*s=%.*s in the checkpoint is not an option of this build", (int)lines[j].nlen,
+                     lines[j].name, (int)lines[j].vlen, lines[j].value);
+    }
+    mb__ckpt_free(dev, lines);
+    char more[48] = "";
+    if (differ > 1) snprintf(more, sizeof more, " (and %d more entr%s)", differ - 1, differ > 2 ? "ies differ" : "y differs");
+    if (res == MB_OK && differ)
+        res = MB_FAIL(lg, MB_ERR_FORMAT, "'%s' was written with other options: %s%s", path, first, more);
+    return res;
+}
+
+MBDEF mb_result mb_ckpt_check_key(mb_ckpt_reader *r, const char *section, const mb_ckpt_key *key, int n) {
+    if (!r) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_check_key: reader is NULL");
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    MB_TRY(mb__ckpt_key_valid(lg, "mb_ckpt_check_key", section, key, n));
+    const mb__ckpt_blob *s = mb__ckpt_find(r, section);
+    if (!s) return MB_FAIL(lg, MB_ERR_FORMAT, "mb_ckpt_check_key: '%s' has no key section '%s'", r->path, section);
+    return mb__ckpt_key_compare(lg, r->dev, r->path, section, (const char *)s->data, s->bytes, key, n);
+}
+
+/* The layout table itself: names, kinds, widths, fields inside `bytes` and apart. */
+static mb_result mb__ckpt_layout_valid(const mb_logger *lg, size_t bytes, const mb_ckpt_field *f, int fields) {
+    if (fields < 0 || (fields && !f))
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_check_key_bytes: %d fields at %p", fields, (const void *)f);
+    for (int e = 0; e < fields; e++) {
+        uint32_t w = f[e].width;
+        int width_ok = f[e].kind == MB_CKPT_KIND_F32 ? w == 4 : f[e].kind == MB_CKPT_KIND_F64 ? w == 8
+                     : (unsigned)f[e].kind <= (unsigned)MB_CKPT_KIND_UINT && (w == 1 || w == 2 || w == 4 || w == 8);
+        if (!f[e].name || !mb__ckpt_key_name_ok(f[e].name, strlen(f[e].name)) || !width_ok ||
+            (uint64_t)f[e].offset + w > (uint64_t)bytes)
+            return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_check_key_bytes: field %d ('%s', kind %d, %u bytes at %u) "
+                           "is not a named value inside %zu bytes", e, f[e].name ? f[e].name : "(null)",
+                           (int)f[e].kind, (unsigned)w, (unsigned)f[e].offset, bytes);
+        for (int j = 0; j < e; j++)
+            if (strcmp(f[j].name, f[e].name) == 0 || (f[j].offset < f[e].offset + w && f[e].offset < f[j].offset + f[j].width))
+                return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_ckpt_check_key_bytes: fields '%s' and '%s' share a name or "
+                               "bytes", f[j].name, f[e].name);
+    }
+    return MB_OK;
+}
+
+/* Field e of a struct's bytes as a value (little-endian; INT sign-extended). */
+static mb__ckpt_val mb__ckpt_field_value(const unsigned char *b, const mb_ckpt_field *f) {
+    mb__ckpt_val v;
+    memset(&v, 0, sizeof v);
+    uint64_t x = mb__get_le(b + f->offset, (int)f->width);
+    if (f->kind == MB_CKPT_KIND_INT) {
+        int sh = 64 - 8 * (int)f->width;
+        v.i = sh ? (int64_t)(x << sh) / ((int64_t)1 << sh) : (int64_t)x; /* sign-extended */
+    } else if (f->kind == MB_CKPT_KIND_UINT) {
+        v.u = x;
+    } else if (f->kind == MB_CKPT_KIND_F32) {
+        uint32_t bits = (uint32_t)x;
+        float fl;
+        memcpy(&fl, &bits, 4);
+        v.f = fl;
+    } else {
+        memcpy(&v.f, &x, 8);
+    }
+    return v;
+}
+
+MBDEF mb_result mb_ckpt_check_key_bytes(mb_ckpt_reader *r, const char *section, size_t bytes,
+                                        const mb_ckpt_field *layout, int fields, const mb_ckpt_key *key, int n) {
+    if (!r) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_check_key_bytes: reader is NULL");
+    const mb_logger *lg = mb__ckpt_log(r->dev);
+    MB_TRY(mb__ckpt_key_valid(lg, "mb_ckpt_check_key_bytes", section, key, n));
+    MB_TRY(mb__ckpt_layout_valid(lg, bytes, layout, fields));
+    const mb__ckpt_blob *s = mb__ckpt_find(r, section);
+    if (!s) return MB_FAIL(lg, MB_ERR_FORMAT, "mb_ckpt_check_key_bytes: '%s' has no section '%s'", r->path, section);
+    if (s->bytes != bytes)
+        return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_ckpt_check_key_bytes: '%s': section '%s' holds %zu bytes, not the %zu "
+                       "of the layout this build reads (another build's or platform's struct)", r->path, section,
+                       s->bytes, bytes);
+    for (size_t i = 0; i < bytes; i++) {
+        int inside = 0;
+        for (int e = 0; e < fields && !inside; e++) inside = i >= layout[e].offset && i < layout[e].offset + layout[e].width;
+        if (!inside && s->data[i])
+            return MB_FAIL(lg, MB_ERR_UNSUPPORTED, "mb_ckpt_check_key_bytes: '%s': section '%s' has a non-zero byte at %zu, "
+                           "outside every field of the layout this build reads (another build's struct)", r->path,
+                           section, i);
+    }
+    size_t cap = (size_t)fields * (MB_MAX_NAME + MB__CKPT_KEY_VALUE + 2) + 1, len = 0;
+    char *text = NULL;
+    MB_TRY(mb__ckpt_alloc(r->dev, cap, (void **)&text));
+    for (int e = 0; e < fields; e++) { /* the same text a key section would hold, then the same comparison */
+        char v[MB__CKPT_KEY_VALUE];
+        mb__ckpt_val val = mb__ckpt_field_value(s->data, &layout[e]);
+        mb__ckpt_key_format(layout[e].kind, &val, v);
+        len += (size_t)snprintf(text + len, cap - len, "%s=%s\n", layout[e].name, v);
+    }
+    mb_result res = mb__ckpt_key_compare(lg, r->dev, r->path, section, text, len, key, n);
+    mb__ckpt_free(r->dev, text);
+    return res;
 }
 
 // ---- end checkpoint ----

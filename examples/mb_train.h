@@ -223,10 +223,13 @@ MBT_API mb_result mbt_plot_write(const char *path, const char *metrics, const ch
 
 // ---- checkpoints ----
 // One file (crash-safe: mb_ckpt_write): params, AdamW (m, v, steps), the f16 scaler, any
-// state of the model's own (a hook), the run state and the options that shape the run (a
-// resume with other options is refused). Saved inside an accumulation window (an epoch's end
-// when its batches are not a multiple of --accum), it also holds the gradients summed so far
-// ("grads"), so the resumed window sums the same micro-batches.
+// state of the model's own (a hook), the run state and the options that shape the run as
+// named entries ("options.key": a resume with other options is refused naming the first
+// that differs and both values). Saved inside an accumulation window (an epoch's end when its
+// batches are not a multiple of --accum), it also holds the gradients summed so far
+// ("grads"), so the resumed window sums the same micro-batches. Files of the older format
+// held the options as a struct's raw bytes ("options"): read through a layout table where
+// that is unambiguous, else refused saying what to do.
 
 typedef struct mbt_ckpt {
     mb_device *dev;
@@ -234,8 +237,11 @@ typedef struct mbt_ckpt {
     mb_params *params;
     mb_adamw *opt;
     mb_scaler *scaler;                                     /* NULL: none */
-    const void *options;                                   /* compared bytewise on load */
-    size_t options_bytes;
+    const mb_ckpt_key *key;                                /* the options a resume must match */
+    int key_n;
+    const mb_ckpt_field *legacy;                           /* where older files' "options" bytes */
+    int legacy_n;                                          /* held them (NULL: such files refused) */
+    size_t legacy_bytes;
     mb_result (*save_state)(mb_ckpt_writer *w, void *ctx); /* the model's own state (NULL: none) */
     mb_result (*load_state)(mb_ckpt_reader *rd, void *ctx);
     void *ctx;
@@ -252,7 +258,7 @@ MBT_API mb_result mbt_ckpt_fill(mb_ckpt_writer *w, const mbt_ckpt *c, const mbt_
     if (!mb_accum_window_start(&rs->acc))
         MB_TRY(mb_ckpt_add(w, "grads", mb_params_grad(c->params), mb_params_total(c->params) * sizeof(float)));
     MB_TRY(mb_ckpt_add(w, "run", &st, sizeof st));
-    MB_TRY(mb_ckpt_add(w, "options", c->options, c->options_bytes));
+    MB_TRY(mb_ckpt_add_key(w, "options.key", c->key, c->key_n));
     return mb_ckpt_write(w, c->path);
 }
 
@@ -266,13 +272,27 @@ MBT_API mb_result mbt_ckpt_save(const mbt_ckpt *c, const mbt_run *rs, FILE *metr
     return r;
 }
 
+/* The file's options against the run's: named entries, or an older file's struct bytes
+ * read through the layout table (mb_ckpt_check_key_bytes); one that cannot be read
+ * unambiguously is refused saying so and what to do. Changes nothing. */
+MBT_API mb_result mbt_ckpt_check_options(mb_ckpt_reader *rd, const mbt_ckpt *c) {
+    if (mb_ckpt_has(rd, "options.key", NULL)) return mb_ckpt_check_key(rd, "options.key", c->key, c->key_n);
+    if (!mb_ckpt_has(rd, "options", NULL))
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s holds no training options (not a checkpoint of this program)", c->path);
+    mb_result r = c->legacy ? mb_ckpt_check_key_bytes(rd, "options", c->legacy_bytes, c->legacy, c->legacy_n, c->key,
+                                                      c->key_n)
+                            : MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "this build reads no options of the older format");
+    if (r != MB_ERR_UNSUPPORTED) return r;
+    char why[MB_MAX_ERROR];
+    snprintf(why, sizeof why, "%s", mb_last_error());
+    return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "%s is a checkpoint of an older format, whose options are the raw bytes of "
+                   "a struct that this build cannot read unambiguously (%s): resume it with the build that wrote it, "
+                   "or start again without --resume", c->path, why);
+}
+
 MBT_API mb_result mbt_ckpt_get(mb_ckpt_reader *rd, const mbt_ckpt *c, mbt_run *rs) {
-    char saved[4096];
     mbt_run st;
-    if (c->options_bytes > sizeof saved) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "options too large");
-    MB_TRY(mb_ckpt_get(rd, "options", saved, c->options_bytes));
-    if (memcmp(saved, c->options, c->options_bytes) != 0)
-        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s was written with other model or training options", c->path);
+    MB_TRY(mbt_ckpt_check_options(rd, c));
     MB_TRY(mb_ckpt_get(rd, "run", &st, sizeof st));
     int mid = !mb_accum_window_start(&st.acc);
     if (mid && !mb_ckpt_has(rd, "grads", NULL)) /* written mid-window by a build before "grads" */

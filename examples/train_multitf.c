@@ -34,7 +34,7 @@
 
 // ---- options ----
 
-typedef struct options { /* its bytes (but paths and run-only flags) are in each checkpoint */
+typedef struct options { /* those that shape a run are in each checkpoint: options_key below */
     const char *train, *val, *metrics, *plot, *ckpt;
     const char *export_path, *init;  /* --export, --init FILE.safetensors (docs/TRADING.md) */
     int epochs, layers, accum, threads, carry, quiet, checkpoint_k, resume;
@@ -47,8 +47,41 @@ typedef struct options { /* its bytes (but paths and run-only flags) are in each
     mb_dtype precision;
     uint64_t seed;
     int world;          /* data parallel: ranks (set by trainer_open; part of a checkpoint's shape) */
-    int no_ftz;         /* --no-ftz: the CPU keeps denormals (in the padding after world: old files match) */
+    int no_ftz;         /* --no-ftz: the CPU keeps denormals */
 } options;
+
+/* The options that shape a run, by their flags' names: a checkpoint holds them and a resume
+ * must match them (mb_ckpt_key; not the paths, --quiet, --resume, --threads, --epochs,
+ * --ckpt-every). A new option that shapes a run is one more entry, with the value that files
+ * written before it hold as its `before`. */
+enum { OPTION_KEYS = 19 };
+static void options_key(const options *o, mb_ckpt_key *out) {
+    const mb_ckpt_key key[OPTION_KEYS] = {
+        MB_CKPT_INT("layers", o->layers), MB_CKPT_INT("accum", o->accum), MB_CKPT_INT("carry", o->carry),
+        MB_CKPT_INT("checkpoint-k", o->checkpoint_k), MB_CKPT_INT("batch", o->batch), MB_CKPT_INT("hidden", o->hidden),
+        MB_CKPT_INT("head", o->head), MB_CKPT_INT("max-batches", o->max_batches), MB_CKPT_F32("lr", o->lr),
+        MB_CKPT_F32("clip", o->clip), MB_CKPT_F32("weight-decay", o->weight_decay),
+        MB_CKPT_F32("chunk-fraction", o->chunk_fraction), MB_CKPT_INT("warmup", o->warmup),
+        MB_CKPT_INT("schedule", o->schedule), MB_CKPT_INT("loss", o->loss), MB_CKPT_INT("precision", o->precision),
+        MB_CKPT_UINT("seed", o->seed), MB_CKPT_INT("world", o->world), MB_CKPT_INT("no-ftz", o->no_ftz)};
+    memcpy(out, key, sizeof key);
+}
+
+/* Checkpoints of the older format held these options as this struct's raw bytes, as gcc and
+ * clang lay it out on x86-64 and aarch64 (176 bytes; the paths and run-only fields zero):
+ * where each lay, so that such a file still resumes (mb_ckpt_check_key_bytes). Any other
+ * size or a stray byte is refused with what to do. Frozen: never edit for a new option. */
+static const mb_ckpt_field options_v1[OPTION_KEYS] = {
+    {"layers", MB_CKPT_KIND_INT, 60, 4},        {"accum", MB_CKPT_KIND_INT, 64, 4},
+    {"carry", MB_CKPT_KIND_INT, 72, 4},         {"checkpoint-k", MB_CKPT_KIND_INT, 80, 4},
+    {"batch", MB_CKPT_KIND_INT, 96, 8},         {"hidden", MB_CKPT_KIND_INT, 104, 8},
+    {"head", MB_CKPT_KIND_INT, 112, 8},         {"max-batches", MB_CKPT_KIND_INT, 120, 8},
+    {"lr", MB_CKPT_KIND_F32, 128, 4},           {"clip", MB_CKPT_KIND_F32, 132, 4},
+    {"weight-decay", MB_CKPT_KIND_F32, 136, 4}, {"chunk-fraction", MB_CKPT_KIND_F32, 140, 4},
+    {"warmup", MB_CKPT_KIND_INT, 144, 4},       {"schedule", MB_CKPT_KIND_INT, 148, 4},
+    {"loss", MB_CKPT_KIND_INT, 152, 4},         {"precision", MB_CKPT_KIND_INT, 156, 4},
+    {"seed", MB_CKPT_KIND_UINT, 160, 8},        {"world", MB_CKPT_KIND_INT, 168, 4},
+    {"no-ftz", MB_CKPT_KIND_INT, 172, 4}}; /* its bytes 172..175: padding before --no-ftz, zero */
 
 static const char usage[] =
     "usage: " MBA_TOOL("train_multitf") " [--train data/train.h5] [--val data/val.h5] [flags]\n"
@@ -87,7 +120,7 @@ static int outputs_writable(const options *o, const char *onnx) {
 }
 
 /* The defaults, then the flags; 1 when they are good, else `error: ...` printed and 0.
- * *onnx: --export-onnx, kept out of the options (their bytes are in each checkpoint). */
+ * *onnx: --export-onnx, kept out of the options (a checkpoint holds those that shape the run). */
 static int parse_options(int argc, char **argv, options *o, const char **onnx) {
     static const char *const schedules[] = {"constant", "cosine", "onecycle", NULL}, *const losses[] = {"mse", "huber", NULL},
                              *const precisions[] = {"f32", "bf16", "f16", NULL};
@@ -244,7 +277,7 @@ static mb_result data_parallel_in_sync(model *m) {
 
 typedef struct trainer {
     options o;             /* o.world: the ranks */
-    options shape;         /* the options that shape the run: a checkpoint holds them */
+    mb_ckpt_key key[OPTION_KEYS]; /* the options that shape the run: a checkpoint holds them */
     int lead;              /* rank 0: prints, writes metrics, the picture and checkpoints */
     mb_dist *dist;
     mb_device *dev;
@@ -291,13 +324,10 @@ static mb_result load_carry(mb_ckpt_reader *rd, void *net) { return mtf_model_lo
 /* --ckpt: what a checkpoint holds (mb_train.h) and the options a resume must match. */
 static void checkpoint_init(trainer *t) {
     mbt_ckpt *c = &t->ckpt;
-    t->shape = t->o;
-    options *k = &t->shape; /* what may differ in a resumed run */
-    k->train = k->val = k->metrics = k->plot = k->ckpt = k->export_path = k->init = NULL;
-    k->quiet = k->resume = k->threads = k->epochs = 0;
-    k->ckpt_every = 0;
+    options_key(&t->o, t->key);
     c->dev = t->dev; c->path = t->o.ckpt; c->params = t->m.net.params; c->opt = t->opt; c->scaler = t->m.scaler;
-    c->options = k; c->options_bytes = sizeof *k;
+    c->key = t->key; c->key_n = OPTION_KEYS;
+    c->legacy = options_v1; c->legacy_n = OPTION_KEYS; c->legacy_bytes = 176;
     if (t->o.carry) { c->save_state = save_carry; c->load_state = load_carry; c->ctx = &t->m.net; }
 }
 

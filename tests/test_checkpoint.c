@@ -1,7 +1,9 @@
 /* checkpoint (CPU backend): bitwise round trips of blobs and the training state, the
  * integrity checks (flipped bits, truncation), shape mismatches, unwritable directories
  * and a full disk with the previous file intact, leftover temp files, allocation
- * failures without leaks, and a real resume that continues bit-exactly. */
+ * failures without leaks, a real resume that continues bit-exactly, and the compatibility
+ * keys (named entries: each mismatch named, options added later, unknown ones, malformed
+ * texts, the struct bytes of older files read through a layout). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, setrlimit */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -405,6 +407,9 @@ static void test_alloc_failures(void **state) {
     tu_ok(mb_scaler_create(&s, dev, NULL));
     size_t base = mb_device_mem_stats(dev).count[MB_MEM_HOST];
     int failures = 0;
+    int64_t raw = 42;
+    mb_ckpt_key key[] = {MB_CKPT_F32("lr", 0.5f), MB_CKPT_INT("raw", raw)};
+    mb_ckpt_field field = {"raw", MB_CKPT_KIND_INT, 0, 8};
     for (uint64_t nth = 1; nth < 100; nth++) {
         mb_device_fail_alloc(dev, MB_MEM_HOST, nth);
         mb_ckpt_writer *w = NULL;
@@ -417,11 +422,15 @@ static void test_alloc_failures(void **state) {
         if (res == MB_OK) res = mb_ckpt_add_params(w, p);
         if (res == MB_OK) res = mb_ckpt_add_adamw(w, o);
         if (res == MB_OK) res = mb_ckpt_add_scaler(w, s);
+        if (res == MB_OK) res = mb_ckpt_add_key(w, "key", key, 2);
+        if (res == MB_OK) res = mb_ckpt_add(w, "raw", &raw, sizeof raw);
         if (res == MB_OK) res = mb_ckpt_write(w, tpath("af.mb"));
         mb_ckpt_writer_destroy(w);
         mb_ckpt_reader *r = NULL;
         if (res == MB_OK) res = mb_ckpt_open(&r, dev, tpath("af.mb"));
         if (res == MB_OK) res = mb_ckpt_load_params(r, p);
+        if (res == MB_OK) res = mb_ckpt_check_key(r, "key", key, 2);
+        if (res == MB_OK) res = mb_ckpt_check_key_bytes(r, "raw", sizeof raw, &field, 1, key + 1, 1);
         mb_ckpt_close(r);
         assert_int_equal(mb_device_mem_stats(dev).count[MB_MEM_HOST], base);
         if (res == MB_OK) break;
@@ -435,6 +444,277 @@ static void test_alloc_failures(void **state) {
     mb_scaler_destroy(s);
     mb_params_destroy(p);
     mb_device_close(dev);
+}
+
+/* -- compatibility keys -- */
+
+/* A random key of every kind: ints (negative too), unsigned, floats needing all 9 digits,
+ * doubles all 17. Names k0..k{n-1}; *n entries written into key (cap 12). */
+static void random_key(mb_ckpt_key *key, int *n) {
+    static char names[12][16];
+    *n = tu_int(4, 12);
+    for (int e = 0; e < *n; e++) {
+        snprintf(names[e], sizeof names[e], "k%d", e);
+        mb_ckpt_key k = MB_CKPT_INT(names[e], 0);
+        switch (e % 4) {
+        case 0: k.kind = MB_CKPT_KIND_INT; k.i = (int64_t)tu_next() >> tu_int(0, 62); break;
+        case 1: k.kind = MB_CKPT_KIND_UINT; k.u = tu_next() >> tu_int(0, 63); break;
+        case 2: k.kind = MB_CKPT_KIND_F32; k.f = (double)tu_uniform(-1e3f, 1e3f) * pow(10.0, tu_int(-30, 30)); k.f = (float)k.f; break;
+        default: k.kind = MB_CKPT_KIND_F64; k.f = (double)tu_uniform(-1, 1) / 3.0 * pow(10.0, tu_int(-200, 200)); break;
+        }
+        key[e] = k;
+    }
+}
+
+/* The text mb_ckpt_add_key writes for a value. */
+static void key_text(const mb_ckpt_key *k, char *buf, size_t cap) {
+    switch (k->kind) {
+    case MB_CKPT_KIND_INT: snprintf(buf, cap, "%lld", (long long)k->i); break;
+    case MB_CKPT_KIND_UINT: snprintf(buf, cap, "%llu", (unsigned long long)k->u); break;
+    case MB_CKPT_KIND_F32: snprintf(buf, cap, "%.9g", (double)(float)k->f); break;
+    default: snprintf(buf, cap, "%.17g", k->f); break;
+    }
+}
+
+/* One entry's value changed by the smallest step of its kind (a float by one ulp). */
+static void key_nudge(mb_ckpt_key *k) {
+    switch (k->kind) {
+    case MB_CKPT_KIND_INT: k->i = k->i == INT64_MAX ? k->i - 1 : k->i + 1; break;
+    case MB_CKPT_KIND_UINT: k->u ^= 1; break;
+    case MB_CKPT_KIND_F32: k->f = nextafterf((float)k->f, INFINITY); break;
+    default: k->f = nextafter(k->f, INFINITY); break;
+    }
+}
+
+/* The key round trips as "name=value\n" text; changing any one entry (by one ulp for a
+ * float) is refused naming that entry with both values; two changes say one more differs. */
+static void test_key_names_each_mismatch(void **state) {
+    (void)state;
+    mb_ckpt_key key[12], other[12];
+    int n;
+    random_key(key, &n);
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    tu_ok(mb_ckpt_add(w, "blob", &n, sizeof n));
+    tu_ok(mb_ckpt_add_key(w, "options.key", key, n));
+    tu_ok(mb_ckpt_write(w, tpath("key.mb")));
+    mb_ckpt_writer_destroy(w);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("key.mb")));
+    char text[12 * 48] = "", v[40], got[12 * 48 + 1];
+    for (int e = 0; e < n; e++) {
+        key_text(&key[e], v, sizeof v);
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s=%s\n", key[e].name, v);
+    }
+    size_t bytes = 0;
+    assert_true(mb_ckpt_has(r, "options.key", &bytes));
+    assert_int_equal(bytes, strlen(text));
+    tu_ok(mb_ckpt_get(r, "options.key", got, bytes));
+    got[bytes] = 0;
+    assert_string_equal(got, text);
+    tu_ok(mb_ckpt_check_key(r, "options.key", key, n));
+    for (int e = 0; e < n; e++) { /* reversed order: by name, not by position */
+        other[e] = key[n - 1 - e];
+    }
+    tu_ok(mb_ckpt_check_key(r, "options.key", other, n));
+    for (int e = 0; e < n; e++) {
+        memcpy(other, key, sizeof other);
+        key_nudge(&other[e]);
+        char a[40], b[40], want[200];
+        key_text(&key[e], a, sizeof a);
+        key_text(&other[e], b, sizeof b);
+        snprintf(want, sizeof want, "was written with other options: %s is %s in the checkpoint but %s here", key[e].name, a, b);
+        tu_assert_error(mb_ckpt_check_key(r, "options.key", other, n), MB_ERR_FORMAT, want);
+        assert_null(strstr(mb_last_error(), "more"));
+        int e2 = (e + 1) % n;
+        key_nudge(&other[e2]);
+        tu_assert_error(mb_ckpt_check_key(r, "options.key", other, n), MB_ERR_FORMAT, "(and 1 more entry differs)");
+    }
+    tu_assert_error(mb_ckpt_check_key(r, "no.key", key, n), MB_ERR_FORMAT, "no key section 'no.key'");
+    tu_assert_error(mb_ckpt_check_key(r, "blob", key, n), MB_ERR_CORRUPT, "key section 'blob'"); /* 4 binary bytes */
+    mb_ckpt_close(r);
+}
+
+/* An entry the file lacks: refused, or taken as `before` (an option added later); an entry
+ * the build lacks: refused naming it; bad entries refused when written. */
+static void test_key_added_and_unknown(void **state) {
+    (void)state;
+    int64_t hidden = tu_int(1, 1000);
+    mb_ckpt_key old[] = {MB_CKPT_INT("hidden", hidden), MB_CKPT_F32("lr", 2e-3f), MB_CKPT_UINT("seed", 7)};
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    tu_ok(mb_ckpt_add_key(w, "k", old, 3));
+    tu_ok(mb_ckpt_add_key(w, "empty", NULL, 0));
+    tu_assert_error(mb_ckpt_add_key(w, "k", old, 3), MB_ERR_INVALID_ARG, "added twice");
+    mb_ckpt_key bad[] = {MB_CKPT_INT("a b", 1), MB_CKPT_INT("x", 1), MB_CKPT_INT("x", 2)};
+    tu_assert_error(mb_ckpt_add_key(w, "bad", bad, 1), MB_ERR_INVALID_ARG, "entry 0's name 'a b'");
+    tu_assert_error(mb_ckpt_add_key(w, "bad", bad + 1, 2), MB_ERR_INVALID_ARG, "entry 'x' given twice");
+    mb_ckpt_key nanb = {"y", MB_CKPT_KIND_INT, 1, 0, 0, "one"}, kind = {"z", (mb_ckpt_kind)9, 0, 0, 0, NULL};
+    tu_assert_error(mb_ckpt_add_key(w, "bad", &nanb, 1), MB_ERR_INVALID_ARG, "before='one' is not an integer");
+    tu_assert_error(mb_ckpt_add_key(w, "bad", &kind, 1), MB_ERR_INVALID_ARG, "entry 'z' has kind 9");
+    tu_assert_error(mb_ckpt_add_key(w, "bad", NULL, 2), MB_ERR_INVALID_ARG, "2 entries");
+    tu_assert_error(mb_ckpt_add_key(w, "bad", old, 4097), MB_ERR_INVALID_ARG, "4097 entries");
+    mb_ckpt_key tiny[] = {MB_CKPT_F32("sub", 1e-40f), MB_CKPT_F64("dsub", 1e-310), MB_CKPT_F32("big", 3e38f),
+                          MB_CKPT_F64("inf", INFINITY), MB_CKPT_F64("nan", NAN), MB_CKPT_INT("min", INT64_MIN),
+                          MB_CKPT_UINT("max", UINT64_MAX)};
+    tu_ok(mb_ckpt_add_key(w, "tiny", tiny, 7));
+    tu_ok(mb_ckpt_write(w, tpath("added.mb")));
+    mb_ckpt_writer_destroy(w);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("added.mb")));
+    assert_false(mb_ckpt_has(r, "bad", NULL));
+    mb_ckpt_key now[] = {MB_CKPT_INT("hidden", hidden), MB_CKPT_F32("lr", 2e-3f), MB_CKPT_UINT("seed", 7),
+                         {"no_ftz", MB_CKPT_KIND_INT, 0, 0, 0, "0"}};
+    tu_ok(mb_ckpt_check_key(r, "k", now, 4));
+    now[3].i = 1;
+    tu_assert_error(mb_ckpt_check_key(r, "k", now, 4), MB_ERR_FORMAT, "no_ftz is 0 in the checkpoint but 1 here");
+    now[3].before = NULL;
+    tu_assert_error(mb_ckpt_check_key(r, "k", now, 4), MB_ERR_FORMAT,
+                    "no_ftz is not in the checkpoint (written before it existed) but 1 here");
+    tu_assert_error(mb_ckpt_check_key(r, "k", now, 2), MB_ERR_FORMAT, "seed=7 in the checkpoint is not an option of this build");
+    now[0].kind = MB_CKPT_KIND_F64; now[0].f = (double)hidden; /* an int read as a double: equal values */
+    tu_ok(mb_ckpt_check_key(r, "k", now, 3));
+    now[1].kind = MB_CKPT_KIND_INT; now[1].i = 0;
+    tu_assert_error(mb_ckpt_check_key(r, "k", now, 3), MB_ERR_FORMAT, "lr is '0.00200000009' in the checkpoint, not an integer");
+    tu_ok(mb_ckpt_check_key(r, "empty", NULL, 0));
+    tu_ok(mb_ckpt_check_key(r, "tiny", tiny, 7)); /* subnormals, extremes, inf, NaN read back */
+    tiny[0].f = 2e-40f;
+    tu_assert_error(mb_ckpt_check_key(r, "tiny", tiny, 7), MB_ERR_FORMAT, "sub is 9.9999461e-41 in the checkpoint but 2.00000323e-40 here");
+    tu_assert_error(mb_ckpt_check_key(r, "empty", old, 1), MB_ERR_FORMAT, "hidden is not in the checkpoint");
+    tu_assert_error(mb_ckpt_check_key(NULL, "k", old, 1), MB_ERR_INVALID_ARG, "reader is NULL");
+    mb_ckpt_close(r);
+}
+
+/* Malformed key texts (hand-made sections, whose CRC is right) are MB_ERR_CORRUPT naming
+ * the line; every cut of a real key text and every single-bit flip in it is refused (never
+ * taken), and nothing crashes. */
+static void test_key_malformed_refused(void **state) {
+    (void)state;
+    static const struct { const char *text, *needle; } bad[] = {
+        {"a=1", "cut short in line 1"}, {"a=1\nb=2", "cut short in line 2"}, {"a1\n", "line 1 is not name=value"},
+        {"=1\n", "line 1 is not name=value"}, {"a=\n", "line 1 is not name=value"},
+        {"a=1 2\n", "line 1 is not name=value"}, {"a b=1\n", "line 1 is not name=value"},
+        {"a=1\nb=2\na=1\n", "holds 'a' twice"}, {"\n", "line 1 is not name=value"}, {"a=1\n\n", "line 2"},
+        {"a=\x01\n", "line 1 is not name=value"},
+        {"a=12345678901234567890123456789012345678901234567890123456789012345\n", "line 1 is not name=value"}};
+    mb_ckpt_key key[] = {MB_CKPT_INT("a", 1), MB_CKPT_INT("b", 2)};
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "bad%zu", i);
+        tu_ok(mb_ckpt_add(w, name, bad[i].text, strlen(bad[i].text)));
+    }
+    mb_ckpt_key big[6] = {MB_CKPT_INT("layers", tu_int(-1000, 1000)), MB_CKPT_UINT("seed", tu_next()),
+                          MB_CKPT_INT("hidden", tu_int(0, 1 << 30)), MB_CKPT_INT("a.b-c_d", -tu_int(1, 99)),
+                          MB_CKPT_UINT("u", tu_int(0, 9)), MB_CKPT_INT("i", 10)};
+    tu_ok(mb_ckpt_add_key(w, "good", big, 6));
+    tu_ok(mb_ckpt_write(w, tpath("bad.mb")));
+    mb_ckpt_writer_destroy(w);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("bad.mb")));
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "bad%zu", i);
+        tu_assert_error(mb_ckpt_check_key(r, name, key, 2), MB_ERR_CORRUPT, bad[i].needle);
+        assert_non_null(strstr(mb_last_error(), tpath("bad.mb")));
+    }
+    size_t len = 0;
+    assert_true(mb_ckpt_has(r, "good", &len));
+    char *text = (char *)malloc(len);
+    assert_non_null(text);
+    tu_ok(mb_ckpt_get(r, "good", text, len));
+    tu_ok(mb_ckpt_check_key(r, "good", big, 6));
+    mb_ckpt_close(r);
+    /* each cut and each flip as a section of one file (the CRC right: only the key is wrong) */
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    char *t = (char *)malloc(len);
+    assert_non_null(t);
+    for (size_t k = 0; k < 9 * len; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "v%zu", k);
+        memcpy(t, text, len);
+        if (k >= len) t[(k - len) / 8] = (char)(t[(k - len) / 8] ^ (1 << ((k - len) % 8)));
+        tu_ok(mb_ckpt_add(w, name, t, k < len ? k : len));
+    }
+    free(t);
+    tu_ok(mb_ckpt_write(w, tpath("cut.mb")));
+    mb_ckpt_writer_destroy(w);
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("cut.mb")));
+    int refused = 0;
+    for (size_t k = 0; k < 9 * len; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "v%zu", k);
+        mb_clear_error();
+        mb_result res = mb_ckpt_check_key(r, name, big, 6);
+        if (res != MB_ERR_CORRUPT && res != MB_ERR_FORMAT)
+            fail_msg("%s (%s): %s (%s)", name, k < len ? "cut" : "flip", mb_result_string(res), mb_last_error());
+        assert_true(strlen(mb_last_error()) > 0);
+        refused++;
+    }
+    mb_ckpt_close(r);
+    assert_int_equal(refused, 9 * (int)len);
+    free(text);
+}
+
+/* A key an older program stored as struct bytes: read through a layout of named fields
+ * with explicit offsets and widths (little-endian, ints sign-extended), compared as a key
+ * section is; another size, a stray byte or a bad layout refused with a clear message. */
+static void test_key_bytes(void **state) {
+    (void)state;
+    static const mb_ckpt_field layout[] = {
+        {"i8", MB_CKPT_KIND_INT, 0, 1},  {"u16", MB_CKPT_KIND_UINT, 2, 2}, {"i32", MB_CKPT_KIND_INT, 4, 4},
+        {"i64", MB_CKPT_KIND_INT, 8, 8}, {"f32", MB_CKPT_KIND_F32, 16, 4},  {"u64", MB_CKPT_KIND_UINT, 24, 8},
+        {"f64", MB_CKPT_KIND_F64, 32, 8}}; /* bytes 1, 20..23 and 40..47 are padding */
+    int32_t i32 = -tu_int(1, 1 << 30);
+    int64_t i64 = -((int64_t)tu_int(1, 1 << 30) << 20);
+    uint64_t u64 = tu_next();
+    float f32 = tu_uniform(-10, 10);
+    double f64 = (double)tu_uniform(-1, 1) / 7.0;
+    unsigned char raw[48];
+    memset(raw, 0, sizeof raw);
+    raw[0] = 0xFB; /* -5 */
+    raw[2] = 0x34; raw[3] = 0x12; /* 0x1234 */
+    memcpy(raw + 4, &i32, 4); memcpy(raw + 8, &i64, 8); memcpy(raw + 16, &f32, 4); /* little-endian host */
+    memcpy(raw + 24, &u64, 8); memcpy(raw + 32, &f64, 8);
+    mb_ckpt_key key[] = {MB_CKPT_INT("i8", -5),   MB_CKPT_UINT("u16", 0x1234), MB_CKPT_INT("i32", i32),
+                         MB_CKPT_INT("i64", i64), MB_CKPT_F32("f32", f32),     MB_CKPT_UINT("u64", u64),
+                         MB_CKPT_F64("f64", f64), {"later", MB_CKPT_KIND_INT, 3, 0, 0, "3"}};
+    unsigned char stray[48];
+    memcpy(stray, raw, sizeof raw);
+    stray[tu_int(40, 47)] = 1;
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    tu_ok(mb_ckpt_add(w, "options", raw, sizeof raw));
+    tu_ok(mb_ckpt_add(w, "stray", stray, sizeof stray));
+    tu_ok(mb_ckpt_write(w, tpath("bytes.mb")));
+    mb_ckpt_writer_destroy(w);
+    mb_ckpt_reader *r;
+    tu_ok(mb_ckpt_open(&r, NULL, tpath("bytes.mb")));
+    tu_ok(mb_ckpt_check_key_bytes(r, "options", 48, layout, 7, key, 8));
+    key[2].i = i32 + 1;
+    char want[160];
+    snprintf(want, sizeof want, "other options: i32 is %d in the checkpoint but %d here", (int)i32, (int)i32 + 1);
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, layout, 7, key, 8), MB_ERR_FORMAT, want);
+    key[2].i = i32;
+    key[4].f = nextafterf(f32, INFINITY);
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, layout, 7, key, 8), MB_ERR_FORMAT, "f32 is ");
+    key[4].f = f32;
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, layout, 7, key, 6), MB_ERR_FORMAT,
+                    "is not an option of this build");
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 56, layout, 7, key, 8), MB_ERR_UNSUPPORTED,
+                    "holds 48 bytes, not the 56 of the layout");
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "stray", 48, layout, 7, key, 8), MB_ERR_UNSUPPORTED, "non-zero byte at 4");
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "none", 48, layout, 7, key, 8), MB_ERR_FORMAT, "no section 'none'");
+    mb_ckpt_field lay[2] = {{"a", MB_CKPT_KIND_INT, 0, 3}, {"b", MB_CKPT_KIND_INT, 4, 4}};
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, lay, 2, key, 8), MB_ERR_INVALID_ARG, "field 0 ('a'");
+    lay[0].width = 8;
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, lay, 2, key, 8), MB_ERR_INVALID_ARG, "share a name or bytes");
+    lay[0].width = 4; lay[1].offset = 46;
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, lay, 2, key, 8), MB_ERR_INVALID_ARG, "field 1 ('b'");
+    lay[1].offset = 4; lay[1].kind = MB_CKPT_KIND_F64;
+    tu_assert_error(mb_ckpt_check_key_bytes(r, "options", 48, lay, 2, key, 8), MB_ERR_INVALID_ARG, "field 1 ('b'");
+    mb_ckpt_close(r);
 }
 
 /* -- resume: 6 steps in one go == 3 steps, checkpoint, rebuild, load, 3 steps -- */
@@ -555,6 +835,10 @@ int main(void) {
         cmocka_unit_test(test_leftover_tmp),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_resume_bit_exact),
+        cmocka_unit_test(test_key_names_each_mismatch),
+        cmocka_unit_test(test_key_added_and_unknown),
+        cmocka_unit_test(test_key_malformed_refused),
+        cmocka_unit_test(test_key_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

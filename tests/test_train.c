@@ -267,11 +267,11 @@ static void test_kill_and_resume_bitwise(void **state) {
              dir, dir, killed);
     assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
     assert_non_null(strstr(line, "killed.ckpt"));
-    /* other options: refused */
-    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --hidden 8 --ckpt %s --resume 2>&1",
-             dir, dir, full);
+    /* other options: refused, naming the one that differs (full: trial 1's, with --carry) */
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 " TINY " --carry --hidden 8 --ckpt %s "
+             "--resume 2>&1", dir, dir, full);
     assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
-    assert_non_null(strstr(line, "other model or training options"));
+    if (!strstr(line, "was written with other options: hidden is 16 in the checkpoint but 8 here\n")) fail_msg("got '%s'", line);
 }
 
 /* Mixed precision: bf16 and f16 (with the loss scaler) train below the baseline, and an f16
@@ -303,6 +303,29 @@ static void test_mixed_precision(void **state) {
     }
 }
 
+/* Checkpoint `from` copied to `to`: its sections `names` (each must be there) as they are,
+ * then, when extra is not NULL, section `extra` of n bytes. */
+static void copy_checkpoint(const char *from, const char *to, const char *const *names, size_t count, const char *extra,
+                            const void *bytes, size_t n) {
+    mb_ckpt_reader *r;
+    mb_ckpt_writer *w;
+    tu_ok(mb_ckpt_open(&r, NULL, from));
+    tu_ok(mb_ckpt_writer_create(&w, NULL));
+    for (size_t i = 0; i < count; i++) {
+        size_t k = 0;
+        assert_true(mb_ckpt_has(r, names[i], &k));
+        void *buf = malloc(k ? k : 1);
+        assert_non_null(buf);
+        tu_ok(mb_ckpt_get(r, names[i], buf, k));
+        tu_ok(mb_ckpt_add(w, names[i], buf, k));
+        free(buf);
+    }
+    mb_ckpt_close(r);
+    if (extra) tu_ok(mb_ckpt_add(w, extra, bytes, n));
+    tu_ok(mb_ckpt_write(w, to));
+    mb_ckpt_writer_destroy(w);
+}
+
 /* A checkpoint inside an accumulation window (--accum 5 over epochs of 12 batches: epoch 1 ends
  * 2 micro-batches into its third window) keeps the gradients summed so far, so a run resumed
  * there ends bitwise equal to an uninterrupted one (f16 with --carry: the scaler and the carried
@@ -323,23 +346,12 @@ static void test_resume_mid_window(void **state) {
     assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
     /* the epoch-1 checkpoint, copied without "grads" (every other section as it is) */
     mb_ckpt_reader *r;
-    mb_ckpt_writer *w;
     tu_ok(mb_ckpt_open(&r, NULL, part));
     assert_true(mb_ckpt_has(r, "grads", NULL));
-    tu_ok(mb_ckpt_writer_create(&w, NULL));
-    const char *names[] = {"params.layout", "params", "adamw.m", "adamw.v", "adamw.steps", "scaler", "run", "options"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        size_t n = 0;
-        assert_true(mb_ckpt_has(r, names[i], &n));
-        void *buf = malloc(n ? n : 1);
-        assert_non_null(buf);
-        tu_ok(mb_ckpt_get(r, names[i], buf, n));
-        tu_ok(mb_ckpt_add(w, names[i], buf, n));
-        free(buf);
-    }
     mb_ckpt_close(r);
-    tu_ok(mb_ckpt_write(w, old));
-    mb_ckpt_writer_destroy(w);
+    static const char *const names[] = {"params.layout", "params", "adamw.m", "adamw.v", "adamw.steps", "scaler", "run",
+                                        "options.key"};
+    copy_checkpoint(part, old, names, sizeof names / sizeof *names, NULL, NULL, 0);
     snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 %s --ckpt %s --resume 2>&1",
              dir, dir, opts, old);
     assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
@@ -368,7 +380,141 @@ static void test_no_ftz(void **state) {
     snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --batch 32 --hidden 8 --head 16 "
              "--epochs 2 --max-batches 2 --ckpt %s --resume 2>&1", dir, dir, ck);
     assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
-    assert_non_null(strstr(line, "other model or training options"));
+    if (!strstr(line, "other options: no-ftz is 1 in the checkpoint but 0 here")) fail_msg("got '%s'", line);
+}
+
+/* The options of tests/golden/multitf_v1.ckpt (tests/golden/make_multitf_v1_ckpt.sh), each
+ * with another value: what a resume with it must say. */
+static const struct { const char *flag, *value, *other, *said; } v1_opts[] = {
+    {"--layers", "1", "2", "layers is 1 in the checkpoint but 2 here"},
+    {"--accum", "1", "2", "accum is 1 in the checkpoint but 2 here"},
+    {"--checkpoint-k", "2", "3", "checkpoint-k is 2 in the checkpoint but 3 here"},
+    {"--batch", "4", "5", "batch is 4 in the checkpoint but 5 here"},
+    {"--hidden", "2", "3", "hidden is 2 in the checkpoint but 3 here"},
+    {"--head", "3", "4", "head is 3 in the checkpoint but 4 here"},
+    {"--max-batches", "2", "3", "max-batches is 2 in the checkpoint but 3 here"},
+    {"--lr", "0.003", "0.004", "lr is 0.00300000003 in the checkpoint but 0.00400000019 here"},
+    {"--clip", "0.5", "0.25", "clip is 0.5 in the checkpoint but 0.25 here"},
+    {"--weight-decay", "0.02", "0.01", "weight-decay is 0.0199999996 in the checkpoint but 0.00999999978 here"},
+    {"--chunk-fraction", "0.5", "0.25", "chunk-fraction is 0.5 in the checkpoint but 0.25 here"},
+    {"--warmup", "3", "4", "warmup is 3 in the checkpoint but 4 here"},
+    {"--schedule", "constant", "cosine", "schedule is 0 in the checkpoint but 1 here"},
+    {"--loss", "mse", "huber", "loss is 0 in the checkpoint but 1 here"},
+    {"--precision", "f32", "bf16", "precision is 0 in the checkpoint but 1 here"},
+    {"--seed", "7", "8", "seed is 7 in the checkpoint but 8 here"},
+    {"--carry", NULL, "", "carry is 0 in the checkpoint but 1 here"},
+    {"--no-ftz", "", NULL, "no-ftz is 1 in the checkpoint but 0 here"}}; /* value NULL: flag absent */
+enum { V1_OPTS = sizeof v1_opts / sizeof *v1_opts };
+/* Its sections but the options (f32: no scaler; saved at an epoch's end: no gradients). */
+static const char *const v1_sections[] = {"params.layout", "params", "adamw.m", "adamw.v", "adamw.steps", "run"};
+enum { V1_SECTIONS = sizeof v1_sections / sizeof *v1_sections };
+
+/* The command line of v1_opts, option `change` (-1: none) with its other value. */
+static void v1_flags(int change, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < V1_OPTS; i++) {
+        const char *v = i == change ? v1_opts[i].other : v1_opts[i].value;
+        if (v) n += (size_t)snprintf(buf + n, cap - n, " %s %s", v1_opts[i].flag, v);
+    }
+}
+
+/* Resume `ckpt` with every option of v1_opts changed in turn: each refused naming it and its
+ * two values; the file is untouched. */
+static void v1_each_refused(const char *ckpt) {
+    char cmd[1400], flags[600], line[1024];
+    size_t before = 0, after = 0;
+    unsigned char *a = tu_slurp(ckpt, &before), *b;
+    for (int i = 0; i < V1_OPTS; i++) {
+        v1_flags(i, flags, sizeof flags);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --quiet --epochs 2%s "
+                 "--ckpt %s --resume 2>&1", dir, dir, flags, ckpt);
+        assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+        if (!strstr(line, "was written with other options: ") || !strstr(line, v1_opts[i].said))
+            fail_msg("%s %s: got '%s', want '%s'", v1_opts[i].flag, v1_opts[i].other, line, v1_opts[i].said);
+    }
+    b = tu_slurp(ckpt, &after);
+    assert_true(before == after && memcmp(a, b, before) == 0);
+    free(a);
+    free(b);
+}
+
+/* A checkpoint of the older format (tests/golden/multitf_v1.ckpt, written by 57aff6f: its
+ * options the raw bytes of the options struct) resumes, its options read by name through the
+ * frozen layout; with any option changed it is refused naming the option and both values
+ * (no-ftz too, which lay in the struct's former padding); one whose bytes cannot be read
+ * unambiguously (another size, a non-zero byte outside the options) is refused saying it is
+ * of an older format and what to do. The resumed run's checkpoint holds the named key, which
+ * refuses the same changes; a damaged key text is refused. */
+static void test_old_format_checkpoint(void **state) {
+    (void)state;
+    char cmd[1400], flags[600], line[1024], v1[128], bad[128], resumed[128];
+    snprintf(v1, sizeof v1, "%s/v1.ckpt", dir);
+    snprintf(bad, sizeof bad, "%s/v1-bad.ckpt", dir);
+    snprintf(resumed, sizeof resumed, "%s/v1-resumed.ckpt", dir);
+    size_t n = 0;
+    unsigned char *file = tu_slurp("tests/golden/multitf_v1.ckpt", &n);
+    FILE *f = fopen(v1, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(file, 1, n, f), n);
+    fclose(f);
+    free(file);
+    mb_ckpt_reader *r;
+    unsigned char opts[184];
+    tu_ok(mb_ckpt_open(&r, NULL, v1));
+    assert_false(mb_ckpt_has(r, "options.key", NULL));
+    tu_ok(mb_ckpt_get(r, "options", opts, 176)); /* the old format */
+    mb_ckpt_close(r);
+    v1_each_refused(v1);
+    /* bytes that cannot be read unambiguously */
+    memset(opts + 176, 0, 8);
+    for (int k = 0; k < 4; k++) {
+        unsigned char o[184];
+        memcpy(o, opts, sizeof o);
+        size_t len = k == 0 ? 184 : k == 1 ? 168 : 176;
+        if (k == 2) o[0] = 0x40; /* a path's pointer */
+        if (k == 3) o[56] = 3;   /* --epochs, which the old key held as zero */
+        copy_checkpoint(v1, bad, v1_sections, V1_SECTIONS, "options", o, len);
+        v1_flags(-1, flags, sizeof flags);
+        snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --quiet --epochs 2%s "
+                 "--ckpt %s --resume 2>&1", dir, dir, flags, bad);
+        assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+        if (!strstr(line, "is a checkpoint of an older format") || !strstr(line, "resume it with the build that wrote it, "
+            "or start again without --resume") || !strstr(line, k < 2 ? "bytes, not the 176" : "non-zero byte at"))
+            fail_msg("case %d: got '%s'", k, line);
+    }
+    copy_checkpoint(v1, bad, v1_sections, V1_SECTIONS, NULL, NULL, 0);
+    assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+    if (!strstr(line, "holds no training options")) fail_msg("no options: got '%s'", line);
+    /* the real one resumes: epoch 2 from its step 2, and the new file holds the named key */
+    v1_flags(-1, flags, sizeof flags);
+    snprintf(cmd, sizeof cmd, "cp %s %s && build/train_multitf --train %s/train.h5 --val %s/val.h5 --quiet --epochs 2%s "
+             "--ckpt %s --resume 2>&1", v1, resumed, dir, dir, flags, resumed);
+    assert_int_equal(run_cmd(cmd, "summary:", line, sizeof line), 0);
+    if (!strstr(line, "epochs=2 steps=4 ")) fail_msg("resumed: '%s'", line);
+    int64_t steps = 0;
+    size_t kb = 0;
+    char key[1024];
+    tu_ok(mb_ckpt_open(&r, NULL, resumed));
+    assert_false(mb_ckpt_has(r, "options", NULL));
+    assert_true(mb_ckpt_has(r, "options.key", &kb) && kb < sizeof key);
+    tu_ok(mb_ckpt_get(r, "options.key", key, kb));
+    tu_ok(mb_ckpt_get(r, "adamw.steps", &steps, sizeof steps));
+    mb_ckpt_close(r);
+    key[kb] = 0;
+    assert_int_equal(steps, 4);
+    assert_string_equal(key, "layers=1\naccum=1\ncarry=0\ncheckpoint-k=2\nbatch=4\nhidden=2\nhead=3\nmax-batches=2\n"
+                        "lr=0.00300000003\nclip=0.5\nweight-decay=0.0199999996\nchunk-fraction=0.5\nwarmup=3\n"
+                        "schedule=0\nloss=0\nprecision=0\nseed=7\nworld=1\nno-ftz=1\n");
+    v1_each_refused(resumed);
+    /* the key text cut inside a line: refused as damaged */
+    size_t cut = kb / 2 + (key[kb / 2 - 1] == '\n');
+    key[cut] = 0;
+    copy_checkpoint(resumed, bad, v1_sections, V1_SECTIONS, "options.key", key, strlen(key));
+    snprintf(cmd, sizeof cmd, "build/train_multitf --train %s/train.h5 --val %s/val.h5 --quiet --epochs 2%s "
+             "--ckpt %s --resume 2>&1", dir, dir, flags, bad);
+    assert_int_equal(run_cmd(cmd, "error: ", line, sizeof line), 2);
+    if (!strstr(line, "key section 'options.key' is cut short")) fail_msg("cut key: got '%s'", line);
 }
 
 /* The picture's edge cases: one epoch of few batches; then a hand-made metrics file (NaN
@@ -446,6 +592,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_precision),
         cmocka_unit_test(test_resume_mid_window),
         cmocka_unit_test(test_no_ftz),
+        cmocka_unit_test(test_old_format_checkpoint),
         cmocka_unit_test(test_plot_edge_cases),
         cmocka_unit_test(test_hostile_files),
     };

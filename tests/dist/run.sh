@@ -61,7 +61,7 @@ else cat "$dir/full.log" "$dir/p1.log" "$dir/p2.log"; bad "np 2 resume (exit $rc
 
 if "$B/train_multitf" $TRAIN --schedule constant --epochs 3 --batch 16 --ckpt "$dir/full.ckpt" --resume > "$dir/w1.log" 2>&1; then
     bad "a 2-rank checkpoint resumed by 1 rank"
-elif grep -q 'other model or training options' "$dir/w1.log"; then ok "a 2-rank checkpoint is refused by 1 rank"
+elif grep -q 'other options: world is 2 in the checkpoint but 1 here' "$dir/w1.log"; then ok "a 2-rank checkpoint is refused by 1 rank, naming world"
 else cat "$dir/w1.log"; bad "world mismatch message"; fi
 
 if mpi 2 "$B/train_multitf_mpi" $TRAIN --epochs 1 --batch 16 --accum 2 > "$dir/acc.log" 2>&1; then bad "--accum 2 with 2 ranks ran"

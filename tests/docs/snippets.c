@@ -186,6 +186,22 @@ mb_result doc_checkpoint_calls(mb_device *dev, mb_params *params, mb_adamw *opt,
     return MB_OK;
 }
 
+mb_result doc_checkpoint_key(mb_ckpt_writer *w, mb_ckpt_reader *r, int64_t hidden, float lr, uint64_t seed, int no_ftz);
+mb_result doc_checkpoint_key(mb_ckpt_writer *w, mb_ckpt_reader *r, int64_t hidden, float lr, uint64_t seed, int no_ftz) {
+    // snippet: checkpoint-key
+    mb_ckpt_key key[] = {
+        MB_CKPT_INT("hidden", hidden), MB_CKPT_F32("lr", lr), MB_CKPT_UINT("seed", seed),
+        {"no-ftz", MB_CKPT_KIND_INT, no_ftz, 0, 0, "0"},     // added later: older files hold 0
+    };
+    int n = (int)(sizeof key / sizeof *key);
+    MB_TRY(mb_ckpt_add_key(w, "options.key", key, n));     // "hidden=32\nlr=0.00200000009\n..."
+    /* ... on resume: MB_ERR_FORMAT "'run.ckpt' was written with other options:
+     * hidden is 32 in the checkpoint but 16 here" when one differs */
+    mb_result res = mb_ckpt_check_key(r, "options.key", key, n);
+    // end snippet
+    return res;
+}
+
 mb_result doc_checkpoint_loop(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
                               int64_t step, int64_t k, mb_accum accum, int resume);
 mb_result doc_checkpoint_loop(mb_device *dev, mb_params *params, mb_adamw *opt, mb_scaler *scaler,
