@@ -25,7 +25,7 @@ static void test_scheduled_adamw(void **state) {
     mb_device *dev = tu_open_cpu();
     size_t n;
     for (int k = MB_LR_CONSTANT; k <= MB_LR_ONE_CYCLE; k++) {
-        float *out = tu_alloc_f32(40 * 51);
+        float *out = tu_alloc_f32(40 * 51 + 64); /* + the params' alignment padding, as the CUDA test */
         sc_scheduled_adamw(dev, tu_next(), (mb_lr_kind)k, out, &n);
         free(out);
     }
