@@ -1,6 +1,6 @@
-/* The step API on the CPU backend (issue 15): the device-side loss meter, AdamW with the
- * schedule's learning rate computed at the optimizer's own counter, the GPU's checkpoint
- * default (its rule; the CPU keeps ceil(sqrt(T))). The cases are tests/step_cases.h, which the
+/* The step API on the CPU backend (issue 15): the device-side loss meter and its lagged
+ * per-step reads, AdamW with the schedule's learning rate computed at the optimizer's own
+ * counter, the GPU's checkpoint default (its rule; the CPU keeps ceil(sqrt(T))). The cases are tests/step_cases.h, which the
  * CUDA test runs too. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -17,6 +17,13 @@ static void test_meter_bad_input(void **state) {
     (void)state;
     mb_device *dev = tu_open_cpu();
     sc_meter_bad_input(dev);
+    mb_device_close(dev);
+}
+
+static void test_meter_lagged(void **state) {
+    (void)state;
+    mb_device *dev = tu_open_cpu();
+    for (int i = 0; i < 8; i++) sc_meter_lagged(dev);
     mb_device_close(dev);
 }
 
@@ -58,6 +65,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meter_loss),
         cmocka_unit_test(test_meter_bad_input),
+        cmocka_unit_test(test_meter_lagged),
         cmocka_unit_test(test_scheduled_adamw),
         cmocka_unit_test(test_checkpoint_default),
     };
