@@ -9,6 +9,7 @@
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
  *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
  *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
+ *   sim counters   mbt_sim_count_from/_to/_text: the work per step under tests/cudasim
  * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
  * copy); the command line is mb_args.h's. */
 #ifndef MB_TRAIN_H
@@ -312,6 +313,18 @@ MBT_API void mbt_epoch_report(mb_device *dev, mb_scaler *scaler, const mbt_run *
         printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - *live0) / 1e6);
     *live0 = live;
 }
+
+// ---- simulator counters ----
+// Under the CUDA simulator (tests/cudasim) the summary line gains the work per training step:
+// a trainer calls mbt_sim_count_from() where its counted steps start, mbt_sim_count_to(n) after
+// n of them (before any host sync that is not theirs), and appends mbt_sim_count_text(). The
+// simulator build brings the counting (tests/cudasim/cudasim_train.h, which defines
+// MBT_SIM_COUNT); elsewhere these count nothing and the text is "".
+#ifndef MBT_SIM_COUNT
+MBT_API void mbt_sim_count_from(void) {}
+MBT_API void mbt_sim_count_to(int64_t steps) { (void)steps; }
+MBT_API const char *mbt_sim_count_text(void) { return ""; }
+#endif
 
 /* The last line, for scripts (samples_per_s over this process's training time); extra: appended ("" for none). */
 MBT_API void mbt_summary(const mbt_run *rs, int world, const char *extra) {
