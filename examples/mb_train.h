@@ -1,6 +1,6 @@
 /* mb_train.h - what a training program needs besides its model and its loop, shared by
  * examples/train_multitf.c and examples/train_minimal.c (docs/EXAMPLE.md):
- *   clock          mbt_now, mbt_rate
+ *   clock          mbt_rate (the clock itself: mb_args.h's mba_now)
  *   run state      mbt_run: the loop's counters (epoch, step, batches, losses, loader position,
  *                  accumulation window), the part of a checkpoint that is not weights
  *   logging        mbt_log_warnings (data files: mb_args.h's mba_open_data, probed in a child)
@@ -30,12 +30,6 @@
 #endif
 
 // ---- clock ----
-
-MBT_API double mbt_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 MBT_API double mbt_rate(int64_t samples, double seconds) { return seconds > 0 ? (double)samples / seconds : 0; }
 
@@ -86,7 +80,7 @@ MBT_API void mbt_log_warnings(mb_log_level level, const char *msg, const char *f
 
 typedef struct mbt_progress {
     int on;       /* stderr is a terminal and no --quiet */
-    double drawn; /* when the line was last drawn (mbt_now), 0 at an epoch's start */
+    double drawn; /* when the line was last drawn (mba_now), 0 at an epoch's start */
     double loss;  /* the last training loss the loop read from the device */
     double scale; /* f16: the last loss scale read (0: none yet, or no scaler) */
 } mbt_progress;
@@ -107,7 +101,7 @@ MBT_API void mbt_memory_text(mb_device *dev, char *buf, size_t cap) {
 MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, const mbt_run *rs, int64_t total, double samples_per_s,
                                int final) {
     if (!p->on) return;
-    double now = mbt_now(), scale = p->scale;
+    double now = mba_now(), scale = p->scale;
     if (!final && now - p->drawn < 0.1) return;
     p->drawn = now;
     enum { WIDTH = 24 };

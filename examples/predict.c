@@ -206,9 +206,9 @@ static mb_result replay_row(mtf_live *lv, char *line, size_t lineno, FILE *out, 
     if (t != INT64_MIN && gmtime_r(&tt, &tm)) /* seconds shown when the bar is off the minute */
         strftime(when, sizeof when, t % 60 ? "%Y.%m.%d %H:%M:%S" : "%Y.%m.%d %H:%M", &tm);
     mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
-    double t0 = mtf_now_s();
+    double t0 = mba_now();
     mb_result r = bad ? MB_ERR_INVALID_ARG : mtf_live_push(lv, &b, pred, &ready);
-    if (ready) rp->lat[rp->timed++] = mtf_now_s() - t0;
+    if (ready) rp->lat[rp->timed++] = mba_now() - t0;
     rp->rows++;
     if (r == MB_ERR_INVALID_ARG) {
         rp->refused++;

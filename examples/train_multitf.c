@@ -479,7 +479,7 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
     const options *o = &t->o;
     model *m = &t->m;
     mbt_run *rs = &t->rs;
-    double t0 = mbt_now();
+    double t0 = mba_now();
     int64_t samples0 = rs->samples, total = batches_per_epoch(t), counted = 0;
     int dp = mb_dist_size(m->dist) > 1;
     mbt_sim_count_from(); /* the simulator's per-step counters (mb_train.h) */
@@ -512,7 +512,7 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
             mbt_sim_count_from();
             m->warm = 1;
         } else counted++;
-        double sps = mbt_rate(rs->samples - samples0, mbt_now() - t0);
+        double sps = mbt_rate(rs->samples - samples0, mba_now() - t0);
         int64_t id = 0; /* the step's meter read: its row is written when its loss lands (meter_landed) */
         MB_TRY(mb_meter_step(m->meter, MB_STREAM_COMPUTE, meter_landed, t, &id));
         m->rows[id % METER_DEPTH] = mbt_step_row_of(rs, lr, sps);
@@ -529,9 +529,9 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
     mbt_sim_count_to(counted); /* before the fold: its host syncs are the epoch's, not the steps' */
     MB_TRY(meter_fold(t));
     pb->loss = m->last_loss;
-    mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);
+    mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mba_now() - t0), 1);
     MB_TRY(mb_sync(t->dev, -1));
-    rs->seconds += mbt_now() - t0;
+    rs->seconds += mba_now() - t0;
     rs->train_loss = mbt_run_mean(rs); /* mean over the epoch */
     return MB_OK;
 }
