@@ -365,8 +365,9 @@ static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *s
 // ---- the training step ----
 // A step queues its work and never waits for the device (issue 15): the loss adds into the
 // meter on the device, the learning rate comes from the schedule on the device, and the loop
-// queues a read of the meter after each step and takes the reads that landed (pinned memory +
-// an event: a poll, no wait), so each step's metrics row is exact, written a little late. So
+// queues a read of the meter after each step and takes the reads that landed (mb_meter_step:
+// pinned memory + an event, a poll, no wait), so each step's metrics row is exact, written a
+// little late (section "the losses, read late"). So
 // nothing of a step changes from batch to batch but the batch itself: on the GPU the batch is
 // copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
 // unscale, clip, AdamW, scaler) is captured once as a CUDA graph and replayed, one graph
