@@ -960,6 +960,26 @@ MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double 
 MBDEF int64_t mb_meter_reads(const mb_meter *m);
 MBDEF int mb_meter_pending(const mb_meter *m);
 
+/* Per-step values, lagged: what a training loop does with a meter, with no host sync in a step.
+ *   each step:  mb_meter_step(m, stream, on_read, user, &id); rows[id % depth] = this step's row;
+ *               on_read(user, m, id) runs for each of the step reads that has landed, oldest
+ *               first: mb_meter_delta is then the sums' growth over read id's step alone
+ *   a fold:     mb_meter_fold(m, stream, on_read, user): the rest land (on_read for each), then
+ *               mb_meter_value is the sums since the last fold, and the device's are zeroed
+ * A read lands in a later call at the earliest, so what the caller keeps per read (a metrics
+ * row) is stored after the call that returned its id, in a ring of `depth` entries. on_read
+ * may be NULL; an error it returns ends the call with that error. */
+typedef mb_result (*mb_meter_fn)(void *user, const mb_meter *m, int64_t id);
+/* Land every read that has landed (when `depth` are in flight, the oldest after waiting for it:
+ * the host is `depth` steps ahead, the device still has their work queued), then queue a read
+ * without reset; *id (NULL: not wanted): its number, counting every read of the meter from 0. */
+MBDEF mb_result mb_meter_step(mb_meter *m, int stream, mb_meter_fn on_read, void *user, int64_t *id);
+/* Land every read in flight (waiting: a host sync), then read with reset and wait for it. */
+MBDEF mb_result mb_meter_fold(mb_meter *m, int stream, mb_meter_fn on_read, void *user);
+/* The last landed read of a slot less the one landed before it (the sums after a reset, or at
+ * creation, count as 0): the slot's growth between the two reads, one step's sum and weight. */
+MBDEF mb_result mb_meter_delta(const mb_meter *m, int slot, double *sum, double *weight);
+
 // ---- end step ----
 
 // ---- checkpoint ----
@@ -6997,8 +7017,11 @@ struct mb_meter {
     double *sums;     /* device: slots x {sum, weight} */
     double *pinned;   /* pinned: depth reads of slots x {sum, weight}, a ring */
     double *last;     /* host: the last landed read */
+    double *prev;     /* host: the read landed before it, or 0s after a reset (mb_meter_delta) */
     void **ev;        /* per ring entry: recorded after its read's copy */
+    unsigned char *reset; /* per ring entry: its read zeroed the sums behind the copy */
     int head, pending; /* the oldest read in flight; reads in flight */
+    int from_zero;    /* the last landed read reset: the next one's delta counts from 0 */
     int64_t reads;    /* reads landed */
 };
 
@@ -7010,7 +7033,8 @@ MBDEF void mb_meter_destroy(mb_meter *m) {
     mb_free(m->dev, m->sums);
     mb_free(m->dev, m->pinned);
     MB_FREE(m->ev);
-    MB_FREE(m->last);
+    MB_FREE(m->reset);
+    MB_FREE(m->last); /* and prev: one block */
     MB_FREE(m);
 }
 
@@ -7023,16 +7047,19 @@ MBDEF mb_result mb_meter_create(mb_meter **out, mb_device *dev, int slots, int d
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_create: depth = %d, want 1..4096", depth);
     mb_meter *m = (mb_meter *)mb__host_calloc(1, sizeof *m);
     size_t bytes = (size_t)slots * 2 * sizeof(double);
-    if (m) m->last = (double *)mb__host_calloc((size_t)slots * 2, sizeof(double));
+    if (m) m->last = (double *)mb__host_calloc((size_t)slots * 4, sizeof(double));
     if (m) m->ev = (void **)mb__host_calloc((size_t)depth, sizeof(void *));
-    if (!m || !m->last || !m->ev) {
-        if (m) { MB_FREE(m->last); MB_FREE(m->ev); }
+    if (m) m->reset = (unsigned char *)mb__host_calloc((size_t)depth, 1);
+    if (!m || !m->last || !m->ev || !m->reset) {
+        if (m) { MB_FREE(m->last); MB_FREE(m->ev); MB_FREE(m->reset); }
         MB_FREE(m);
         return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_meter_create: no host memory");
     }
     m->dev = dev;
     m->slots = slots;
     m->depth = depth;
+    m->prev = m->last + (size_t)slots * 2;
+    m->from_zero = 1; /* the sums start zeroed */
     mb_result r = mb_alloc(dev, MB_MEM_DEVICE, bytes, (void **)&m->sums);
     if (r == MB_OK) r = mb_alloc(dev, MB_MEM_PINNED, bytes * (size_t)depth, (void **)&m->pinned);
     for (int i = 0; r == MB_OK && i < depth; i++) r = dev->be->step->event_create(dev, &m->ev[i]);
@@ -7058,6 +7085,7 @@ MBDEF mb_result mb_meter_read(mb_meter *m, int stream, int reset) {
     MB_TRY(mb_copy(m->dev, stream, m->pinned + (size_t)i * n, m->sums, bytes));
     MB_TRY(m->dev->be->step->event_record(m->dev, stream, m->ev[i]));
     if (reset) MB_TRY(mb_zero(m->dev, stream, m->sums, bytes));
+    m->reset[i] = (unsigned char)(reset != 0);
     m->pending++;
     return MB_OK;
 }
@@ -7069,7 +7097,10 @@ MBDEF mb_result mb_meter_next(mb_meter *m, int wait, int *landed) {
     *landed = done;
     if (!done) return MB_OK;
     size_t n = (size_t)m->slots * 2;
+    if (m->from_zero) memset(m->prev, 0, n * sizeof(double));
+    else memcpy(m->prev, m->last, n * sizeof(double));
     memcpy(m->last, m->pinned + (size_t)m->head * n, n * sizeof(double));
+    m->from_zero = m->reset[m->head];
     m->head = (m->head + 1) % m->depth;
     m->pending--;
     m->reads++;
@@ -7094,6 +7125,42 @@ MBDEF mb_result mb_meter_value(const mb_meter *m, int slot, double *sum, double 
 
 MBDEF int64_t mb_meter_reads(const mb_meter *m) { return m ? m->reads : 0; }
 MBDEF int mb_meter_pending(const mb_meter *m) { return m ? m->pending : 0; }
+
+/* Land reads in order, on_read for each: every one in flight (wait = 1), else those that have
+ * landed, and the oldest waited for when all `depth` ring entries are in flight. */
+static mb_result mb__meter_land(mb_meter *m, int wait, mb_meter_fn on_read, void *user) {
+    int landed = 1;
+    while (m->pending && landed) {
+        MB_TRY(mb_meter_next(m, wait || m->pending == m->depth, &landed));
+        if (landed && on_read) MB_TRY(on_read(user, m, m->reads - 1));
+    }
+    return MB_OK;
+}
+
+MBDEF mb_result mb_meter_step(mb_meter *m, int stream, mb_meter_fn on_read, void *user, int64_t *id) {
+    if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_step: NULL meter");
+    MB_TRY(mb__check_stream(m->dev, stream, "mb_meter_step"));
+    MB_TRY(mb__meter_land(m, 0, on_read, user));
+    if (id) *id = m->reads + m->pending;
+    return mb_meter_read(m, stream, 0);
+}
+
+MBDEF mb_result mb_meter_fold(mb_meter *m, int stream, mb_meter_fn on_read, void *user) {
+    if (!m) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_fold: NULL meter");
+    MB_TRY(mb__check_stream(m->dev, stream, "mb_meter_fold"));
+    MB_TRY(mb__meter_land(m, 1, on_read, user));
+    MB_TRY(mb_meter_read(m, stream, 1));
+    return mb_meter_wait(m);
+}
+
+MBDEF mb_result mb_meter_delta(const mb_meter *m, int slot, double *sum, double *weight) {
+    if (!m || !sum || !weight) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_meter_delta: NULL argument");
+    if (slot < 0 || slot >= m->slots)
+        return MB_FAIL(&m->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_meter_delta: slot %d of %d", slot, m->slots);
+    *sum = m->last[2 * slot] - m->prev[2 * slot];
+    *weight = m->last[2 * slot + 1] - m->prev[2 * slot + 1];
+    return MB_OK;
+}
 
 // ---- end step ----
 

@@ -101,11 +101,11 @@ int main(int argc, char **argv) {
     mbf_init(e, (int)F);
     while (timed < n && r == MB_OK) {
         b = next_bar(b, i++);
-        double t0 = mtf_now_s();
+        double t0 = mba_now();
         r = mtf_live_push(lv, &b, pred, &ready);
-        double t1 = mtf_now_s();
+        double t1 = mba_now();
         mbf_push(e, &b, out); /* the engine alone, on the same bars */
-        double t2 = mtf_now_s();
+        double t2 = mba_now();
         if (ready) { lat[timed] = t1 - t0; eng[timed++] = t2 - t1; }
         else warm++;
     }

@@ -42,12 +42,6 @@ typedef struct bench_opts {
     const char *file;
 } bench_opts;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int die(const char *what) {
     fprintf(stderr, "error: %s: %s\n", what, mb_last_error());
     return 1;
@@ -147,14 +141,14 @@ static void drop_cache(const char *path) {
 static double read_pass(const char *path, char *buf, size_t size) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return 0;
-    double t0 = now();
+    double t0 = mba_now();
     size_t got = 0;
     while (got < size) {
         ssize_t r = read(fd, buf + got, size - got);
         if (r <= 0) break;
         got += (size_t)r;
     }
-    double dt = now() - t0;
+    double dt = mba_now() - t0;
     close(fd);
     return got == size ? (double)size / dt / 1e6 : 0;
 }
@@ -171,11 +165,11 @@ static int copy_rate(mb_device *dev, size_t slab, size_t total, double *mbs) {
     memset(src, 1, slab);
     int reps = (int)((total + slab - 1) / slab);
     if (mb_copy(dev, MB_STREAM_COPY, dst, src, slab) || mb_sync(dev, MB_STREAM_COPY)) return die("warm-up copy");
-    double t0 = now();
+    double t0 = mba_now();
     for (int i = 0; i < reps; i++)
         if (mb_copy(dev, MB_STREAM_COPY, dst, src, slab)) return die("mb_copy");
     if (mb_sync(dev, MB_STREAM_COPY)) return die("mb_sync");
-    *mbs = (double)slab * reps / (now() - t0) / 1e6;
+    *mbs = (double)slab * reps / (mba_now() - t0) / 1e6;
     mb_free(dev, src);
     mb_free(dev, dst);
     return 0;
@@ -204,8 +198,8 @@ static int compute(mb_device *dev, double ms) {
         return mb_sync(dev, MB_STREAM_COMPUTE) ? die("mb_sync compute") : 0;
     }
 #endif
-    double t0 = now();
-    while ((now() - t0) * 1e3 < ms) { }
+    double t0 = mba_now();
+    while ((mba_now() - t0) * 1e3 < ms) { }
     return 0;
 }
 
@@ -232,10 +226,10 @@ static int run_loader(mb_device *dev, const bench_opts *o, double ms, loader_run
     if (mb_loader_open(&ld, dev, ds, &lc)) { mb_dataset_close(ds); return die("mb_loader_open"); }
     r->plan = *mb_loader_get_plan(ld);
     size_t bps = mb_dataset_info(ds)->bytes_per_sample;
-    double t_all = now();
+    double t_all = mba_now();
     for (int e = 0; e < o->epochs && e < 8; e++) {
         r->res[e] = resident(o->file);
-        double t0 = now(), bytes = 0;
+        double t0 = mba_now(), bytes = 0;
         mb_batch b;
         for (;;) {
             if (mb_loader_next(ld, &b)) { mb_loader_close(ld); mb_dataset_close(ds); return die("mb_loader_next"); }
@@ -244,9 +238,9 @@ static int run_loader(mb_device *dev, const bench_opts *o, double ms, loader_run
             bytes += (double)b.count * (double)bps;
             if (compute(dev, ms)) { mb_loader_close(ld); mb_dataset_close(ds); return 1; }
         }
-        r->mbs[e] = bytes / (now() - t0) / 1e6;
+        r->mbs[e] = bytes / (mba_now() - t0) / 1e6;
     }
-    r->seconds = now() - t_all;
+    r->seconds = mba_now() - t_all;
     r->wait = mb_loader_get_stats(ld).wait_seconds;
     mb_loader_close(ld);
     mb_dataset_close(ds);
@@ -271,12 +265,12 @@ int main(int argc, char **argv) {
     if (n < o.batch) n = o.batch;
     printf("device: %s\nfile: %s, N=%lld T=%lld F=%lld K=1, %zu bytes/sample, %.1f MB of data\n",
            mb_device_name(dev), o.file, (long long)n, (long long)o.t, (long long)o.f, bps, n * (double)bps / 1e6);
-    double t0 = now();
+    double t0 = mba_now();
     if (write_file(&o, n)) return 1;
     struct stat st;
     stat(o.file, &st);
     size_t fsize = (size_t)st.st_size;
-    printf("wrote %zu bytes in %.1f s\n", fsize, now() - t0);
+    printf("wrote %zu bytes in %.1f s\n", fsize, mba_now() - t0);
 
     char *hbuf = (char *)malloc(fsize);
     if (!hbuf) { fprintf(stderr, "error: no host memory for %zu bytes\n", fsize); return 1; }

@@ -32,12 +32,6 @@ static const char usage[] =
     "against checkpointed (docs/BENCHMARKS.md). Defaults 128 480 128 256, 1 iteration, f32,\n"
     "threads 0 (the cores). --no-ftz: keep IEEE denormals. -h, --help: this text.\n";
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A device buffer of n floats holding init(i). */
 static float *dev_floats(mb_device *dev, int64_t n, float (*init)(int64_t, int64_t), int64_t arg) {
     float *h = (float *)malloc((size_t)n * sizeof(float)), *d = NULL;
@@ -94,11 +88,11 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     if (!x || !dl || !hl) return fail("device buffers");
     double tf = 0, tb = 0;
     for (int it = 0; it <= iters; it++) { /* iteration 0 warms up */
-        double t0 = now();
+        double t0 = mba_now();
         if (mb_lstm_forward(l, x, B, T, NULL, NULL, NULL, hl) || mb_sync(dev, -1)) return fail("forward");
-        double t1 = now();
+        double t1 = mba_now();
         if (mb_lstm_backward(l, dl, NULL, NULL, NULL, NULL) || mb_sync(dev, -1)) return fail("backward");
-        double t2 = now();
+        double t2 = mba_now();
         if (it) { tf += t1 - t0; tb += t2 - t1; }
     }
     size_t full, kept;

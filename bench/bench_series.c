@@ -25,12 +25,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Under the simulator: its host -> device byte counter (MB); -1 elsewhere. */
 #ifdef CUDASIM
 static double sim_h2d_mb(void) { return (double)cudasim::get_stats().bytes_h2d / 1e6; }
@@ -48,7 +42,7 @@ typedef struct opts { const char *file[2]; int64_t batch; int epochs, reps, gpu,
 /* One open + `epochs` epochs of one layout; prints one line per epoch. */
 static int run(mb_device *dev, const opts *o, int layout) {
     static const char *name[2] = {"window", "series"};
-    double t0 = now();
+    double t0 = mba_now();
     mb_dataset *ds = NULL;
     mb_loader *ld = NULL;
     mb_loader_config lc;
@@ -60,19 +54,19 @@ static int run(mb_device *dev, const opts *o, int layout) {
     mb_result r = mba_open_data(o->file[layout], 0, &ds); /* probed once in main: the open time is the layout's */
     if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
     if (r != MB_OK) { fprintf(stderr, "error: %s\n", mb_last_error()); mb_dataset_close(ds); return 1; }
-    double t1 = now();
+    double t1 = mba_now();
     const mb_chunk_plan *p = mb_loader_get_plan(ld);
     printf("%-6s open %.3f s  N %lld  device bytes %.1f MB  chunks %lld\n", name[layout], t1 - t0,
            (long long)mb_dataset_info(ds)->n, (double)(p->buffers * p->chunk_bytes) / 1e6, (long long)p->chunks);
     mb_loader_stats prev = mb_loader_get_stats(ld);
     double h2d = sim_h2d_mb();
     for (int e = 0; e < o->epochs && r == MB_OK; e++) {
-        double s = now();
+        double s = mba_now();
         int64_t samples = 0;
         mb_batch b;
         while ((r = mb_loader_next(ld, &b)) == MB_OK && !b.end_of_epoch) samples += b.count;
         if (r == MB_OK) r = mb_sync(dev, -1);
-        double el = now() - s;
+        double el = mba_now() - s;
         mb_loader_stats st = mb_loader_get_stats(ld);
         printf("%-6s epoch %d  %.3f s  %.0f samples/s  read %.1f MB  copied %.1f MB", name[layout], e, el,
                (double)samples / el, (double)(st.bytes_read - prev.bytes_read) / 1e6,

@@ -1,5 +1,6 @@
 /* mb_args.h - what the programs (examples/ and bench/) share so that they answer alike:
- * the command line, the check of output paths, and the one way to open a user's data file.
+ * the command line, the check of output paths, the one way to open a user's data file, and
+ * the clock (mba_now).
  *   tool --help, tool -h       the usage text on stdout, exit 0
  *   a flag without its value   error: --epochs needs a value (see --help)      exit 2
  *   an unknown flag            error: unknown flag '--bogus' (see --help)      exit 2
@@ -19,7 +20,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* Seconds on the monotonic clock (POSIX clock_gettime): the programs' one timer, for rates,
+ * latencies and the progress bar's throttle. */
+static inline double mba_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Print "error: ..." and a newline on stderr; returns 2, the tools' exit status. */
 static inline int mba_error(const char *fmt, ...) {

@@ -1,6 +1,6 @@
 /* mb_train.h - what a training program needs besides its model and its loop, shared by
  * examples/train_multitf.c and examples/train_minimal.c (docs/EXAMPLE.md):
- *   clock          mbt_now, mbt_rate
+ *   clock          mbt_rate (the clock itself: mb_args.h's mba_now)
  *   run state      mbt_run: the loop's counters (epoch, step, batches, losses, loader position,
  *                  accumulation window), the part of a checkpoint that is not weights
  *   logging        mbt_log_warnings (data files: mb_args.h's mba_open_data, probed in a child)
@@ -9,6 +9,7 @@
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
  *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
  *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
+ *   sim counters   mbt_sim_count_from/_to/_text: the work per step under tests/cudasim
  * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
  * copy); the command line is mb_args.h's. */
 #ifndef MB_TRAIN_H
@@ -29,12 +30,6 @@
 #endif
 
 // ---- clock ----
-
-MBT_API double mbt_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 MBT_API double mbt_rate(int64_t samples, double seconds) { return seconds > 0 ? (double)samples / seconds : 0; }
 
@@ -85,7 +80,7 @@ MBT_API void mbt_log_warnings(mb_log_level level, const char *msg, const char *f
 
 typedef struct mbt_progress {
     int on;       /* stderr is a terminal and no --quiet */
-    double drawn; /* when the line was last drawn (mbt_now), 0 at an epoch's start */
+    double drawn; /* when the line was last drawn (mba_now), 0 at an epoch's start */
     double loss;  /* the last training loss the loop read from the device */
     double scale; /* f16: the last loss scale read (0: none yet, or no scaler) */
 } mbt_progress;
@@ -106,7 +101,7 @@ MBT_API void mbt_memory_text(mb_device *dev, char *buf, size_t cap) {
 MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, const mbt_run *rs, int64_t total, double samples_per_s,
                                int final) {
     if (!p->on) return;
-    double now = mbt_now(), scale = p->scale;
+    double now = mba_now(), scale = p->scale;
     if (!final && now - p->drawn < 0.1) return;
     p->drawn = now;
     enum { WIDTH = 24 };
@@ -332,6 +327,18 @@ MBT_API void mbt_epoch_report(mb_device *dev, mb_scaler *scaler, const mbt_run *
         printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - *live0) / 1e6);
     *live0 = live;
 }
+
+// ---- simulator counters ----
+// Under the CUDA simulator (tests/cudasim) the summary line gains the work per training step:
+// a trainer calls mbt_sim_count_from() where its counted steps start, mbt_sim_count_to(n) after
+// n of them (before any host sync that is not theirs), and appends mbt_sim_count_text(). The
+// simulator build brings the counting (tests/cudasim/cudasim_train.h, which defines
+// MBT_SIM_COUNT); elsewhere these count nothing and the text is "".
+#ifndef MBT_SIM_COUNT
+MBT_API void mbt_sim_count_from(void) {}
+MBT_API void mbt_sim_count_to(int64_t steps) { (void)steps; }
+MBT_API const char *mbt_sim_count_text(void) { return ""; }
+#endif
 
 /* The last line, for scripts (samples_per_s over this process's training time); extra: appended ("" for none). */
 MBT_API void mbt_summary(const mbt_run *rs, int world, const char *extra) {

@@ -36,8 +36,8 @@
 #ifndef MTF_LIVE_H
 #define MTF_LIVE_H
 #include "mb_features.h"
+#include "mb_args.h" /* mba_now */
 #include "multitf.h"
-#include <time.h>
 
 enum { MTF_LIVE_WINDOW = 0, MTF_LIVE_STATEFUL = 1 };
 
@@ -198,13 +198,8 @@ MTF_API mb_result mtf_live_push(mtf_live *lv, const mbf_bar *bar, float *pred, i
     return MB_OK;
 }
 
-/* Latency bookkeeping of the replay (predict --live) and bench/bench_live.c: a monotonic
- * clock in seconds and a qsort comparator of doubles. Needs POSIX clock_gettime. */
-MTF_API double mtf_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+/* Latency bookkeeping of the replay (predict --live) and bench/bench_live.c: a qsort
+ * comparator of doubles (the clock: mb_args.h's mba_now). */
 MTF_API int mtf_by_value(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;

@@ -1,20 +1,11 @@
-/* multitf.h - the multi-timeframe model, defined once: its parameters and workspaces
- * (mtf_model_build), forward and backward, its weights file, its carried state in a
- * checkpoint. Shared by train_multitf.c (training, --export, --init), predict.c, the live
- * predictor (mtf_live.h) and a trading tool's own program (docs/TRADING.md).
+/* multitf.h - the multi-timeframe model, defined once, in reading order: the model (its
+ * parameters and workspaces, mtf_model_build; forward and backward), then its weights file
+ * (--export, --init, predict), then its carried state in a checkpoint. Shared by
+ * train_multitf.c (training, --export, --init), predict.c, the live predictor (mtf_live.h)
+ * and a trading tool's own program (docs/TRADING.md).
  *
  * Include after megabatch.h (with MEGABATCH_IMPLEMENTATION in one file). All names are
  * mtf_* (static: each including file gets its own copy).
- *
- * The weights file is safetensors (mb_st_*, megabatch.h section "export") with exactly
- * the names and shapes of bench/pytorch/multitf.py's MultiTF.state_dict():
- *   enc.{s}.weight_ih_l{k} (4H, F or H)   enc.{s}.weight_hh_l{k} (4H, H)
- *   enc.{s}.bias_ih_l{k} (4H)             enc.{s}.bias_hh_l{k} (4H)
- *   fc1.weight (head, S*H)  fc1.bias (head)  fc2.weight (K, head)  fc2.bias (K)
- * so torch's load_state_dict(load_file(f), strict=True) takes it. The model's sizes are
- * read from the shapes (the truth); __metadata__ adds what shapes cannot say: the segment
- * lengths and names, the feature normalisation of `prepare` (feature_mean, feature_std:
- * S*F values, timeframe-major), target_scale, and whether it was trained with --carry.
  */
 #ifndef MTF_MULTITF_H
 #define MTF_MULTITF_H
@@ -33,14 +24,6 @@
 #define MTF_MAX_F 64 /* features per bar in a file's normalisation metadata */
 #define MTF_STREAM(s) (2 + (s) % (MB_MAX_STREAMS - 2)) /* encoder s's device stream */
 
-/* Our parameter names (enc{s}. and head.fc{1,2}, as train_multitf.c registers them) ->
- * the file's (PyTorch's). */
-static const char *const mtf_rename[] = {
-    "enc0.", "enc.0.", "enc1.", "enc.1.", "enc2.", "enc.2.", "enc3.", "enc.3.", "enc4.", "enc.4.",
-    "enc5.", "enc.5.", "enc6.", "enc.6.", "enc7.", "enc.7.", "enc8.", "enc.8.", "enc9.", "enc.9.",
-    "enc10.", "enc.10.", "enc11.", "enc.11.", "enc12.", "enc.12.", "enc13.", "enc.13.", "enc14.", "enc.14.",
-    "enc15.", "enc.15.", "head.", "", NULL};
-
 typedef struct mtf_spec {
     int nseg, layers, carry;                 /* carry: trained with --carry (metadata) */
     int64_t F, K, H, head, T;                /* T = sum of seg_len (0 when unknown) */
@@ -50,6 +33,211 @@ typedef struct mtf_spec {
     float mean[MTF_MAX_SEG * MTF_MAX_F], std[MTF_MAX_SEG * MTF_MAX_F];
     float target_scale;                      /* 0 when absent */
 } mtf_spec;
+
+/* ---- the model ----
+ * The one definition of train_multitf.c's model, for training and for inference: enc{s}
+ * LSTMs over the segments of x (B, T, F), each reading its segment of every sample in place
+ * (x_stride = T F: no copy) and keeping its last hidden state (B, H); the states
+ * concatenated (B, S H) -> head.fc1 -> GELU -> head.fc2 -> pred (B, K). The encoders run at
+ * once (mb_lstm_*_many): on a GPU each on its own stream 2 + s, on the CPU side by side on
+ * the device's threads, so the critical path is the longest encoder, not the sum.
+ * With train set, the buffers of the backward too (dpred: the loss gradient goes there). */
+
+typedef struct mtf_config {
+    int64_t maxB;      /* the largest batch */
+    int carry;         /* each encoder carries its (h, c) from one batch to the next */
+    int train;         /* gradient buffers for mtf_model_backward */
+    int checkpoint_k;  /* the LSTMs' activation checkpointing (0: automatic) */
+    mb_dtype precision; /* the encoders' gemm operands (MB_F32, MB_BF16, MB_F16) */
+} mtf_config;
+
+typedef struct mtf_model {
+    mb_device *dev;
+    mb_params *params;
+    mtf_spec spec;
+    int64_t maxB;
+    int64_t seg_off[MTF_MAX_SEG];
+    mb_lstm *enc[MTF_MAX_SEG];
+    mb_lstm_call call[MTF_MAX_SEG];                     /* the encoders' calls of the last forward */
+    mb_linear fc1, fc2;
+    float *hlast[MTF_MAX_SEG], *fused, *z1, *a1, *pred; /* device memory */
+    float *dh[MTF_MAX_SEG], *dfused, *da1, *dpred;      /* train: the backward's */
+    float *state_h, *state_c;                           /* train with carry: (layers, B, H), for checkpoints */
+} mtf_model;
+
+MTF_API void mtf_model_destroy(mtf_model *m) {
+    float *bufs[] = {m->fused, m->z1, m->a1, m->pred, m->dfused, m->da1, m->dpred, m->state_h, m->state_c};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
+    for (int s = 0; s < m->spec.nseg; s++) {
+        mb_lstm_destroy(m->enc[s]);
+        mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
+    }
+    mb_params_destroy(m->params);
+    memset(m, 0, sizeof *m);
+}
+
+MTF_API mb_result mtf_alloc(mtf_model *m, float **p, int64_t n) {
+    return mb_alloc(m->dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)p);
+}
+
+MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
+    const mtf_spec *s = &m->spec;
+    int64_t B = c->maxB;
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->hlast[i], B * s->H));
+    MB_TRY(mtf_alloc(m, &m->fused, B * s->nseg * s->H));
+    MB_TRY(mtf_alloc(m, &m->z1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->a1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->pred, B * s->K));
+    if (!c->train) return MB_OK;
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->H));
+    MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->H));
+    MB_TRY(mtf_alloc(m, &m->da1, B * s->head));
+    MB_TRY(mtf_alloc(m, &m->dpred, B * s->K));
+    if (!c->carry) return MB_OK;
+    MB_TRY(mtf_alloc(m, &m->state_h, s->layers * B * s->H));
+    return mtf_alloc(m, &m->state_c, s->layers * B * s->H);
+}
+
+/* Register the parameters (enc{s}. and head.fc{1,2}., in that order) and the workspaces.
+ * The spec must know its segment lengths. */
+MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *spec, const mtf_config *c) {
+    memset(m, 0, sizeof *m);
+    m->dev = dev; m->spec = *spec; m->maxB = c->maxB;
+    if (spec->nseg < 1 || !spec->T) return MB_FAIL(NULL, MB_ERR_FORMAT, "the model's segment lengths are unknown");
+    MB_TRY(mb_params_create(&m->params, dev));
+    for (int s = 0; s < spec->nseg; s++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "enc%d.", s);
+        mb_lstm_config lc;
+        memset(&lc, 0, sizeof lc);
+        lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
+        lc.max_steps = spec->seg_len[s]; lc.max_batch = c->maxB; lc.carry_state = c->carry;
+        lc.checkpoint = c->checkpoint_k; lc.precision = c->precision; lc.stream = MTF_STREAM(s);
+        MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
+        m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
+    }
+    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
+    MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
+    MB_TRY(mb_params_finalize(m->params));
+    return mtf_model_buffers(m, c);
+}
+
+/* For inference: batches of up to maxB. carry: each encoder carries its (h, c) from one
+ * forward to the next (a stateful stream of batch 1). */
+MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec *spec, int64_t maxB, int carry) {
+    mtf_config c;
+    memset(&c, 0, sizeof c);
+    c.maxB = maxB; c.carry = carry;
+    return mtf_model_build(m, dev, spec, &c);
+}
+
+/* The spec of a model for a data file: its segments (the whole window when it has none),
+ * F and K; H, head and layers chosen by the trainer. */
+MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t H, int64_t head, int layers, int carry) {
+    mtf_spec s;
+    memset(&s, 0, sizeof s);
+    s.nseg = d->segments ? d->segments : 1;
+    s.layers = layers; s.carry = carry; s.F = d->f; s.K = d->k; s.H = H; s.head = head; s.T = d->t;
+    for (int i = 0; i < s.nseg && i < MTF_MAX_SEG; i++) {
+        s.seg_len[i] = d->segments ? d->segment_len[i] : d->t;
+        size_t n = strlen(s.seg_names);
+        snprintf(s.seg_names + n, sizeof s.seg_names - n, "%s%s", i ? "," : "", d->segment_name[i]);
+    }
+    if (!d->segment_name[0][0]) s.seg_names[0] = 0;
+    return s;
+}
+
+/* The head over the encoders' last hidden states (m->hlast): fusion, fc1, GELU, fc2. */
+MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
+    const mtf_spec *s = &m->spec;
+    int64_t dims[MTF_MAX_SEG];
+    const float *hs[MTF_MAX_SEG];
+    for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
+    MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
+    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));
+    MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
+    MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
+    *pred = m->pred;
+    return MB_OK;
+}
+
+/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory.
+ * With carry, an encoder whose carried state is of another batch size (an epoch's short
+ * last batch) starts fresh. */
+MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
+    const mtf_spec *s = &m->spec;
+    memset(m->call, 0, sizeof m->call);
+    for (int i = 0; i < s->nseg; i++) {
+        int64_t carried = mb_lstm_state_batch(m->enc[i]);
+        if (carried && carried != B) mb_lstm_reset_state(m->enc[i]);
+        mb_lstm_call *c = &m->call[i];
+        c->lstm = m->enc[i]; c->B = B; c->T = s->seg_len[i];
+        c->x = x + m->seg_off[i] * s->F; c->x_stride = s->T * s->F; /* segment i of each sample */
+        c->h_last = m->hlast[i];
+        c->dh_last = m->dh[i];                                      /* train: for the backward */
+    }
+    MB_TRY(mb_lstm_forward_many(m->call, s->nseg));
+    return mtf_model_head(m, B, pred);
+}
+
+/* Backward of the last forward from the loss gradient in m->dpred: the gradients
+ * accumulate into the flat gradient buffer (a model built with train). */
+MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
+    const mtf_spec *s = &m->spec;
+    int64_t dims[MTF_MAX_SEG];
+    for (int i = 0; i < s->nseg; i++) dims[i] = s->H;
+    MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
+    MB_TRY(mb_act_backward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * s->head)));
+    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
+    MB_TRY(mb_concat_backward(m->dev, MB_STREAM_COMPUTE, s->nseg, m->dfused, dims, B, m->dh));
+    return mb_lstm_backward_many(m->call, s->nseg); /* reads the batch again: it must still be valid */
+}
+
+/* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows
+ * (F each, device memory) of segment i, which its encoder reads from the state it carried
+ * (zeros at first); n[i] = 0 keeps its last hidden state. Then the head, when pred is not
+ * NULL. O(1) per bar: one LSTM step per new row. */
+MTF_API mb_result mtf_model_step(mtf_model *m, const float *const *x, const int64_t *n, const float **pred) {
+    mb_lstm_call call[MTF_MAX_SEG];
+    int c = 0;
+    memset(call, 0, sizeof call);
+    for (int i = 0; i < m->spec.nseg; i++) {
+        if (!n[i]) continue;
+        call[c].lstm = m->enc[i]; call[c].B = 1; call[c].T = n[i]; call[c].x = x[i];
+        call[c++].h_last = m->hlast[i];
+    }
+    if (c) MB_TRY(mb_lstm_forward_many(call, c));
+    return pred ? mtf_model_head(m, 1, pred) : MB_OK;
+}
+
+/* The device for inference: the backend the program was built for, streams for the
+ * encoders. threads 0 = the cores. */
+MTF_API mb_result mtf_device_open(mb_device **dev, mb_backend backend, int threads) {
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.backend = backend; dc.streams = MB_MAX_STREAMS; /* encoder s on stream 2 + s % (streams - 2) */
+    dc.threads = threads;
+    return mb_device_open(dev, &dc);
+}
+
+/* ---- the weights file ----
+ * safetensors (mb_st_*, megabatch.h section "export") with exactly the names and shapes of
+ * bench/pytorch/multitf.py's MultiTF.state_dict():
+ *   enc.{s}.weight_ih_l{k} (4H, F or H)   enc.{s}.weight_hh_l{k} (4H, H)
+ *   enc.{s}.bias_ih_l{k} (4H)             enc.{s}.bias_hh_l{k} (4H)
+ *   fc1.weight (head, S*H)  fc1.bias (head)  fc2.weight (K, head)  fc2.bias (K)
+ * so torch's load_state_dict(load_file(f), strict=True) takes it. The model's sizes are
+ * read from the shapes (the truth); __metadata__ adds what shapes cannot say: the segment
+ * lengths and names, the feature normalisation of `prepare` (feature_mean, feature_std:
+ * S*F values, timeframe-major), target_scale, and whether it was trained with --carry. */
+
+/* Our parameter names (enc{s}. and head.fc{1,2}, as train_multitf.c registers them) ->
+ * the file's (PyTorch's). */
+static const char *const mtf_rename[] = {
+    "enc0.", "enc.0.", "enc1.", "enc.1.", "enc2.", "enc.2.", "enc3.", "enc.3.", "enc4.", "enc.4.",
+    "enc5.", "enc.5.", "enc6.", "enc.6.", "enc7.", "enc.7.", "enc8.", "enc.8.", "enc9.", "enc.9.",
+    "enc10.", "enc.10.", "enc11.", "enc.11.", "enc12.", "enc.12.", "enc13.", "enc.13.", "enc14.", "enc.14.",
+    "enc15.", "enc.15.", "head.", "", NULL};
 
 /* Comma-separated numbers of a metadata value: exactly n of them. */
 MTF_API int mtf_parse_list(const char *s, double *v, int n) {
@@ -204,122 +392,9 @@ MTF_API mb_result mtf_spec_read_norm(mtf_spec *s, mb_dataset *ds) {
     return MB_OK;
 }
 
-/* ---- the model ----
- * The one definition of train_multitf.c's model, for training and for inference: enc{s}
- * LSTMs over the segments of x (B, T, F), each reading its segment of every sample in place
- * (x_stride = T F: no copy) and keeping its last hidden state (B, H); the states
- * concatenated (B, S H) -> head.fc1 -> GELU -> head.fc2 -> pred (B, K). The encoders run at
- * once (mb_lstm_*_many): on a GPU each on its own stream 2 + s, on the CPU side by side on
- * the device's threads, so the critical path is the longest encoder, not the sum.
- * With train set, the buffers of the backward too (dpred: the loss gradient goes there). */
-
-typedef struct mtf_config {
-    int64_t maxB;      /* the largest batch */
-    int carry;         /* each encoder carries its (h, c) from one batch to the next */
-    int train;         /* gradient buffers for mtf_model_backward */
-    int checkpoint_k;  /* the LSTMs' activation checkpointing (0: automatic) */
-    mb_dtype precision; /* the encoders' gemm operands (MB_F32, MB_BF16, MB_F16) */
-} mtf_config;
-
-typedef struct mtf_model {
-    mb_device *dev;
-    mb_params *params;
-    mtf_spec spec;
-    int64_t maxB;
-    int64_t seg_off[MTF_MAX_SEG];
-    mb_lstm *enc[MTF_MAX_SEG];
-    mb_lstm_call call[MTF_MAX_SEG];                     /* the encoders' calls of the last forward */
-    mb_linear fc1, fc2;
-    float *hlast[MTF_MAX_SEG], *fused, *z1, *a1, *pred; /* device memory */
-    float *dh[MTF_MAX_SEG], *dfused, *da1, *dpred;      /* train: the backward's */
-    float *state_h, *state_c;                           /* train with carry: (layers, B, H), for checkpoints */
-} mtf_model;
-
-MTF_API void mtf_model_destroy(mtf_model *m) {
-    float *bufs[] = {m->fused, m->z1, m->a1, m->pred, m->dfused, m->da1, m->dpred, m->state_h, m->state_c};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
-    for (int s = 0; s < m->spec.nseg; s++) {
-        mb_lstm_destroy(m->enc[s]);
-        mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
-    }
-    mb_params_destroy(m->params);
-    memset(m, 0, sizeof *m);
-}
-
-MTF_API mb_result mtf_alloc(mtf_model *m, float **p, int64_t n) {
-    return mb_alloc(m->dev, MB_MEM_DEVICE, (size_t)n * sizeof(float), (void **)p);
-}
-
-MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
-    const mtf_spec *s = &m->spec;
-    int64_t B = c->maxB;
-    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->hlast[i], B * s->H));
-    MB_TRY(mtf_alloc(m, &m->fused, B * s->nseg * s->H));
-    MB_TRY(mtf_alloc(m, &m->z1, B * s->head));
-    MB_TRY(mtf_alloc(m, &m->a1, B * s->head));
-    MB_TRY(mtf_alloc(m, &m->pred, B * s->K));
-    if (!c->train) return MB_OK;
-    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->H));
-    MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->H));
-    MB_TRY(mtf_alloc(m, &m->da1, B * s->head));
-    MB_TRY(mtf_alloc(m, &m->dpred, B * s->K));
-    if (!c->carry) return MB_OK;
-    MB_TRY(mtf_alloc(m, &m->state_h, s->layers * B * s->H));
-    return mtf_alloc(m, &m->state_c, s->layers * B * s->H);
-}
-
-/* Register the parameters (enc{s}. and head.fc{1,2}., in that order) and the workspaces.
- * The spec must know its segment lengths. */
-MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *spec, const mtf_config *c) {
-    memset(m, 0, sizeof *m);
-    m->dev = dev; m->spec = *spec; m->maxB = c->maxB;
-    if (spec->nseg < 1 || !spec->T) return MB_FAIL(NULL, MB_ERR_FORMAT, "the model's segment lengths are unknown");
-    MB_TRY(mb_params_create(&m->params, dev));
-    for (int s = 0; s < spec->nseg; s++) {
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "enc%d.", s);
-        mb_lstm_config lc;
-        memset(&lc, 0, sizeof lc);
-        lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
-        lc.max_steps = spec->seg_len[s]; lc.max_batch = c->maxB; lc.carry_state = c->carry;
-        lc.checkpoint = c->checkpoint_k; lc.precision = c->precision; lc.stream = MTF_STREAM(s);
-        MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
-        m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
-    }
-    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
-    MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
-    MB_TRY(mb_params_finalize(m->params));
-    return mtf_model_buffers(m, c);
-}
-
-/* For inference: batches of up to maxB. carry: each encoder carries its (h, c) from one
- * forward to the next (a stateful stream of batch 1). */
-MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec *spec, int64_t maxB, int carry) {
-    mtf_config c;
-    memset(&c, 0, sizeof c);
-    c.maxB = maxB; c.carry = carry;
-    return mtf_model_build(m, dev, spec, &c);
-}
-
 /* Weights from a file, strictly (every tensor, every shape). */
 MTF_API mb_result mtf_model_load(mtf_model *m, const mb_st_file *f) {
     return mb_st_load_params(f, m->params, mtf_rename);
-}
-
-/* The spec of a model for a data file: its segments (the whole window when it has none),
- * F and K; H, head and layers chosen by the trainer. */
-MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t H, int64_t head, int layers, int carry) {
-    mtf_spec s;
-    memset(&s, 0, sizeof s);
-    s.nseg = d->segments ? d->segments : 1;
-    s.layers = layers; s.carry = carry; s.F = d->f; s.K = d->k; s.H = H; s.head = head; s.T = d->t;
-    for (int i = 0; i < s.nseg && i < MTF_MAX_SEG; i++) {
-        s.seg_len[i] = d->segments ? d->segment_len[i] : d->t;
-        size_t n = strlen(s.seg_names);
-        snprintf(s.seg_names + n, sizeof s.seg_names - n, "%s%s", i ? "," : "", d->segment_name[i]);
-    }
-    if (!d->segment_name[0][0]) s.seg_names[0] = 0;
-    return s;
 }
 
 /* Start from a weights file (of train_multitf or bench/pytorch/multitf.py): its segments
@@ -391,79 +466,6 @@ MTF_API mb_result mtf_model_load_carry(mb_ckpt_reader *rd, mtf_model *m) {
         MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, MTF_STREAM(s))); /* read on its stream first */
     }
     return MB_OK;
-}
-
-/* The head over the encoders' last hidden states (m->hlast): fusion, fc1, GELU, fc2. */
-MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
-    const mtf_spec *s = &m->spec;
-    int64_t dims[MTF_MAX_SEG];
-    const float *hs[MTF_MAX_SEG];
-    for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
-    MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
-    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));
-    MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
-    MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
-    *pred = m->pred;
-    return MB_OK;
-}
-
-/* pred (B, K) device memory of m (valid until the next call) for x (B, T, F) device memory.
- * With carry, an encoder whose carried state is of another batch size (an epoch's short
- * last batch) starts fresh. */
-MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
-    const mtf_spec *s = &m->spec;
-    memset(m->call, 0, sizeof m->call);
-    for (int i = 0; i < s->nseg; i++) {
-        int64_t carried = mb_lstm_state_batch(m->enc[i]);
-        if (carried && carried != B) mb_lstm_reset_state(m->enc[i]);
-        mb_lstm_call *c = &m->call[i];
-        c->lstm = m->enc[i]; c->B = B; c->T = s->seg_len[i];
-        c->x = x + m->seg_off[i] * s->F; c->x_stride = s->T * s->F; /* segment i of each sample */
-        c->h_last = m->hlast[i];
-        c->dh_last = m->dh[i];                                      /* train: for the backward */
-    }
-    MB_TRY(mb_lstm_forward_many(m->call, s->nseg));
-    return mtf_model_head(m, B, pred);
-}
-
-/* Backward of the last forward from the loss gradient in m->dpred: the gradients
- * accumulate into the flat gradient buffer (a model built with train). */
-MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
-    const mtf_spec *s = &m->spec;
-    int64_t dims[MTF_MAX_SEG];
-    for (int i = 0; i < s->nseg; i++) dims[i] = s->H;
-    MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
-    MB_TRY(mb_act_backward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * s->head)));
-    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
-    MB_TRY(mb_concat_backward(m->dev, MB_STREAM_COMPUTE, s->nseg, m->dfused, dims, B, m->dh));
-    return mb_lstm_backward_many(m->call, s->nseg); /* reads the batch again: it must still be valid */
-}
-
-/* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows
- * (F each, device memory) of segment i, which its encoder reads from the state it carried
- * (zeros at first); n[i] = 0 keeps its last hidden state. Then the head, when pred is not
- * NULL. O(1) per bar: one LSTM step per new row. */
-MTF_API mb_result mtf_model_step(mtf_model *m, const float *const *x, const int64_t *n, const float **pred) {
-    mb_lstm_call call[MTF_MAX_SEG];
-    int c = 0;
-    memset(call, 0, sizeof call);
-    for (int i = 0; i < m->spec.nseg; i++) {
-        if (!n[i]) continue;
-        call[c].lstm = m->enc[i]; call[c].B = 1; call[c].T = n[i]; call[c].x = x[i];
-        call[c++].h_last = m->hlast[i];
-    }
-    if (c) MB_TRY(mb_lstm_forward_many(call, c));
-    return pred ? mtf_model_head(m, 1, pred) : MB_OK;
-}
-
-/* The device for inference: the backend the program was built for, streams for the
- * encoders. threads 0 = the cores. */
-MTF_API mb_result mtf_device_open(mb_device **dev, mb_backend backend, int threads) {
-    mb_device_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.backend = backend; dc.streams = MB_MAX_STREAMS; /* encoder s on stream 2 + s % (streams - 2) */
-    dc.threads = threads;
-    return mb_device_open(dev, &dc);
 }
 
 #endif /* MTF_MULTITF_H */

@@ -37,9 +37,7 @@
 #include "mb_args.h"
 #ifndef __CUDACC__
 #include "mtf_live.h"
-#define main prepare_main /* prepare's CSV reading, for --live: one implementation */
-#include "prepare.c"
-#undef main
+#include "mb_csv.h" /* prepare's CSV parser, for --live: one implementation */
 #endif
 #include <errno.h>
 #include <stdio.h>
@@ -195,24 +193,24 @@ typedef struct replay { int64_t rows, ok, warmup, refused, timed; double *lat; }
 
 /* One data row of the file: parse it as prepare does, push it, print its line. */
 static mb_result replay_row(mtf_live *lv, char *line, size_t lineno, FILE *out, float *pred, replay *rp) {
-    int64_t t = INT64_MIN; /* parse_bar sets it once the date and time parse */
+    int64_t t = INT64_MIN; /* mbc_parse_bar sets it once the date and time parse */
     double v[5] = {0, 0, 0, 0, 0};
     char when[32];
     int ready = 0;
-    int bad = parse_bar(line, &t, v);
+    int bad = mbc_parse_bar(line, &t, v);
     time_t tt = (time_t)t;
     struct tm tm;
     snprintf(when, sizeof when, "line %zu", lineno); /* a row without a time: its line */
     if (t != INT64_MIN && gmtime_r(&tt, &tm)) /* seconds shown when the bar is off the minute */
         strftime(when, sizeof when, t % 60 ? "%Y.%m.%d %H:%M:%S" : "%Y.%m.%d %H:%M", &tm);
     mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
-    double t0 = mtf_now_s();
+    double t0 = mba_now();
     mb_result r = bad ? MB_ERR_INVALID_ARG : mtf_live_push(lv, &b, pred, &ready);
-    if (ready) rp->lat[rp->timed++] = mtf_now_s() - t0;
+    if (ready) rp->lat[rp->timed++] = mba_now() - t0;
     rp->rows++;
     if (r == MB_ERR_INVALID_ARG) {
         rp->refused++;
-        fprintf(out, "%s,refused: line %zu: %s\n", when, lineno, bad ? prep_error : strchr(mb_last_error(), ':') + 2);
+        fprintf(out, "%s,refused: line %zu: %s\n", when, lineno, bad ? mbc_error : strchr(mb_last_error(), ':') + 2);
         return MB_OK;
     }
     if (r != MB_OK) return r;
@@ -242,31 +240,20 @@ static mb_result replay_text(mtf_live *lv, char *text, FILE *out, replay *rp) {
 }
 
 static mb_result live(const options *o) {
-    FILE *in = fopen(o->csv, "rb"), *out = o->out ? fopen(o->out, "w") : stdout;
-    unsigned char *buf = NULL;
+    char *buf = NULL;
     size_t len = 0;
-    if (in) { /* the whole file, then prepare's decoding (UTF-16 / BOM) */
-        fseek(in, 0, SEEK_END);
-        long n = ftell(in);
-        fseek(in, 0, SEEK_SET);
-        buf = n >= 0 ? (unsigned char *)malloc((size_t)n + 1) : NULL;
-        len = buf ? fread(buf, 1, (size_t)n, in) : 0;
-        fclose(in);
-    }
+    int bad = mbc_read_text(o->csv, &buf, &len); /* the whole file, decoded as prepare decodes it */
+    FILE *out = o->out ? fopen(o->out, "w") : stdout;
     mtf_live *lv = NULL;
     replay rp;
     memset(&rp, 0, sizeof rp);
-    mb_result r = buf ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "cannot read %s: %s", o->csv, strerror(errno));
+    mb_result r = !bad ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "%s", mbc_error);
     if (r == MB_OK && !out) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
     if (r == MB_OK) r = mtf_live_open(&lv, o->model, MB_CPU, o->threads ? o->threads : 1,
                                           o->stateful ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW);
     if (r == MB_OK && !(rp.lat = (double *)malloc((len / 16 + 1) * sizeof(double)))) /* a row has > 16 bytes */
         r = MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
-    if (r == MB_OK) {
-        decode_text(&buf, &len);
-        buf[len] = 0;
-        r = replay_text(lv, (char *)buf, out, &rp);
-    }
+    if (r == MB_OK) r = replay_text(lv, buf, out, &rp);
     if (out && out != stdout && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
     if (r == MB_OK && !o->quiet) {
         qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, mtf_by_value);

@@ -20,16 +20,15 @@
 #define _POSIX_C_SOURCE 200809L /* isatty, fileno, gmtime_r */
 #endif
 #ifndef MEGABATCH_IMPLEMENTATION
-#define MEGABATCH_IMPLEMENTATION /* standalone (an includer, predict.c, has it already) */
+#define MEGABATCH_IMPLEMENTATION /* standalone (a test that includes it has it already) */
 #endif
 #include "megabatch.h"
 #include "mb_args.h"
 #include "mb_features.h"
+#include "mb_csv.h"     /* the CSV parser (predict --live reads with it too) */
 #include <hdf5.h>
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,224 +36,9 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-// ---- bars ----
-// A bar series (M1 or aggregated): start time in seconds since 1970 (UTC), OHLC, volume.
-
-typedef struct bars {
-    int64_t *t;
-    double *o, *h, *l, *c, *v;
-    size_t n, cap;
-} bars;
-
 enum { NTF = MBF_TFS, MAXF = MBF_MAX };
 static const int tf_window[NTF] = {480, 288, 192, 96, 48}; /* bars per sample */
 static const char *const tf_names = "M1,M5,M15,H1,H4";
-static char prep_error[512];
-
-static int prep_fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prep_error, sizeof prep_error, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static void bars_free(bars *b) {
-    free(b->t); free(b->o); free(b->h); free(b->l); free(b->c); free(b->v);
-    memset(b, 0, sizeof *b);
-}
-
-static int bars_push(bars *b, int64_t t, double o, double h, double l, double c, double v) {
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        int64_t *nt = (int64_t *)realloc(b->t, cap * sizeof *nt);
-        if (nt) b->t = nt;
-        double **cols[5] = {&b->o, &b->h, &b->l, &b->c, &b->v};
-        int ok = nt != NULL;
-        for (int i = 0; i < 5 && ok; i++) {
-            double *p = (double *)realloc(*cols[i], cap * sizeof(double));
-            if (p) *cols[i] = p; else ok = 0;
-        }
-        if (!ok) return prep_fail("out of memory for %zu bars", cap);
-        b->cap = cap;
-    }
-    b->t[b->n] = t; b->o[b->n] = o; b->h[b->n] = h; b->l[b->n] = l; b->c[b->n] = c; b->v[b->n] = v;
-    b->n++;
-    return 0;
-}
-
-// ---- csv ----
-// MetaTrader 5 export (tab-separated, `<DATE> <TIME> <OPEN> ...` header, UTF-8 or UTF-16
-// with BOM), MetaTrader 4 / histdata (comma or semicolon, `2024.01.02,00:00,o,h,l,c,v`,
-// or `20240102 000000;o;h;l;c;v`). Dates YYYY.MM.DD, YYYY-MM-DD or YYYYMMDD; times
-// HH:MM:SS, HH:MM or HHMMSS.
-
-/* Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm). */
-static int64_t days_from_civil(int64_t y, int m, int d) {
-    y -= m <= 2;
-    int64_t era = (y >= 0 ? y : y - 399) / 400;
-    int64_t yoe = y - era * 400;
-    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + doe - 719468;
-}
-
-static int parse_date(const char *s, int64_t *days) {
-    int y, m, d, n = 0;
-    if (sscanf(s, "%4d.%2d.%2d%n", &y, &m, &d, &n) == 3 && n == 10) {}
-    else if (sscanf(s, "%4d-%2d-%2d%n", &y, &m, &d, &n) == 3 && n == 10) {}
-    else if (strlen(s) == 8 && sscanf(s, "%4d%2d%2d%n", &y, &m, &d, &n) == 3 && n == 8) {}
-    else return -1;
-    if (s[n] != 0 || m < 1 || m > 12 || d < 1 || d > 31 || y < 1900) return -1;
-    *days = days_from_civil(y, m, d);
-    return 0;
-}
-
-static int parse_time(const char *s, int64_t *secs) {
-    int h, m, sec = 0, n = 0;
-    size_t len = strlen(s);
-    if (len == 8 && sscanf(s, "%2d:%2d:%2d%n", &h, &m, &sec, &n) == 3 && n == 8) {}
-    else if (len == 5 && sscanf(s, "%2d:%2d%n", &h, &m, &n) == 2 && n == 5) {}
-    else if (len == 6 && sscanf(s, "%2d%2d%2d%n", &h, &m, &sec, &n) == 3 && n == 6) {}
-    else return -1;
-    if (h > 23 || m > 59 || sec > 59 || h < 0 || m < 0 || sec < 0) return -1;
-    *secs = h * 3600 + m * 60 + sec;
-    return 0;
-}
-
-static int parse_number(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    *out = strtod(s, &end);
-    return (end == s || *end != 0 || errno != 0 || !isfinite(*out)) ? -1 : 0;
-}
-
-/* Decode UTF-16LE/BE (with BOM) to UTF-8 in place of `text`; strip a UTF-8 BOM. Only
- * ASCII is meaningful in these files: other characters become '?'. */
-static int decode_text(unsigned char **text, size_t *len) {
-    unsigned char *s = *text;
-    if (*len >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF) {
-        memmove(s, s + 3, *len - 3);
-        *len -= 3;
-        return 0;
-    }
-    if (*len < 2 || !((s[0] == 0xFF && s[1] == 0xFE) || (s[0] == 0xFE && s[1] == 0xFF))) return 0;
-    int le = s[0] == 0xFF;
-    size_t n = 0;
-    for (size_t i = 2; i + 1 < *len; i += 2) {
-        unsigned u = le ? (unsigned)(s[i] | s[i + 1] << 8) : (unsigned)(s[i] << 8 | s[i + 1]);
-        s[n++] = (unsigned char)(u < 128 ? u : '?');
-    }
-    *len = n;
-    return 0;
-}
-
-/* Split a line into fields on tab, comma or semicolon; a first field "DATE TIME" (histdata)
- * is split in two. Returns the number of fields (at most max). */
-static int split_fields(char *line, char **f, int max) {
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        while (*p == ' ') p++;
-        f[n++] = p;
-        size_t k = strcspn(p, "\t,;");
-        char *end = p + k;
-        char *q = end;
-        while (q > p && isspace((unsigned char)q[-1])) q--;
-        int last = *end == 0;
-        *q = 0;
-        if (last) break;
-        p = end + 1;
-    }
-    char *sp = strchr(f[0], ' ');
-    if (n < max && sp) {
-        *sp = 0;
-        memmove(f + 2, f + 1, (size_t)(n - 1) * sizeof *f);
-        f[1] = sp + 1;
-        n++;
-    }
-    return n;
-}
-
-/* Parse one data line into a bar. Returns 0, or -1 with a reason in prep_error. *t is set
- * as soon as the date and time parse: a row refused for its values still has its time. */
-static int parse_bar(char *line, int64_t *t, double v[5]) {
-    char *f[12];
-    int n = split_fields(line, f, 12);
-    if (n < 6) return prep_fail("expected at least 6 fields (date, time, open, high, low, close), got %d", n);
-    int64_t days, secs;
-    if (parse_date(f[0], &days)) return prep_fail("bad date '%s'", f[0]);
-    if (parse_time(f[1], &secs)) return prep_fail("bad time '%s'", f[1]);
-    *t = days * 86400 + secs;
-    for (int i = 0; i < 4; i++)
-        if (parse_number(f[2 + i], &v[i])) return prep_fail("bad number '%s'", f[2 + i]);
-    v[4] = 0;
-    if (n > 6 && parse_number(f[6], &v[4])) return prep_fail("bad volume '%s'", f[6]);
-    if (v[0] <= 0 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0) return prep_fail("non-positive price");
-    if (v[1] < v[2]) return prep_fail("high %g < low %g", v[1], v[2]);
-    if (v[4] < 0) return prep_fail("negative volume");
-    return 0;
-}
-
-/* Parse CSV text into M1 bars. skip_bad: count bad rows instead of failing on the first.
- * A row is bad when it does not parse or when the live predictor would refuse its bar
- * (mbf_check: out of order, duplicate, not on a minute, bad values), so a file that
- * prepares with --skip-bad replays alike through `predict --live`. Errors name the line. */
-static int parse_csv(char *text, int skip_bad, bars *out, size_t *skipped) {
-    memset(out, 0, sizeof *out);
-    *skipped = 0;
-    size_t lineno = 0;
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
-        lineno++;
-        line[strcspn(line, "\r")] = 0;
-        if (line[strspn(line, " \t")] == 0) continue;                      /* blank */
-        if (line[0] == '<' || isalpha((unsigned char)line[0])) continue;   /* header */
-        int64_t t = 0;
-        double v[5] = {0};
-        int bad = parse_bar(line, &t, v);
-        mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
-        int e = bad ? MBF_OK : mbf_check(&b, out->n > 0, out->n ? out->t[out->n - 1] : 0);
-        if (e != MBF_OK) bad = prep_fail("%s", mbf_error_text(e));
-        if (bad) {
-            if (!skip_bad) {
-                char why[sizeof prep_error];
-                memcpy(why, prep_error, sizeof why);
-                bars_free(out);
-                return prep_fail("line %zu: %.400s", lineno, why);
-            }
-            (*skipped)++;
-            continue;
-        }
-        if (bars_push(out, t, v[0], v[1], v[2], v[3], v[4])) return -1;
-    }
-    if (out->n == 0) return prep_fail("no bars in the input");
-    return 0;
-}
-
-static int read_csv_file(const char *path, int skip_bad, bars *out, size_t *skipped) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return prep_fail("cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 20, len = 0;
-    unsigned char *buf = (unsigned char *)malloc(cap + 1);
-    for (size_t got; buf && (got = fread(buf + len, 1, cap - len, f)) > 0;) {
-        len += got;
-        if (len == cap) {
-            unsigned char *nb = (unsigned char *)realloc(buf, 2 * cap + 1);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (!buf) return prep_fail("out of memory reading '%s'", path);
-    decode_text(&buf, &len);
-    buf[len] = 0;
-    int r = parse_csv((char *)buf, skip_bad, out, skipped);
-    free(buf);
-    return r;
-}
 
 // ---- synthetic ----
 // A seeded M1 series a model can learn from: a hidden drift regime (up / flat / down,
@@ -266,9 +50,9 @@ static double gauss(uint64_t seed, uint64_t i) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static int make_synthetic(size_t nbars, uint64_t seed, bars *out) {
+static int make_synthetic(size_t nbars, uint64_t seed, mbc_bars *out) {
     memset(out, 0, sizeof *out);
-    int64_t t = days_from_civil(2024, 1, 1) * 86400;  /* a Monday */
+    int64_t t = mbc_days_from_civil(2024, 1, 1) * 86400;  /* a Monday */
     double price = 1.1, var = 1e-8, base_var = 1e-8;
     int regime = 1;
     for (size_t i = 0; i < nbars; t += 60) {
@@ -285,7 +69,7 @@ static int make_synthetic(size_t nbars, uint64_t seed, bars *out) {
         double wick = fabs(sigma * gauss(seed ^ 0x5bd1e995ull, i)) * 0.5;
         double high = fmax(open, close) * exp(wick), low = fmin(open, close) * exp(-wick * mb_rng_uniform(seed, 4, i));
         double vol = floor(50.0 * season * (1.0 + 20.0 * fabs(r) / sqrt(base_var) * 0.1) + 10.0 * mb_rng_uniform(seed, 5, i));
-        if (bars_push(out, t, open, high, low, close, vol)) return -1;
+        if (mbc_bars_push(out, t, open, high, low, close, vol)) return -1;
         price = close;
         i++;
     }
@@ -297,27 +81,27 @@ static int make_synthetic(size_t nbars, uint64_t seed, bars *out) {
 // usable iff start + P*60 <= t: a forming bar is never used.
 
 typedef struct series {
-    bars tf[NTF];          /* M1, M5, M15, H1, H4: closed bars */
+    mbc_bars tf[NTF];          /* M1, M5, M15, H1, H4: closed mbc_bars */
     float *feat[NTF];      /* (tf[k].n, F) raw features, from mb_features.h */
     size_t feat_cap[NTF];  /* rows allocated in feat[k] */
     int nf;
 } series;
 
 static void series_free(series *s) {
-    for (int k = 0; k < NTF; k++) { bars_free(&s->tf[k]); free(s->feat[k]); }
+    for (int k = 0; k < NTF; k++) { mbc_bars_free(&s->tf[k]); free(s->feat[k]); }
     memset(s, 0, sizeof *s);
 }
 
 /* Bars and feature rows of every timeframe, from the incremental engine (mb_features.h),
  * fed the M1 bars one at a time as a live predictor would be. */
 static int series_add_row(series *s, const mbf_row *row) {
-    bars *b = &s->tf[row->tf];
+    mbc_bars *b = &s->tf[row->tf];
     size_t n = b->n;
     const mbf_bar *x = &row->bar;
-    if (bars_push(b, x->t, x->o, x->h, x->l, x->c, x->v)) return -1;
+    if (mbc_bars_push(b, x->t, x->o, x->h, x->l, x->c, x->v)) return -1;
     if (b->cap != s->feat_cap[row->tf]) {
         float *f = (float *)realloc(s->feat[row->tf], b->cap * (size_t)s->nf * sizeof(float));
-        if (!f) return prep_fail("out of memory for features");
+        if (!f) return mbc_fail("out of memory for features");
         s->feat[row->tf] = f;
         s->feat_cap[row->tf] = b->cap;
     }
@@ -325,17 +109,17 @@ static int series_add_row(series *s, const mbf_row *row) {
     return 0;
 }
 
-static int series_build(const bars *m1, int nf, series *s) {
+static int series_build(const mbc_bars *m1, int nf, series *s) {
     memset(s, 0, sizeof *s);
     s->nf = nf;
     mbf_state *st = (mbf_state *)malloc(sizeof *st);
     mbf_out *out = (mbf_out *)malloc(sizeof *out);
-    int r = st && out ? 0 : prep_fail("out of memory for the feature engine");
+    int r = st && out ? 0 : mbc_fail("out of memory for the feature engine");
     if (st) mbf_init(st, nf);
     for (size_t i = 0; r == 0 && i < m1->n; i++) {
         mbf_bar b = {m1->t[i], m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i]};
         int e = mbf_push(st, &b, out);
-        if (e) r = prep_fail("M1 bar %zu (time %lld): %s", i + 1, (long long)b.t, mbf_error_text(e));
+        if (e) r = mbc_fail("M1 bar %zu (time %lld): %s", i + 1, (long long)b.t, mbf_error_text(e));
         for (int j = 0; r == 0 && j < out->n; j++) r = series_add_row(s, &out->row[j]);
     }
     free(st);
@@ -344,7 +128,7 @@ static int series_build(const bars *m1, int nf, series *s) {
 }
 
 /* Number of bars of timeframe k closed at time t (binary search on start times). */
-static size_t closed_bars(const bars *b, int minutes, int64_t t) {
+static size_t closed_bars(const mbc_bars *b, int minutes, int64_t t) {
     size_t lo = 0, hi = b->n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
@@ -377,7 +161,7 @@ static int h5_attr_floats(hid_t obj, const char *name, const float *v, hsize_t r
     herr_t e = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_FLOAT, v);
     if (a >= 0) H5Aclose(a);
     H5Sclose(sp);
-    return e < 0 ? prep_fail("cannot write attribute %s", name) : 0;
+    return e < 0 ? mbc_fail("cannot write attribute %s", name) : 0;
 }
 
 /* Create the parent directory of path if it is missing (one level, e.g. data/). */
@@ -413,16 +197,16 @@ static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const
     memset(o, 0, sizeof *o);
     make_parent_dir(path);
     o->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (o->file < 0) return prep_fail("cannot create '%s'", path);
+    if (o->file < 0) return mbc_fail("cannot create '%s'", path);
     hsize_t fd[3] = {n, 1104, (hsize_t)nf}, td[2] = {n, (hsize_t)k}, nd[1] = {n};
     hid_t fs = H5Screate_simple(3, fd, NULL), ts = H5Screate_simple(2, td, NULL), ns = H5Screate_simple(1, nd, NULL);
     o->feat = H5Dcreate2(o->file, "features", H5T_IEEE_F32LE, fs, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     o->targ = H5Dcreate2(o->file, "targets", H5T_IEEE_F32LE, ts, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     o->times = H5Dcreate2(o->file, "times", H5T_STD_I64LE, ns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Sclose(fs); H5Sclose(ts); H5Sclose(ns);
-    if (o->feat < 0 || o->targ < 0 || o->times < 0) return prep_fail("cannot create datasets in '%s'", path);
+    if (o->feat < 0 || o->targ < 0 || o->times < 0) return mbc_fail("cannot create datasets in '%s'", path);
     if (h5_segment_attrs(o->feat, nf, mean, std) || h5_attr_floats(o->targ, "target_scale", &target_scale, 1, 0))
-        return prep_fail("cannot write attributes in '%s'", path);
+        return mbc_fail("cannot write attributes in '%s'", path);
     return 0;
 }
 
@@ -439,7 +223,7 @@ static int h5_append(h5out *o, hsize_t count, int nf, int k, const float *feat, 
         herr_t e = H5Sselect_hyperslab(fs, H5S_SELECT_SET, starts[i], NULL, counts[i], NULL);
         if (e >= 0) e = H5Dwrite(ds[i], mt[i], ms, fs, H5P_DEFAULT, bufs[i]);
         H5Sclose(fs); H5Sclose(ms);
-        if (e < 0) return prep_fail("writing samples %llu.. failed", (unsigned long long)o->n);
+        if (e < 0) return mbc_fail("writing samples %llu.. failed", (unsigned long long)o->n);
     }
     o->n += count;
     return 0;
@@ -452,7 +236,7 @@ static int h5_close(h5out *o) {
     if (o->times > 0) e |= H5Dclose(o->times);
     if (o->file > 0) e |= H5Fclose(o->file);
     memset(o, 0, sizeof *o);
-    return e < 0 ? prep_fail("closing the HDF5 file failed") : 0;
+    return e < 0 ? mbc_fail("closing the HDF5 file failed") : 0;
 }
 
 // ---- dataset assembly ----
@@ -477,11 +261,11 @@ typedef struct prep_plan {
 /* Pick sample bars: enough history for every window, every horizon inside the data,
  * and a gap of at least the longest horizon between train and validation. */
 static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
-    const bars *m1 = &s->tf[0];
+    const mbc_bars *m1 = &s->tf[0];
     size_t horizon = (size_t)5 * (size_t)c->k, cap = m1->n / (size_t)c->stride + 1;
     memset(p, 0, sizeof *p);
     p->idx = (size_t *)malloc(cap * sizeof *p->idx);
-    if (!p->idx) return prep_fail("out of memory");
+    if (!p->idx) return mbc_fail("out of memory");
     for (size_t i = 0; i + horizon < m1->n; i += (size_t)c->stride) {
         int64_t t = m1->t[i] + 60;
         int ok = 1;
@@ -496,15 +280,15 @@ static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
     p->n_train = p->n - n_val;
     p->first_val = p->n_train;
     if (p->n_train < 2 || n_val < 1)
-        return prep_fail("too little data: %zu usable samples (need 8 days of history before the first; "
+        return mbc_fail("too little data: %zu usable samples (need 8 days of history before the first; "
                     "use more bars or a smaller --stride)", p->n);
     while (p->first_val < p->n && p->idx[p->first_val] <= p->idx[p->n_train - 1] + horizon) p->first_val++;
     if (p->first_val >= p->n)
-        return prep_fail("no validation sample after the gap of %zu bars: use more bars or a larger --val-fraction", horizon);
+        return mbc_fail("no validation sample after the gap of %zu bars: use more bars or a larger --val-fraction", horizon);
     return 0;
 }
 
-static void targets_of(const bars *m1, size_t i, int k, float scale, float *out) {
+static void targets_of(const mbc_bars *m1, size_t i, int k, float scale, float *out) {
     for (int j = 0; j < k; j++) out[j] = (float)(log(m1->c[i + 5 * (size_t)(j + 1)] / m1->c[i]) / scale);
 }
 
@@ -522,7 +306,7 @@ static void fit_normaliser(const series *s, int64_t t_end, float *mean, float *s
     }
 }
 
-static float fit_target_scale(const bars *m1, const prep_plan *p, int k) {
+static float fit_target_scale(const mbc_bars *m1, const prep_plan *p, int k) {
     double s2 = 0;
     size_t n = 0;
     for (size_t s = 0; s < p->n_train; s++)
@@ -551,7 +335,7 @@ static int write_split(const series *s, const prep_plan *p, size_t from, size_t 
     int64_t times[BLOCK];
     h5out o;
     memset(&o, 0, sizeof o);
-    int r = (!feat || !targ) ? prep_fail("out of memory") : h5_create(&o, path, to - from, c->nf, c->k, mean, std, scale);
+    int r = (!feat || !targ) ? mbc_fail("out of memory") : h5_create(&o, path, to - from, c->nf, c->k, mean, std, scale);
     for (size_t b = from; r == 0 && b < to; b += BLOCK) {
         size_t cnt = to - b < BLOCK ? to - b : BLOCK;
         for (size_t j = 0; j < cnt; j++) {
@@ -588,7 +372,7 @@ static hid_t h5_write_all(hid_t file, const char *name, hid_t ftype, hid_t mtype
     hid_t d = H5Dcreate2(file, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Sclose(sp);
     if (d >= 0 && H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) { H5Dclose(d); d = -1; }
-    if (d < 0) prep_fail("cannot write '%s'", name);
+    if (d < 0) mbc_fail("cannot write '%s'", name);
     return d;
 }
 
@@ -596,7 +380,7 @@ static hid_t h5_write_all(hid_t file, const char *name, hid_t ftype, hid_t mtype
 static int write_bars(hid_t file, const series *s, int k, size_t lo, size_t hi, const float *mean, const float *std) {
     size_t nf = (size_t)s->nf, rows = hi - lo + 1;
     float *x = (float *)malloc(rows * nf * sizeof(float));
-    if (!x) return prep_fail("out of memory for %zu bars", rows);
+    if (!x) return mbc_fail("out of memory for %zu bars", rows);
     for (size_t r = 0; r < rows; r++)
         for (size_t f = 0; f < nf; f++)
             x[r * nf + f] = (s->feat[k][(lo + r) * nf + f] - mean[(size_t)k * nf + f]) / std[(size_t)k * nf + f];
@@ -616,7 +400,7 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
     size_t n = to - from, lo[NTF];
     int64_t *ends = (int64_t *)malloc(n * NTF * sizeof *ends), *times = (int64_t *)malloc(n * sizeof *times);
     float *targ = (float *)malloc(n * (size_t)c->k * sizeof(float));
-    int r = ends && times && targ ? 0 : prep_fail("out of memory");
+    int r = ends && times && targ ? 0 : mbc_fail("out of memory");
     for (size_t j = 0; r == 0 && j < n; j++) {
         size_t i = p->idx[from + j];
         times[j] = s->tf[0].t[i] + 60;
@@ -625,7 +409,7 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
     }
     make_parent_dir(path);
     hid_t file = r ? -1 : H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (r == 0 && file < 0) r = prep_fail("cannot create '%s'", path);
+    if (r == 0 && file < 0) r = mbc_fail("cannot create '%s'", path);
     for (int k = 0; r == 0 && k < NTF; k++) {
         lo[k] = (size_t)ends[k] + 1 - (size_t)tf_window[k]; /* planned samples have full windows */
         r = write_bars(file, s, k, lo[k], (size_t)ends[(n - 1) * NTF + (size_t)k], mean, std);
@@ -637,10 +421,10 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
     hid_t dm = dt < 0 ? -1 : h5_write_all(file, "times", H5T_STD_I64LE, H5T_NATIVE_INT64, 1, ed, times);
     if (r == 0 && dm < 0) r = -1;
     if (r == 0 && (h5_segment_attrs(de, c->nf, mean, std) || h5_attr_floats(dt, "target_scale", &scale, 1, 0)))
-        r = prep_fail("cannot write attributes in '%s'", path);
+        r = mbc_fail("cannot write attributes in '%s'", path);
     hid_t h[3] = {de, dt, dm};
     for (int i = 0; i < 3; i++) if (h[i] >= 0) H5Dclose(h[i]);
-    if (file >= 0 && H5Fclose(file) < 0 && r == 0) r = prep_fail("closing '%s' failed", path);
+    if (file >= 0 && H5Fclose(file) < 0 && r == 0) r = mbc_fail("closing '%s' failed", path);
     free(ends); free(times); free(targ);
     return r;
 }
@@ -649,17 +433,17 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
  * in a child, then the in-process open): what train_multitf and predict will see. */
 static int read_back(const char *path, size_t n, const prep_config *c) {
     mb_dataset *ds = NULL;
-    if (mba_open_data(path, 1, &ds) != MB_OK) return prep_fail("reading back '%s': %s", path, mb_last_error());
+    if (mba_open_data(path, 1, &ds) != MB_OK) return mbc_fail("reading back '%s': %s", path, mb_last_error());
     const mb_dataset_meta *m = mb_dataset_info(ds);
     int ok = m->n == (int64_t)n && m->t == 1104 && m->f == c->nf && m->k == c->k && m->segments == NTF;
-    if (!ok) prep_fail("'%s' reads back as N=%lld T=%lld F=%lld K=%lld, %d segments, not the N=%zu T=1104 F=%d K=%d, "
+    if (!ok) mbc_fail("'%s' reads back as N=%lld T=%lld F=%lld K=%lld, %d segments, not the N=%zu T=1104 F=%d K=%d, "
                        "%d segments written", path, (long long)m->n, (long long)m->t, (long long)m->f, (long long)m->k,
                        m->segments, n, c->nf, c->k, NTF);
     mb_dataset_close(ds);
     return ok ? 0 : -1;
 }
 
-static int prepare(const bars *m1, const prep_config *c) {
+static int prepare(const mbc_bars *m1, const prep_config *c) {
     series s;
     prep_plan p;
     memset(&p, 0, sizeof p);
@@ -728,9 +512,9 @@ static int list_features(void) {
 }
 
 /* The M1 bars as a MetaTrader 5 export (what docs/TRADING.md starts from). */
-static int write_mt5(const bars *m1, const char *path, int quiet) {
+static int write_mt5(const mbc_bars *m1, const char *path, int quiet) {
     FILE *f = fopen(path, "w");
-    if (!f) return prep_fail("cannot write '%s': %s", path, strerror(errno));
+    if (!f) return mbc_fail("cannot write '%s': %s", path, strerror(errno));
     fputs("<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n", f);
     for (size_t i = 0; i < m1->n; i++) {
         time_t tt = (time_t)m1->t[i];
@@ -739,7 +523,7 @@ static int write_mt5(const bars *m1, const char *path, int quiet) {
         if (gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d\t%H:%M:%S", &tm);
         fprintf(f, "%s\t%.5f\t%.5f\t%.5f\t%.5f\t%.0f\t0\t10\n", when, m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i]);
     }
-    if (fclose(f) != 0) return prep_fail("cannot write '%s'", path);
+    if (fclose(f) != 0) return mbc_fail("cannot write '%s'", path);
     if (!quiet) printf("prepare: %zu M1 bars -> %s (MetaTrader 5 export)\n", m1->n, path);
     return 0;
 }
@@ -777,13 +561,13 @@ int main(int argc, char **argv) {
     int bad = outputs_writable(&c, mt5);
     if (bad) return bad;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
-    bars m1 = {0};
+    mbc_bars m1 = {0};
     size_t skipped = 0;
-    int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : read_csv_file(csv, skip_bad, &m1, &skipped);
+    int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : mbc_read_csv_file(csv, skip_bad, &m1, &skipped);
     if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows\n", skipped);
     if (r == 0) r = mt5 ? write_mt5(&m1, mt5, c.quiet) : prepare(&m1, &c);
-    bars_free(&m1);
-    if (r) { fprintf(stderr, "error: %s\n", prep_error); return 2; }
+    mbc_bars_free(&m1);
+    if (r) { fprintf(stderr, "error: %s\n", mbc_error); return 2; }
     return 0;
 }
 #endif

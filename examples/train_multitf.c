@@ -170,9 +170,7 @@ typedef struct model {
     float *zeros, *loss; /* (B, K) zeros; one device float */
     mb_dist *dist;       /* data parallel: a world of one without MPI */
     mb_meter *meter;     /* device sums: 0 training loss, 1 validation loss, 2 baseline */
-    mbt_step_row rows[METER_DEPTH]; /* the steps whose meter reads are in flight, oldest first */
-    int rows_head;       /* the oldest's index in rows */
-    double seen_sum, seen_w; /* slot 0 as last read: the training loss since the last fold */
+    mbt_step_row rows[METER_DEPTH]; /* the metrics row of meter read id, at id % METER_DEPTH */
     double last_loss;    /* the loss of the last step whose read landed */
     /* several ranks: the dp_n steps landed since the last fold, their rows and this rank's
      * {loss sum, samples} of each, summed over the ranks at the fold (with the fold's sum) */
@@ -216,12 +214,10 @@ static void model_destroy(model *m) {
     mtf_model_destroy(&m->net);
 }
 
-/* Forward of B samples x (B, T, F) against y (B, K): loss into m->loss and added into meter
- * slot `slot` (-1: none) and, when grad_scale > 0, dLoss/dpred * grad_scale into the model's
- * dpred (f16: times the scale). */
-static mb_result model_loss(model *m, const float *x, const float *y, int64_t B, float grad_scale, int slot) {
-    const float *pred;
-    MB_TRY(mtf_model_forward(&m->net, x, B, &pred));
+/* The loss of B predictions pred (B, K) against y (B, K): into m->loss and added into meter
+ * slot `slot` and, when grad_scale > 0, dLoss/dpred * grad_scale into the model's dpred (f16:
+ * times the scale), where mtf_model_backward starts. */
+static mb_result model_loss(model *m, const float *pred, const float *y, int64_t B, float grad_scale, int slot) {
     const float *loss_scale = m->scaler ? mb_scaler_scale_ptr(m->scaler) : NULL;
     mb_loss_config lc = m->loss_cfg;
     lc.acc = mb_meter_slot(m->meter, slot);
@@ -233,20 +229,21 @@ static mb_result model_loss(model *m, const float *x, const float *y, int64_t B,
  * the device (meter slots 1, 2) and read once, at the end. */
 static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline) {
     mb_batch b;
+    const float *pred;
     mb_loss_config base = m->loss_cfg;
     base.acc = mb_meter_slot(m->meter, 2);
     for (int s = 0; s < m->net.spec.nseg; s++) mb_lstm_reset_state(m->net.enc[s]);
     for (;;) {
         MB_TRY(mb_loader_next(val, &b));
         if (b.count == 0) break;
-        MB_TRY(model_loss(m, (const float *)b.features, (const float *)b.targets, b.count, 0.0f, 1));
+        MB_TRY(mtf_model_forward(&m->net, (const float *)b.features, b.count, &pred));
+        MB_TRY(model_loss(m, pred, (const float *)b.targets, b.count, 0.0f, 1));
         MB_TRY(mb_loss(m->net.dev, MB_STREAM_COMPUTE, &base, m->zeros, (const float *)b.targets, b.count,
                        m->net.spec.K, 0.0f, NULL, NULL, NULL));
     }
     for (int s = 0; s < m->net.spec.nseg; s++) mb_lstm_reset_state(m->net.enc[s]);
     double v[2][2];
-    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1)); /* none in flight: the epoch's fold read the rest */
-    MB_TRY(mb_meter_wait(m->meter));
+    MB_TRY(mb_meter_fold(m->meter, MB_STREAM_COMPUTE, NULL, NULL)); /* no step read in flight: the epoch folded */
     for (int i = 0; i < 2; i++) MB_TRY(mb_meter_value(m->meter, 1 + i, &v[i][0], &v[i][1]));
     *loss = v[0][1] > 0 ? v[0][0] / v[0][1] : 0;
     *baseline = v[1][1] > 0 ? v[1][0] / v[1][1] : 0;
@@ -398,8 +395,9 @@ static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *s
 // ---- the training step ----
 // A step queues its work and never waits for the device (issue 15): the loss adds into the
 // meter on the device, the learning rate comes from the schedule on the device, and the loop
-// queues a read of the meter after each step and takes the reads that landed (pinned memory +
-// an event: a poll, no wait), so each step's metrics row is exact, written a little late. So
+// queues a read of the meter after each step and takes the reads that landed (mb_meter_step:
+// pinned memory + an event, a poll, no wait), so each step's metrics row is exact, written a
+// little late (section "the losses, read late"). So
 // nothing of a step changes from batch to batch but the batch itself: on the GPU the batch is
 // copied into fixed buffers and the whole step (zero grads, forward, loss, backward,
 // unscale, clip, AdamW, scaler) is captured once as a CUDA graph and replayed, one graph
@@ -416,14 +414,18 @@ typedef struct step_args {
     const float *x, *y;
     int64_t B;
     float grad_scale;
-    int start, stepped, slot; /* zero the gradients first, end with the optimizer, meter slot */
+    int start, stepped; /* zero the gradients first, end with the optimizer */
 } step_args;
 
+/* The step itself, top to bottom: forward and backward are multitf.h's, the loss and the
+ * optimizer step above. */
 static mb_result train_step(void *user) {
     step_args *a = (step_args *)user;
     model *m = a->m;
+    const float *pred;
     if (a->start) MB_TRY(mb_params_zero_grad(m->net.params));
-    MB_TRY(model_loss(m, a->x, a->y, a->B, a->grad_scale, a->slot));
+    MB_TRY(mtf_model_forward(&m->net, a->x, a->B, &pred));
+    MB_TRY(model_loss(m, pred, a->y, a->B, a->grad_scale, 0)); /* meter slot 0: the training loss */
     MB_TRY(mtf_model_backward(&m->net, a->B));
     return a->stepped ? optimizer_step(m, a->opt, a->sched) : MB_OK;
 }
@@ -450,42 +452,29 @@ static mb_result run_step(model *m, step_args *a, const mb_batch *b, int warm) {
     return mb_graph_run(&m->graph[v], m->net.dev, MB_STREAM_COMPUTE, train_step, a);
 }
 
-/* Meter slot 0 sums the training loss on the device since the last fold (epoch start or
- * checkpoint); a read is queued after every step, without reset, so a step's loss is the growth
- * of the sums between its read and the one before, and the epoch's sums are the same whenever
- * reads land (a resumed run's epoch sum is the uninterrupted run's, bitwise). The steps whose
- * reads are in flight wait in m->rows for their metrics row. */
+// ---- the losses, read late ----
+// Meter slot 0 sums the training loss on the device since the last fold (epoch start or
+// checkpoint). After each step mb_meter_step queues a read of it (no reset) and lands those
+// that have landed, calling meter_landed for each: its step's loss is the growth between its
+// read and the one before (mb_meter_delta), and the epoch's sums are the same whenever reads
+// land (a resumed run's epoch sum is the uninterrupted run's, bitwise).
 
-/* Take the oldest read in flight if it landed (wait = 1: wait for it): its step's loss is
- * shown and written to the metrics. */
-static mb_result meter_take(model *m, FILE *csv, int wait, int *landed) {
-    MB_TRY(mb_meter_next(m->meter, wait, landed));
-    if (!*landed) return MB_OK;
-    const mbt_step_row *row = &m->rows[m->rows_head];
-    m->rows_head = (m->rows_head + 1) % METER_DEPTH;
+/* A step's loss landed (read id): shown, and written to the metrics with its row. Several
+ * ranks: this rank's share kept, summed over the ranks at the fold. */
+static mb_result meter_landed(void *user, const mb_meter *meter, int64_t id) {
+    trainer *t = (trainer *)user;
+    model *m = &t->m;
     double sum = 0, w = 0;
-    MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
-    if (w > m->seen_w) m->last_loss = (sum - m->seen_sum) / (w - m->seen_w);
-    if (mb_dist_size(m->dist) > 1) { /* several ranks: this rank's share, summed at the fold */
-        m->dp_rows[m->dp_n] = *row;
-        m->dp_sums[2 * m->dp_n] = sum - m->seen_sum;
-        m->dp_sums[2 * m->dp_n + 1] = w - m->seen_w;
-        m->dp_n++;
-    } else mbt_metrics_step(csv, row, (float)m->last_loss);
-    m->seen_sum = sum;
-    m->seen_w = w;
-    return MB_OK;
-}
-
-/* After each step: queue its read, take every read that landed. No wait, unless METER_DEPTH
- * reads are in flight: a host that far ahead waits for the oldest (the device still has the
- * steps after it queued, so it never idles). */
-static mb_result meter_step(model *m, FILE *csv, mbt_step_row row) {
-    int landed = 1;
-    if (mb_meter_pending(m->meter) == METER_DEPTH) MB_TRY(meter_take(m, csv, 1, &landed));
-    m->rows[(m->rows_head + mb_meter_pending(m->meter)) % METER_DEPTH] = row;
-    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 0));
-    while (landed) MB_TRY(meter_take(m, csv, 0, &landed));
+    MB_TRY(mb_meter_delta(meter, 0, &sum, &w));
+    if (w > 0) m->last_loss = sum / w;
+    if (mb_dist_size(m->dist) == 1) {
+        mbt_metrics_step(t->csv, &m->rows[id % METER_DEPTH], (float)m->last_loss);
+        return MB_OK;
+    }
+    m->dp_rows[m->dp_n] = m->rows[id % METER_DEPTH];
+    m->dp_sums[2 * m->dp_n] = sum;
+    m->dp_sums[2 * m->dp_n + 1] = w;
+    m->dp_n++;
     return MB_OK;
 }
 
@@ -504,57 +493,15 @@ static mb_result meter_fold_ranks(model *m, FILE *csv, double *sum) {
     return MB_OK;
 }
 
-/* Take every step's read (waits), then fold the sums into the epoch's and restart the device's
+/* Every step's loss landed (waits), the device's sums folded into the epoch's and restarted
  * (epoch ends, checkpoints, and with several ranks every DP_ROWS steps: on every rank). */
-static mb_result meter_fold(model *m, FILE *csv, mbt_run *rs) {
-    int landed;
-    while (mb_meter_pending(m->meter)) MB_TRY(meter_take(m, csv, 1, &landed));
-    MB_TRY(mb_meter_read(m->meter, MB_STREAM_COMPUTE, 1));
-    MB_TRY(mb_meter_wait(m->meter));
+static mb_result meter_fold(trainer *t) {
     double sum = 0, w = 0;
-    MB_TRY(mb_meter_value(m->meter, 0, &sum, &w));
-    if (mb_dist_size(m->dist) > 1) MB_TRY(meter_fold_ranks(m, csv, &sum));
-    rs->epoch_loss_sum += sum; /* (the samples: counted per batch, mbt_run_batch) */
-    m->seen_sum = m->seen_w = 0;
+    MB_TRY(mb_meter_fold(t->m.meter, MB_STREAM_COMPUTE, meter_landed, t));
+    MB_TRY(mb_meter_value(t->m.meter, 0, &sum, &w));
+    if (mb_dist_size(t->dist) > 1) MB_TRY(meter_fold_ranks(&t->m, t->csv, &sum));
+    t->rs.epoch_loss_sum += sum; /* (the samples: counted per batch, mbt_run_batch) */
     return MB_OK;
-}
-
-// ---- launch counters (the simulator) ----
-// Under tests/cudasim the summary line gains launches_per_step (kernels + cuBLAS calls run,
-// directly or as graph nodes), graphs_per_step and syncs_per_step: averages over the training
-// steps after the warm-up step, validation and the epoch-end read left out.
-
-typedef struct counters { double launches, graphs, syncs, steps; } counters;
-static counters sim_total;
-
-static counters counters_now(void) {
-    counters c = {0, 0, 0, 0};
-#ifdef CUDASIM
-    cudasim::stats s = cudasim::get_stats();
-    c.launches = (double)(s.launches + s.cublas_calls);
-    c.graphs = (double)s.graph_launches;
-    c.syncs = (double)s.host_syncs;
-#endif
-    return c;
-}
-
-/* Add the span [from, to) (launches from `to`, syncs from `to_syncs`) of `steps` steps. */
-static void counters_add(counters from, counters to, double syncs_to, int64_t steps) {
-    sim_total.launches += to.launches - from.launches;
-    sim_total.graphs += to.graphs - from.graphs;
-    sim_total.syncs += syncs_to - from.syncs;
-    sim_total.steps += (double)steps;
-}
-
-static void counters_text(char *buf, size_t cap) {
-    buf[0] = 0;
-#ifdef CUDASIM
-    double n = sim_total.steps > 0 ? sim_total.steps : 1;
-    snprintf(buf, cap, " launches_per_step=%.1f graphs_per_step=%.2f syncs_per_step=%.2f", sim_total.launches / n,
-             sim_total.graphs / n, sim_total.syncs / n);
-#else
-    (void)cap;
-#endif
 }
 
 /* The rest of epoch rs->epoch over the training loader: accumulation, clipping (inside
@@ -563,10 +510,10 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
     const options *o = &t->o;
     model *m = &t->m;
     mbt_run *rs = &t->rs;
-    double t0 = mbt_now();
+    double t0 = mba_now();
     int64_t samples0 = rs->samples, total = batches_per_epoch(t), counted = 0;
     int dp = mb_dist_size(m->dist) > 1;
-    counters c0 = counters_now();
+    mbt_sim_count_from(); /* the simulator's per-step counters (mb_train.h) */
     mb_batch b;
     pb->drawn = 0;
     for (;;) {
@@ -582,7 +529,7 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
         int warm = m->warm, start = mb_accum_window_start(&rs->acc);
         int stepped = mb_accum_tick(&rs->acc);
         step_args a = {m, t->opt, &t->sched, (const float *)b.features, (const float *)b.targets, b.count,
-                       mb_accum_loss_scale(&rs->acc), start, stepped && !dp, 0};
+                       mb_accum_loss_scale(&rs->acc), start, stepped && !dp};
         MB_TRY(run_step(m, &a, &b, warm));
         int64_t n = b.count; /* samples of the batch, over all ranks */
         if (dp) { /* the gradients averaged over the ranks' samples, then the step */
@@ -593,28 +540,29 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
         if (stepped) rs->step++;
         if (!warm) { /* the warm-up step is not counted: wait for it once, count from here */
             MB_TRY(mb_sync(t->dev, -1));
-            c0 = counters_now();
+            mbt_sim_count_from();
             m->warm = 1;
         } else counted++;
-        double sps = mbt_rate(rs->samples - samples0, mbt_now() - t0);
-        MB_TRY(meter_step(m, t->csv, mbt_step_row_of(rs, lr, sps))); /* its row: when its loss lands */
+        double sps = mbt_rate(rs->samples - samples0, mba_now() - t0);
+        int64_t id = 0; /* the step's meter read: its row is written when its loss lands (meter_landed) */
+        MB_TRY(mb_meter_step(m->meter, MB_STREAM_COMPUTE, meter_landed, t, &id));
+        m->rows[id % METER_DEPTH] = mbt_step_row_of(rs, lr, sps);
         pb->loss = m->last_loss;
         mbt_progress_draw(pb, t->dev, rs, total, sps, 0);
         if (stepped && o->ckpt_every && rs->step % o->ckpt_every == 0) {
             rs->pos = mb_loader_position(t->tr);
-            MB_TRY(meter_fold(m, t->csv, rs)); /* the epoch's loss so far, in the checkpoint */
+            MB_TRY(meter_fold(t)); /* the epoch's loss so far, in the checkpoint */
             if (t->lead) MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
         } else if (dp && rs->epoch_batches % DP_ROWS == 0) { /* folds at most DP_ROWS steps apart, */
-            MB_TRY(meter_fold(m, t->csv, rs));                /* at the same step on every rank */
+            MB_TRY(meter_fold(t));                            /* at the same step on every rank */
         }
     }
-    double syncs = counters_now().syncs;
-    MB_TRY(meter_fold(m, t->csv, rs)); /* the device is idle after it: every counted launch has run */
-    counters_add(c0, counters_now(), syncs, counted);
+    mbt_sim_count_to(counted); /* before the fold: its host syncs are the epoch's, not the steps' */
+    MB_TRY(meter_fold(t));
     pb->loss = m->last_loss;
-    mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mbt_now() - t0), 1);
+    mbt_progress_draw(pb, t->dev, rs, total, mbt_rate(rs->samples - samples0, mba_now() - t0), 1);
     MB_TRY(mb_sync(t->dev, -1));
-    rs->seconds += mbt_now() - t0;
+    rs->seconds += mba_now() - t0;
     rs->train_loss = mbt_run_mean(rs); /* mean over the epoch */
     return MB_OK;
 }
@@ -691,9 +639,7 @@ int main(int argc, char **argv) {
         mb_dist_close(t.dist);
         return 2;
     }
-    char counts[160];
-    counters_text(counts, sizeof counts);
-    if (t.lead) mbt_summary(&t.rs, t.o.world, counts); /* samples: over all ranks */
+    if (t.lead) mbt_summary(&t.rs, t.o.world, mbt_sim_count_text()); /* samples: over all ranks */
     mb_dist_close(t.dist);
     return 0;
 }

@@ -122,6 +122,75 @@ static void sc_meter_bad_input(mb_device *dev) {
     mb_meter_destroy(NULL);
 }
 
+/* What mb_meter_step's and mb_meter_fold's on_read saw: the read ids, in the order they came,
+ * and each one's delta of slot 0; a call numbered fail_at returns a planted error instead. */
+typedef struct sc_lag {
+    int n, fail_at;
+    int64_t id[128];
+    double sum[128], w[128];
+} sc_lag;
+
+static mb_result sc_lag_landed(void *user, const mb_meter *m, int64_t id) {
+    sc_lag *l = (sc_lag *)user;
+    if (l->n == l->fail_at) return MB_FAIL(NULL, MB_ERR_IO, "sc_lag_landed: planted");
+    tu_ok(mb_meter_delta(m, 0, &l->sum[l->n], &l->w[l->n]));
+    l->id[l->n++] = id;
+    return MB_OK;
+}
+
+/* Lagged per-step reads (train_multitf's loop): before each step the slot is set to its running
+ * sums (steps' integer {sum, weight}, exact in doubles), mb_meter_step queues its read; folds at
+ * random points. Every step's read lands exactly once, in order, in a later call than the one
+ * that queued it, with its own step's sum and weight as the delta (from 0 again after a fold);
+ * a fold's value is the sums since the fold before; an error of on_read is the call's. */
+static void sc_meter_lagged(mb_device *dev) {
+    int depth = tu_int(1, 4), steps = tu_int(1, 40), step_of[128], k = 0;
+    double run[40][2], cum[40][2], acc[2] = {0, 0}, sum, w;
+    sc_lag l;
+    memset(&l, 0, sizeof l);
+    l.fail_at = -1;
+    mb_meter *m;
+    tu_ok(mb_meter_create(&m, dev, 2, depth));
+    for (int i = 0; i < 128; i++) step_of[i] = -1;
+    for (int s = 0; s < steps; s++) {
+        double c[2] = {(double)tu_int(-1000, 1000), (double)tu_int(1, 50)};
+        acc[0] += c[0], acc[1] += c[1];
+        run[s][0] = c[0], run[s][1] = c[1];
+        cum[s][0] = acc[0], cum[s][1] = acc[1]; /* kept: the copy may read it after the call */
+        tu_ok(mb_copy(dev, MB_STREAM_COMPUTE, mb_meter_slot(m, 0), cum[s], sizeof cum[s])); /* "the step" */
+        int64_t id = -1;
+        int before = l.n;
+        tu_ok(mb_meter_step(m, MB_STREAM_COMPUTE, sc_lag_landed, &l, &id));
+        assert_in_range(id, 0, 127);
+        step_of[id] = s;
+        for (int j = before; j < l.n; j++)
+            if (l.id[j] >= id) fail_msg("read %lld landed in the call that queued it", (long long)l.id[j]);
+        if (tu_int(0, 4) && s + 1 < steps) continue;
+        tu_ok(mb_meter_fold(m, MB_STREAM_COMPUTE, sc_lag_landed, &l));
+        tu_ok(mb_meter_value(m, 0, &sum, &w));
+        if (sum != acc[0] || w != acc[1]) fail_msg("fold after step %d: %g %g, want %g %g", s, sum, w, acc[0], acc[1]);
+        acc[0] = acc[1] = 0;
+    }
+    assert_int_equal(l.n, steps);
+    assert_int_equal(mb_meter_pending(m), 0);
+    for (int j = 0; j < l.n; j++) {
+        int s = l.id[j] >= 0 && l.id[j] < 128 ? step_of[l.id[j]] : -1;
+        if (s != k) fail_msg("landed #%d: read %lld is step %d, want step %d", j, (long long)l.id[j], s, k);
+        if (l.sum[j] != run[s][0] || l.w[j] != run[s][1])
+            fail_msg("step %d: delta %g %g, want %g %g", s, l.sum[j], l.w[j], run[s][0], run[s][1]);
+        k++;
+    }
+    l.fail_at = l.n; /* the next read to land */
+    tu_ok(mb_meter_step(m, MB_STREAM_COMPUTE, sc_lag_landed, &l, NULL));
+    tu_assert_error(mb_meter_fold(m, MB_STREAM_COMPUTE, sc_lag_landed, &l), MB_ERR_IO, "planted");
+    tu_assert_error(mb_meter_step(NULL, MB_STREAM_COMPUTE, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "NULL");
+    tu_assert_error(mb_meter_step(m, 99, NULL, NULL, NULL), MB_ERR_INVALID_ARG, "stream");
+    tu_assert_error(mb_meter_fold(NULL, MB_STREAM_COMPUTE, NULL, NULL), MB_ERR_INVALID_ARG, "NULL");
+    tu_assert_error(mb_meter_delta(m, 2, &sum, &w), MB_ERR_INVALID_ARG, "slot 2");
+    tu_assert_error(mb_meter_delta(m, 0, NULL, &w), MB_ERR_INVALID_ARG, "NULL");
+    mb_meter_destroy(m);
+}
+
 /* mb_adamw_step_scheduled against mb_adamw_step(mb_lr_at(s, i)) on twin parameters: the same bits
  * for every schedule, through a skipped step (an inf gradient) and past total_steps. Leaves the
  * scheduled twin's final parameters in out (mb_params_total floats, host). */

@@ -8,65 +8,65 @@
 #define PREPARE_NO_MAIN
 #include "../examples/prepare.c"
 
-static int parse(const char *text, int skip_bad, bars *out, size_t *skipped) {
+static int parse(const char *text, int skip_bad, mbc_bars *out, size_t *skipped) {
     char *buf = strdup(text);
-    int r = parse_csv(buf, skip_bad, out, skipped);
+    int r = mbc_parse_csv(buf, skip_bad, out, skipped);
     free(buf);
     return r;
 }
 
 static void test_csv_mt5_tab(void **state) {
     (void)state;
-    bars b;
+    mbc_bars b;
     size_t sk;
     const char *csv = "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\r\n"
                       "2024.01.02\t00:00:00\t1.10000\t1.10100\t1.09900\t1.10050\t120\t0\t5\r\n"
                       "2024.01.02\t00:01:00\t1.10050\t1.10060\t1.10000\t1.10010\t80\t0\t5\r\n";
     assert_int_equal(parse(csv, 0, &b, &sk), 0);
     assert_int_equal(b.n, 2);
-    assert_int_equal(b.t[0], days_from_civil(2024, 1, 2) * 86400);
+    assert_int_equal(b.t[0], mbc_days_from_civil(2024, 1, 2) * 86400);
     assert_int_equal(b.t[1] - b.t[0], 60);
     assert_true(b.o[0] == 1.1 && b.h[0] == 1.101 && b.l[0] == 1.099 && b.c[0] == 1.1005 && b.v[0] == 120);
-    bars_free(&b);
-    assert_int_equal(days_from_civil(1970, 1, 1), 0);
-    assert_int_equal(days_from_civil(2000, 3, 1), 11017);
+    mbc_bars_free(&b);
+    assert_int_equal(mbc_days_from_civil(1970, 1, 1), 0);
+    assert_int_equal(mbc_days_from_civil(2000, 3, 1), 11017);
 }
 
 static void test_csv_mt4_histdata_utf16(void **state) {
     (void)state;
-    bars b;
+    mbc_bars b;
     size_t sk;
     assert_int_equal(parse("2024.01.02,00:00,1.1,1.2,1.0,1.15,10\n2024.01.02,00:01,1.15,1.2,1.1,1.12,11\n", 0, &b, &sk), 0);
     assert_int_equal(b.n, 2);
     assert_true(b.c[1] == 1.12 && b.t[1] - b.t[0] == 60);
-    bars_free(&b);
+    mbc_bars_free(&b);
     assert_int_equal(parse("20240102 000000;1.1;1.2;1.0;1.15;10\n20240102 000100;1.15;1.2;1.1;1.12;0\n", 0, &b, &sk), 0);
     assert_int_equal(b.n, 2);
-    assert_int_equal(b.t[0], days_from_civil(2024, 1, 2) * 86400);
-    bars_free(&b);
+    assert_int_equal(b.t[0], mbc_days_from_civil(2024, 1, 2) * 86400);
+    mbc_bars_free(&b);
     assert_int_equal(parse("2024-01-02,00:01:00,1,1,1,1\n", 0, &b, &sk), 0);
     assert_int_equal(b.t[0] % 86400, 60);
-    bars_free(&b);
+    mbc_bars_free(&b);
     /* UTF-16LE with BOM, as MetaTrader 5 writes it */
     const char *ascii = "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\n2024.01.02\t00:00\t1\t2\t0.5\t1.5\t3\n";
     size_t n = strlen(ascii), len = 2 + 2 * n;
     unsigned char *u16 = (unsigned char *)malloc(len + 1);
     u16[0] = 0xFF; u16[1] = 0xFE;
     for (size_t i = 0; i < n; i++) { u16[2 + 2 * i] = (unsigned char)ascii[i]; u16[3 + 2 * i] = 0; }
-    decode_text(&u16, &len);
+    mbc_decode_text(&u16, &len);
     u16[len] = 0;
     assert_string_equal((char *)u16, ascii);
-    assert_int_equal(parse_csv((char *)u16, 0, &b, &sk), 0);
+    assert_int_equal(mbc_parse_csv((char *)u16, 0, &b, &sk), 0);
     assert_true(b.n == 1 && b.h[0] == 2 && b.v[0] == 3);
-    bars_free(&b);
+    mbc_bars_free(&b);
     free(u16);
     /* UTF-8 BOM */
     unsigned char *u8 = (unsigned char *)strdup("\xEF\xBB\xBF" "2024.01.02,00:00,1,1,1,1\n");
     size_t l8 = strlen((char *)u8);
-    decode_text(&u8, &l8);
+    mbc_decode_text(&u8, &l8);
     u8[l8] = 0;
-    assert_int_equal(parse_csv((char *)u8, 0, &b, &sk), 0);
-    bars_free(&b);
+    assert_int_equal(mbc_parse_csv((char *)u8, 0, &b, &sk), 0);
+    mbc_bars_free(&b);
     free(u8);
 }
 
@@ -89,21 +89,21 @@ static void test_csv_bad_rows(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char text[256];
         snprintf(text, sizeof text, "%s%s2024.01.02,00:05,1.1,1.2,1.0,1.15,10\n", head, bad[i].row);
-        bars b;
+        mbc_bars b;
         size_t sk = 99;
         assert_int_equal(parse(text, 0, &b, &sk), -1);
-        if (!strstr(prep_error, bad[i].why)) fail_msg("row %zu: '%s' lacks '%s'", i, prep_error, bad[i].why);
+        if (!strstr(mbc_error, bad[i].why)) fail_msg("row %zu: '%s' lacks '%s'", i, mbc_error, bad[i].why);
         assert_int_equal(parse(text, 1, &b, &sk), 0); /* skip mode: counted, the rest kept */
         assert_int_equal(sk, 1);
         assert_int_equal(b.n, 2);
-        bars_free(&b);
+        mbc_bars_free(&b);
     }
-    bars b;
+    mbc_bars b;
     size_t sk;
     assert_int_equal(parse("<DATE>\t<TIME>\n\n", 0, &b, &sk), -1);
-    assert_non_null(strstr(prep_error, "no bars"));
-    assert_int_equal(read_csv_file("/nonexistent/x.csv", 0, &b, &sk), -1);
-    assert_non_null(strstr(prep_error, "cannot open '/nonexistent/x.csv'"));
+    assert_non_null(strstr(mbc_error, "no bars"));
+    assert_int_equal(mbc_read_csv_file("/nonexistent/x.csv", 0, &b, &sk), -1);
+    assert_non_null(strstr(mbc_error, "cannot open '/nonexistent/x.csv'"));
 }
 
 /* Bars come from the incremental engine (tests/test_features.c checks it against a batch
@@ -111,14 +111,14 @@ static void test_csv_bad_rows(void **state) {
  * last still forming at the end of the data, so not in the series. */
 static void test_resample(void **state) {
     (void)state;
-    bars m1;
+    mbc_bars m1;
     memset(&m1, 0, sizeof m1);
-    int64_t t0 = days_from_civil(2024, 1, 2) * 86400;
+    int64_t t0 = mbc_days_from_civil(2024, 1, 2) * 86400;
     int mins[] = {0, 1, 2, 3, 4, 5, 6, 11};
-    for (int i = 0; i < 8; i++) bars_push(&m1, t0 + mins[i] * 60, 10 + i, 11 + i + (i == 2 ? 5 : 0), 9 + i, 10.5 + i, 1);
+    for (int i = 0; i < 8; i++) mbc_bars_push(&m1, t0 + mins[i] * 60, 10 + i, 11 + i + (i == 2 ? 5 : 0), 9 + i, 10.5 + i, 1);
     series s;
     assert_int_equal(series_build(&m1, 4, &s), 0);
-    const bars *m5 = &s.tf[1];
+    const mbc_bars *m5 = &s.tf[1];
     assert_int_equal(m5->n, 2);
     assert_int_equal(s.tf[0].n, 8);
     assert_true(m5->t[0] == t0 && m5->t[1] == t0 + 300);
@@ -131,17 +131,17 @@ static void test_resample(void **state) {
     /* a bar off the minute is refused with its number */
     m1.t[7] += 30;
     assert_int_equal(series_build(&m1, 4, &s), -1);
-    assert_non_null(strstr(prep_error, "M1 bar 8"));
-    assert_non_null(strstr(prep_error, "not on a minute boundary"));
+    assert_non_null(strstr(mbc_error, "M1 bar 8"));
+    assert_non_null(strstr(mbc_error, "not on a minute boundary"));
     series_free(&s);
-    bars_free(&m1);
+    mbc_bars_free(&m1);
 }
 
 /* Sample t's features must not change when every bar after t changes, and must change
  * when the bar that closes at t changes (so the check can fail). */
 static void test_no_look_ahead(void **state) {
     (void)state;
-    bars m1;
+    mbc_bars m1;
     assert_int_equal(make_synthetic(20000, 7, &m1), 0);
     series s;
     assert_int_equal(series_build(&m1, MAXF, &s), 0);
@@ -151,7 +151,7 @@ static void test_no_look_ahead(void **state) {
         size_t i = 13000 + (size_t)tu_int(0, 5000);      /* M1 bar whose close is t */
         int64_t t = m1.t[i] + 60;
         assert_int_equal(sample_features(&s, t, a), 0);
-        bars p = m1;                                       /* perturb every bar after i */
+        mbc_bars p = m1;                                       /* perturb every bar after i */
         p.o = (double *)malloc(m1.n * sizeof(double)); p.h = (double *)malloc(m1.n * sizeof(double));
         p.l = (double *)malloc(m1.n * sizeof(double)); p.c = (double *)malloc(m1.n * sizeof(double));
         p.v = (double *)malloc(m1.n * sizeof(double));
@@ -174,7 +174,7 @@ static void test_no_look_ahead(void **state) {
     }
     free(a); free(b);
     series_free(&s);
-    bars_free(&m1);
+    mbc_bars_free(&m1);
 }
 
 static void test_write_files(void **state) {
@@ -183,7 +183,7 @@ static void test_write_files(void **state) {
     assert_non_null(mkdtemp(dir));
     snprintf(tr, sizeof tr, "%s/train.h5", dir);
     snprintf(va, sizeof va, "%s/val.h5", dir);
-    bars m1;
+    mbc_bars m1;
     assert_int_equal(make_synthetic(30000, 3, &m1), 0);
     prep_config c = {4, 6, 60, 0.25, 0, 1, tr, va, 0};
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -234,12 +234,12 @@ static void test_write_files(void **state) {
     H5Sclose(sp); H5Dclose(d); H5Fclose(f);
     remove(tr); remove(va); rmdir(dir);
     /* too little data is a clear error */
-    bars tiny;
+    mbc_bars tiny;
     assert_int_equal(make_synthetic(3000, 3, &tiny), 0);
     assert_int_equal(prepare(&tiny, &c), -1);
-    assert_non_null(strstr(prep_error, "too little data"));
-    bars_free(&tiny);
-    bars_free(&m1);
+    assert_non_null(strstr(mbc_error, "too little data"));
+    mbc_bars_free(&tiny);
+    mbc_bars_free(&m1);
 }
 
 /* The command line: bad flags exit 2 with one `error: ...` line (run from the repo root). */

@@ -1,6 +1,6 @@
-/* The step API on the CPU backend (issue 15): the device-side loss meter, AdamW with the
- * schedule's learning rate computed at the optimizer's own counter, the GPU's checkpoint
- * default (its rule; the CPU keeps ceil(sqrt(T))). The cases are tests/step_cases.h, which the
+/* The step API on the CPU backend (issue 15): the device-side loss meter and its lagged
+ * per-step reads, AdamW with the schedule's learning rate computed at the optimizer's own
+ * counter, the GPU's checkpoint default (its rule; the CPU keeps ceil(sqrt(T))). The cases are tests/step_cases.h, which the
  * CUDA test runs too. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -20,12 +20,19 @@ static void test_meter_bad_input(void **state) {
     mb_device_close(dev);
 }
 
+static void test_meter_lagged(void **state) {
+    (void)state;
+    mb_device *dev = tu_open_cpu();
+    for (int i = 0; i < 8; i++) sc_meter_lagged(dev);
+    mb_device_close(dev);
+}
+
 static void test_scheduled_adamw(void **state) {
     (void)state;
     mb_device *dev = tu_open_cpu();
     size_t n;
     for (int k = MB_LR_CONSTANT; k <= MB_LR_ONE_CYCLE; k++) {
-        float *out = tu_alloc_f32(40 * 51);
+        float *out = tu_alloc_f32(40 * 51 + 64); /* + the params' alignment padding, as the CUDA test */
         sc_scheduled_adamw(dev, tu_next(), (mb_lr_kind)k, out, &n);
         free(out);
     }
@@ -58,6 +65,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meter_loss),
         cmocka_unit_test(test_meter_bad_input),
+        cmocka_unit_test(test_meter_lagged),
         cmocka_unit_test(test_scheduled_adamw),
         cmocka_unit_test(test_checkpoint_default),
     };

@@ -16,6 +16,13 @@ static void test_cuda_meter_loss(void **state) {
     tu_device_close(g);
 }
 
+static void test_cuda_meter_lagged(void **state) {
+    (void)state;
+    mb_device *g = tu_open_cuda_or_skip(0);
+    for (int i = 0; i < 4; i++) sc_meter_lagged(g);
+    tu_device_close(g);
+}
+
 /* Losses into the meter and polled reads (mb_meter_next without wait): not one host sync (the simulator counts them). */
 static void test_cuda_meter_no_sync(void **state) {
     (void)state;
@@ -250,6 +257,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         tu_cuda_test(test_cuda_meter_loss),
         tu_cuda_test(test_cuda_meter_no_sync),
+        tu_cuda_test(test_cuda_meter_lagged),
         tu_cuda_test(test_cuda_scheduled_adamw),
         tu_cuda_test(test_cuda_checkpoint_default),
         tu_cuda_test(test_cuda_fused_workspace_counted),

@@ -252,6 +252,9 @@ void reset_stats();
 void print_stats(FILE *f);
 /* Print the counters to stderr when the program exits (the example and benchmarks call it). */
 int print_stats_at_exit();
+/* Wait until every stream's queued work has run, without counting a host sync: a program's own
+ * bookkeeping of the counters (cudasim_train.h), not a sync of the code it measures. */
+void wait_idle();
 /* Fault injection: the n-th device allocation from now fails (cudaErrorMemoryAllocation);
  * the n-th kernel launch from now faults (sticky cudaErrorIllegalAddress). 0 disarms. */
 void fail_alloc(long n);
@@ -279,6 +282,8 @@ namespace cudasim {
 void *dynamic_shared();
 }
 #define MB_DYNAMIC_SHARED(T, name) T *name = (T *)cudasim::dynamic_shared()
+
+#include "cudasim_train.h" /* the training examples' per-step counters (examples/mb_train.h's hook) */
 
 // =====================================================================================
 #ifdef CUDASIM_IMPLEMENTATION
@@ -1345,6 +1350,7 @@ int print_stats_at_exit() {
     static int once = atexit([] { print_stats(stderr); });
     return once;
 }
+void wait_idle() { sync_all(); }
 void fail_alloc(long n) { ctx().fail_alloc_in = n; }
 bool expect_capture_errors(bool on) { return reg().errors_expected.exchange(on); }
 bool planted(const char *name) {

@@ -101,9 +101,9 @@ static int data_inputs(const mtf_spec *s, const char *path, int64_t n, const cha
 static int live_inputs(const char *model, const char *csv, int64_t n, const char *out, const char *pout) {
     mtf_live *lv = NULL;
     mbf_state *eng = (mbf_state *)malloc(sizeof *eng);
-    bars in;
+    mbc_bars in;
     size_t skipped = 0;
-    if (!eng || read_csv_file(csv, 0, &in, &skipped)) return fail(prep_error);
+    if (!eng || mbc_read_csv_file(csv, 0, &in, &skipped)) return fail(mbc_error);
     if (mtf_live_open(&lv, model, MB_CPU, 1, MTF_LIVE_WINDOW) != MB_OK) return fail("");
     const mtf_spec *s = &lv->m.spec;
     size_t row = (size_t)(s->T * s->F);
@@ -143,7 +143,7 @@ static int live_inputs(const char *model, const char *csv, int64_t n, const char
     int r = write_f32(out, xs, (size_t)n * row) || write_f32(pout, ps, (size_t)(n * s->K));
     for (int k = 0; k < MBF_TFS; k++) free(ring[k]);
     free(x); free(pred); free(xs); free(ps); free(eng);
-    bars_free(&in);
+    mbc_bars_free(&in);
     mtf_live_close(lv);
     return r;
 }
