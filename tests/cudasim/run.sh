@@ -22,8 +22,9 @@ for v in sim sim-asan sim-tsan; do
     # interleavings; TSan's view of the stream order does not depend on timing)
     [ $v = sim-asan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=20000
     [ $v = sim-tsan ] && export MB_TEST_SMALL=1 MB_EXAMPLE_BARS=16000 CUDASIM_DELAY_US=1000 CUDASIM_DELAY_EVERY=32
+    # the scripts first: the example is the longest, and the tests run beside it (MB_TEST_JOBS)
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
-        sh tests/run.sh $bins $extra || status=1
+        sh tests/run.sh $extra $bins || status=1
     echo "$v: $(($(date +%s) - start)) s"
 done
 exit $status
