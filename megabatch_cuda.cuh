@@ -1243,8 +1243,12 @@ __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
     if (__syncthreads_or(bad) && threadIdx.x == 0) st->found_inf = 1; /* every writer writes 1 */
 }
 
+/* At most MB__NORM_BLOCKS blocks, as the norm pass: each block ends in a barrier, and a
+ * grid-stride loop covers any n (the simulator runs a barrier's block as fibers). */
 static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
-    return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_unscale, n, st, grad, n);
+    unsigned nb = mb__grid(n, 256);
+    return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_unscale, nb < MB__NORM_BLOCKS ? nb : MB__NORM_BLOCKS, 256, st,
+                   grad, n);
 }
 
 __global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb__scaler_update_state(st, &hp); }
