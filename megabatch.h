@@ -636,11 +636,11 @@ typedef struct mb_lstm_config {
     int64_t hidden_size; /* H: hidden units of every layer, >= 1 */
     int layers;          /* stacked layers; 0 = 1 */
     const char *prefix;  /* parameter name prefix, e.g. "m5."; NULL = "" */
-    int checkpoint;      /* steps between kept cell states: 0 = auto (CPU: ceil(sqrt(T)) rounded up
-                            to a multiple of grad_block; CUDA: full storage when it, with the fused
-                            recurrence's workspace, takes at most a quarter of the free device
-                            memory, else as the CPU), -1 = off (full storage of gates and cells),
-                            k >= 1 = every k steps */
+    int checkpoint;      /* steps between kept cell states: 0 = auto (full storage when it, with
+                            the fused recurrence's workspace on a GPU, takes at most a quarter of
+                            the free device memory, host memory on the CPU; else ceil(sqrt(T))
+                            rounded up to a multiple of grad_block), -1 = off (full storage of
+                            gates and cells), k >= 1 = every k steps */
     int64_t max_steps;   /* largest T a forward may get (sizes the workspace), >= 1 */
     int64_t max_batch;   /* largest B a forward may get (sizes the workspace), >= 1 */
     int grad_block;      /* steps per gemm of the input projection (forward) and of the weight
@@ -1528,7 +1528,6 @@ MB__OPS_CHECK(mb__runtime_ops, 14);
 typedef struct mb__caps {
     int host;            /* 1: operations compute on the calling thread and dev's pool (the CPU):
                             the flush-to-zero mode and the pool's width apply */
-    int lstm_full_auto;  /* 1: an LSTM's checkpoint = 0 keeps full activations when they fit (the GPU) */
     size_t adamw_scratch; /* device bytes the optim group's adamw needs, allocated by mb_adamw_create */
 } mb__caps;
 
@@ -5320,13 +5319,14 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
     MB_FREE(l);
 }
 
-/* ---- the GPU's checkpoint default ----
- * checkpoint = 0 on a CUDA device: full storage (no recompute, the fastest backward) when the
+/* ---- the checkpoint default ----
+ * checkpoint = 0, on every backend: full storage (no recompute, the fastest backward) when the
  * LSTM's full activations at max_batch x max_steps, with the fused recurrence's workspace where
  * it runs, take at most a quarter of the device's free memory at creation (room for the other
- * encoders, the head and the optimizer); checkpointing only when memory is short. The CPU keeps
- * ceil(sqrt(T)) (its caches favour the small working set). Gradients are bitwise the same
- * either way. */
+ * encoders, the head and the optimizer; on the CPU the host's available memory); the
+ * ceil(sqrt(T)) interval only when memory is short. Gradients are bitwise the same either way.
+ * (The CPU used the interval always until issue 29 measured its recompute: 1.3-1.4x the full
+ * storage's time a layer, 1.25-1.3x the multi-timeframe step's, docs/BENCHMARKS.md.) */
 static int mb__lstm_full_fits_in(size_t full_bytes, size_t free_bytes) { return full_bytes <= free_bytes / 4; }
 
 static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
@@ -5347,8 +5347,8 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     mb_lstm *l = (mb_lstm *)mb__host_calloc(1, sizeof *l);
     if (!l) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     l->dev = dev; l->params = params; l->cfg = *cfg;
-    if (cfg->checkpoint == 0 && dev->be->caps.lstm_full_auto && mb__lstm_full_fits(dev, cfg))
-        l->cfg.checkpoint = -1; /* the GPU's auto: full storage when memory allows (above) */
+    if (cfg->checkpoint == 0 && mb__lstm_full_fits(dev, cfg))
+        l->cfg.checkpoint = -1; /* auto: full storage when memory allows (above) */
     l->F = cfg->input_size; l->H = cfg->hidden_size; l->L = cfg->layers ? cfg->layers : 1;
     l->G = (int)mb__lstm_G(cfg);
     l->op = cfg->precision;
@@ -8942,7 +8942,7 @@ static const mb__backend mb__cpu_table = {
     .name = "cpu",
     /* host: FTZ and the pool apply; no full-storage LSTM by default (caches favour
      * checkpointing's small working set); AdamW needs no scratch */
-    .caps = {.host = 1, .lstm_full_auto = 0, .adamw_scratch = 0},
+    .caps = {.host = 1, .adamw_scratch = 0},
     .rt = &mb__cpu_runtime_ops,
     .gemm = &mb__cpu_gemm_ops,
     .params = &mb__cpu_params_ops,

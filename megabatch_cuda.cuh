@@ -1456,7 +1456,7 @@ static const mb__backend mb__cuda_table = {
     .name = "cuda",
     /* not host: streams and kernels; full-storage LSTM when memory allows; AdamW's
      * sum-of-squares partials */
-    .caps = {.host = 0, .lstm_full_auto = 1, .adamw_scratch = MB__NORM_BLOCKS * sizeof(double)},
+    .caps = {.host = 0, .adamw_scratch = MB__NORM_BLOCKS * sizeof(double)},
     .rt = &mb__cuda_runtime_ops,
     .gemm = &mb__cuda_gemm_ops,
     .params = &mb__cuda_params_ops,

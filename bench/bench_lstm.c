@@ -1,5 +1,6 @@
 /* bench_lstm: one LSTM layer, forward+backward time per step and kept activation memory,
- * full storage vs checkpointed (auto k).
+ * full storage vs checkpointed (the automatic interval, ceil(sqrt(T)) rounded up to 16: what
+ * checkpoint = 0 takes when memory is short; with memory to spare it keeps full storage).
  *   build/bench/bench_lstm      [--no-ftz] [B T F H [iters [f32|bf16|f16 [threads]]]]   (CPU)
  *   build/bench/bench_lstm_cuda [B T F H [iters [f32|bf16|f16]]]             (GPU: nvcc, same source)
  * Defaults 128 480 128 256 1 f32, threads 0 (= the cores). Loss: the mean of h_last. Timings end with a device sync.
@@ -122,5 +123,5 @@ int main(int argc, char **argv) {
     if (argc > 6 && !mba_arg("precision", argv[6], MBA_CHOICE, &pi, 0, 0, precisions)) return 2;
     if (argc > 7 && !mba_arg("threads", argv[7], MBA_INT, &threads, 0, 1024, NULL)) return 2;
     mb_dtype prec = pi == 1 ? MB_BF16 : pi == 2 ? MB_F16 : MB_F32;
-    return run(B, T, F, H, -1, iters, prec, threads) || run(B, T, F, H, 0, iters, prec, threads);
+    return run(B, T, F, H, -1, iters, prec, threads) || run(B, T, F, H, (int)mb__lstm_auto_k(T, 16), iters, prec, threads);
 }

@@ -13,7 +13,10 @@
 # (megabatch: train_multitf --no-ftz). R rounds (default
 # 1) alternate megabatch and the peers (reversed order on even rounds); the table gives
 # medians (min-max) of samples/s and of the per-round ratio megabatch / peer, and the
-# load average before and after; the log starts with this script's command line.
+# load average before and after; the log starts with this script's command line. With
+# --epochs 2 or more, samples/s is the steady state: the epochs after the first, on both sides
+# (the first includes megabatch's wait for its loader's first chunk; the PyTorch tuned
+# pipeline reads its data before its clock starts).
 #
 # CPU: megabatch runs once a round per OpenBLAS kernel of --coretypes (default "own
 # Haswell"): "own" with OPENBLAS_CORETYPE unset (OpenBLAS's own pick for this CPU), any
@@ -117,15 +120,27 @@ done
 echo "## load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 field() { grep '^summary:' "$out/$1.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# samples/s in the steady state: with 2 or more epochs, over the epochs after the first (the
+# harmonic mean of their per-epoch lines: the same batches an epoch), as neither side then reads
+# data (megabatch's first epoch waits for its loader's first chunk, the whole file here, which
+# the PyTorch tuned pipeline reads before its clock starts); with 1 epoch, the summary's
+rate() {
+    if [ "$epochs" -ge 2 ]; then
+        sed -n 's/^epoch \([0-9]*\):.* \([0-9.]*\) samples\/s.*/\1 \2/p' "$out/$1.txt" |
+            awk '$1 >= 2 && $2 > 0 { n++; s += 1 / $2 } END { if (n) printf "%.1f\n", n / s; else print 0 }'
+    else field "$1" samples_per_s; fi
+}
 stat() { sort -g | awk -v f="$1" '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
                                                       printf f " (" f "-" f ")", m, v[1], v[NR] }'; }
 echo
+[ "$epochs" -ge 2 ] && echo "## samples/s: steady state, epochs 2-$epochs (the first reads the data)" ||
+    echo "## samples/s: the whole run (1 epoch: megabatch's includes waiting for its loader's first chunk)"
 echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head threads=$threads" \
      "ftz=$([ "$noftz" = 1 ] && echo off || echo on); megabatch $prec; $rounds round(s): median (min-max))"
 for m in "${mbnames[@]}"; do echo "## $m: $(grep -m1 '^device:' "$out/$m.1.txt")"; done
 printf '%-20s %-28s %12s %12s\n' pipeline samples/s val_loss baseline
 for n in "${names[@]}"; do
-    sps=$(for r in $(seq 1 "$rounds"); do field "$n.$r" samples_per_s; done | stat %.1f)
+    sps=$(for r in $(seq 1 "$rounds"); do rate "$n.$r"; done | stat %.1f)
     printf '%-20s %-28s %12s %12s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)"
 done
 echo
@@ -134,7 +149,7 @@ for m in "${mbnames[@]}"; do
     for n in "${names[@]}"; do
         case $n in megabatch_*) continue ;; esac
         rat=$(for r in $(seq 1 "$rounds"); do
-                  awk -v a="$(field "$m.$r" samples_per_s)" -v b="$(field "$n.$r" samples_per_s)" \
+                  awk -v a="$(rate "$m.$r")" -v b="$(rate "$n.$r")" \
                       'BEGIN { printf "%.3f\n", (b > 0 ? a / b : 0) }'
               done | stat %.2f)
         printf '%-40s %-24s\n' "$m / $n" "${rat}x"

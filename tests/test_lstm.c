@@ -451,11 +451,14 @@ static void test_checkpoint_steps(void **state) {
     cfg.checkpoint = -1; cfg.prefix = "c.";
     tu_ok(mb_lstm_create(&c, p, &cfg));
     for (int T = 1; T <= 100; T++) {
-        int64_t k = mb_lstm_checkpoint_steps(a, T);
-        int64_t r = 1; /* ceil(sqrt(T)) rounded up to a multiple of the block (16), at most T */
+        /* auto: full storage, as it fits; the interval it would take when memory is short:
+         * ceil(sqrt(T)) rounded up to a multiple of the block (16), at most T */
+        assert_int_equal(mb_lstm_checkpoint_steps(a, T), -1);
+        int64_t r = 1;
         while (r * r < T) r++;
         r = (r + 15) / 16 * 16;
-        assert_int_equal(k, r < T ? r : T);
+        int64_t k = mb__lstm_auto_k(T, 16);
+        assert_int_equal(k < T ? k : T, r < T ? r : T);
         assert_int_equal(mb_lstm_checkpoint_steps(b, T), T < 7 ? T : 7);
         assert_int_equal(mb_lstm_checkpoint_steps(c, T), -1);
     }

@@ -1,6 +1,6 @@
 /* The step API on the CPU backend (issue 15): the device-side loss meter and its lagged
  * per-step reads, AdamW with the schedule's learning rate computed at the optimizer's own
- * counter, the GPU's checkpoint default (its rule; the CPU keeps ceil(sqrt(T))). The cases are tests/step_cases.h, which the
+ * counter, the checkpoint default (full storage when memory allows, on every backend). The cases are tests/step_cases.h, which the
  * CUDA test runs too. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -39,8 +39,8 @@ static void test_scheduled_adamw(void **state) {
     mb_device_close(dev);
 }
 
-/* The rule: full storage when it takes at most a quarter of the free memory; on the CPU the
- * auto interval stays ceil(sqrt(T)) rounded up to the block. */
+/* The rule, on every backend: full storage when it takes at most a quarter of the free memory
+ * (here a small LSTM on the CPU: it fits), else ceil(sqrt(T)) rounded up to the block. */
 static void test_checkpoint_default(void **state) {
     (void)state;
     assert_true(mb__lstm_full_fits_in(100, 400));
@@ -54,7 +54,8 @@ static void test_checkpoint_default(void **state) {
     c.input_size = 3; c.hidden_size = 5; c.max_steps = 100; c.max_batch = 4;
     mb_lstm *l;
     tu_ok(mb_lstm_create(&l, p, &c));
-    assert_int_equal(mb_lstm_checkpoint_steps(l, 100), 16);
+    assert_int_equal(mb_lstm_checkpoint_steps(l, 100), -1);
+    assert_int_equal(mb__lstm_auto_k(100, 16), 16); /* the interval when memory is short */
     mb_lstm_destroy(l);
     mb_params_destroy(p);
     mb_device_close(dev);

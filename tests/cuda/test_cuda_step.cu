@@ -1,6 +1,6 @@
 /* The step API on the CUDA backend (issue 15), the cases of tests/step_cases.h plus: the loss
  * meter's reads cost no host sync (counted by the simulator), the scheduled AdamW matches the
- * CPU backend, the GPU's checkpoint default is full storage when memory allows, one cuBLAS
+ * CPU backend, the checkpoint default is full storage when memory allows, one cuBLAS
  * handle per stream gives the same bits on concurrent streams, and a whole step replayed as a
  * graph gives the bits of plain launches. Without a GPU (and outside the
  * simulator) every test checks the clear MB_ERR_NO_DEVICE and skips itself. */

@@ -110,7 +110,7 @@ mb_result doc_lstm_usage(mb_params *params, const float *x, float *h_last, const
     mb_lstm_config c = {0};            /* 0 means default everywhere */
     c.input_size = 128; c.hidden_size = 256; c.layers = 2;
     c.prefix = "m5.";                  /* names m5.weight_ih_l0 ... */
-    c.checkpoint = 0;                  /* auto ~sqrt(T); -1 = full storage */
+    c.checkpoint = 0;                  /* auto: full storage if memory allows, else ~sqrt(T); -1 = full */
     c.max_steps = 480; c.max_batch = 128;
     mb_lstm *l;
     MB_TRY(mb_lstm_create(&l, params, &c));                  /* before mb_params_finalize */
