@@ -126,6 +126,13 @@ static inline unsigned mb__grid(size_t n, unsigned block) {
     size_t g = (n + block - 1) / block;
     return (unsigned)(g < 1 ? 1 : g > 65535u * 8u ? 65535u * 8u : g);
 }
+/* The same for a kernel whose blocks end in a barrier (a block reduction): at most
+ * MB__NORM_BLOCKS blocks, the loop covering the rest (the simulator runs such a block as 256
+ * fibers, so a grid of n / 256 made large n slow there; a GPU is as fast with 1024). */
+static inline unsigned mb__grid_barrier(size_t n, unsigned block) {
+    unsigned g = mb__grid(n, block);
+    return g < MB__NORM_BLOCKS ? g : MB__NORM_BLOCKS;
+}
 
 // ---- cuda device ----
 
@@ -1243,12 +1250,8 @@ __global__ void mb__k_unscale(mb_scaler_state *st, float *grad, size_t n) {
     if (__syncthreads_or(bad) && threadIdx.x == 0) st->found_inf = 1; /* every writer writes 1 */
 }
 
-/* At most MB__NORM_BLOCKS blocks, as the norm pass: each block ends in a barrier, and a
- * grid-stride loop covers any n (the simulator runs a barrier's block as fibers). */
 static mb_result mb__cuda_unscale(mb_device *dev, mb_scaler_state *st, float *grad, size_t n) {
-    unsigned nb = mb__grid(n, 256);
-    return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_unscale, nb < MB__NORM_BLOCKS ? nb : MB__NORM_BLOCKS, 256, st,
-                   grad, n);
+    return MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_unscale, mb__grid_barrier(n, 256), 256, st, grad, n);
 }
 
 __global__ void mb__k_scaler_update(mb_scaler_state *st, mb__scaler_hp hp) { mb__scaler_update_state(st, &hp); }
@@ -1297,8 +1300,7 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
                                 float *param, const float *grad, float *m, float *v, const uint8_t *decay, size_t n,
                                 double *partials) {
     const int C = MB_STREAM_COMPUTE;
-    unsigned nb = mb__grid(n, MB__RED_THREADS);
-    if (nb > MB__NORM_BLOCKS) nb = MB__NORM_BLOCKS;
+    unsigned nb = mb__grid_barrier(n, MB__RED_THREADS);
     MB_TRY(MB__RUN(dev, C, mb__k_sumsq_partial, nb, MB__RED_THREADS, grad, n, partials));
     MB_TRY(MB__RUN(dev, C, mb__k_adamw_finalize, 1, MB__RED_THREADS, partials, (int)nb, dv, found_inf,
                    found_inf == &dv->own_found_inf, *hp));

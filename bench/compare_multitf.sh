@@ -123,7 +123,7 @@ field() { grep '^summary:' "$out/$1.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 # samples/s in the steady state: with 2 or more epochs, over the epochs after the first (the
 # harmonic mean of their per-epoch lines: the same batches an epoch), as neither side then reads
 # data (megabatch's first epoch waits for its loader's first chunk, the whole file here, which
-# the PyTorch tuned pipeline reads before its clock starts); with 1 epoch, the summary's
+# the PyTorch tuned pipeline reads before its clock starts); with 1 epoch, the summary's rate
 rate() {
     if [ "$epochs" -ge 2 ]; then
         sed -n 's/^epoch \([0-9]*\):.* \([0-9.]*\) samples\/s.*/\1 \2/p' "$out/$1.txt" |
