@@ -608,6 +608,26 @@ static void test_alloc_failure_leaks_nothing(void **state) {
 
 #include "test_lstm_golden.h"
 
+/* mb__fexp (the cell's exp) within 3e-7 relative of double exp over the clamp range, at
+ * random points and at the ends (+-87, where 2^n is +-126: no denormal); beyond, the
+ * clamp's values; NaN of either sign gives the one quiet NaN 0x7fc00000. */
+static void test_fexp_accuracy(void **state) {
+    (void)state;
+    for (int i = 0; i < 200000; i++) {
+        float x = i < 2 ? (i ? -87.0f : 87.0f) : (float)tu_int(-870000, 870000) * 1e-4f + (float)tu_int(0, 99) * 1e-9f;
+        double want = exp((double)x), got = (double)mb__fexp(x);
+        if (fabs(got / want - 1.0) > 3e-7) fail_msg("mb__fexp(%.9g) = %.9g, exp %.9g", (double)x, got, want);
+    }
+    assert_true(mb__fexp(1000.0f) == mb__fexp(87.0f) && mb__fexp(INFINITY) == mb__fexp(87.0f));
+    assert_true(mb__fexp(-1000.0f) == mb__fexp(-87.0f) && mb__fexp(-INFINITY) == mb__fexp(-87.0f));
+    for (int sign = 0; sign < 2; sign++) {
+        float y = mb__fexp(sign ? -NAN : NAN);
+        uint32_t u;
+        memcpy(&u, &y, sizeof u);
+        assert_int_equal(u, 0x7fc00000u);
+    }
+}
+
 /* The AVX2 and AVX-512 row functions give the bits of the baseline ones (random rows, large
  * pre-activations, NaN), and without h (a recompute) the same gates and cells; a variant
  * the CPU lacks is left out (all skipped without AVX2). */
@@ -768,6 +788,7 @@ int main(void) {
         cmocka_unit_test(test_bad_duplicate_prefix),     cmocka_unit_test(test_bad_forward_shapes),
         cmocka_unit_test(test_bad_backward_before_forward), cmocka_unit_test(test_bad_forward_unfinalized),
         cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
+        cmocka_unit_test(test_fexp_accuracy),
         cmocka_unit_test(test_rows_simd_bitwise),       cmocka_unit_test(test_rk_variants_bitwise),
         cmocka_unit_test(test_lstm_kernel_variants_bitwise),
     };
