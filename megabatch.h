@@ -306,7 +306,7 @@ MBDEF mb_result mb_device_memory(mb_device *dev, size_t *total, size_t *free_byt
 MBDEF mb_mem_stats mb_device_mem_stats(const mb_device *dev);
 MBDEF int mb_device_streams(const mb_device *dev);
 /* The native stream handle (cudaStream_t) as void*; NULL on the CPU. The CUDA header has the
- * typed handles (mb_cuda_stream, mb_device_cublas). */
+ * typed stream (mb_cuda_stream) and the cuBLAS handle (mb_device_cublas). */
 MBDEF void *mb_device_stream(const mb_device *dev, int stream);
 MBDEF mb_result mb_device_set_tf32(mb_device *dev, int on);
 MBDEF int mb_device_tf32(const mb_device *dev);
@@ -1566,10 +1566,10 @@ static const mb__backend *mb__backend_of(mb_backend backend) {
     return NULL;
 }
 
-/* A group's slots all set (`bytes` of function pointers at `ops`; NULL is a group the
- * backend lacks). Read through memcpy: a group is a struct of function pointers only. */
+/* A group's slots all set (`bytes` of function pointers at `ops`, not NULL). Read through
+ * memcpy: a group is a struct of function pointers only. */
 static int mb__ops_complete(const void *ops, size_t bytes) {
-    for (size_t at = 0; ops && at < bytes; at += sizeof(void (*)(void))) {
+    for (size_t at = 0; at < bytes; at += sizeof(void (*)(void))) {
         void (*fn)(void);
         memcpy(&fn, (const char *)ops + at, sizeof fn);
         if (!fn) return 0;
