@@ -1468,8 +1468,9 @@ static inline MB__HD int mb__finite_d(double x) {
  * field name. The tables mb__cpu_backend (the end of this file) and mb__cuda_backend (the
  * end of megabatch_cuda.cuh) name the groups; mb_device_open picks one. A group is all or
  * nothing: every slot filled (mb_device_open checks), or the group pointer NULL where the
- * backend lacks it (fused, dist, graph). A backend's private state (the CUDA streams and
- * cuBLAS handles) hangs off dev->ctx, which its open makes and its close frees.
+ * backend lacks it (fused, dist, graph). A backend's private state (the CPU's threads, pool
+ * and LSTM kernel; the CUDA streams and cuBLAS handles) hangs off dev->ctx, which its open
+ * makes and its close frees.
  *
  * Adding an operation: a field in the module's group (and its MB__OPS_CHECK count), its CPU
  * body and initializer line at the end of the module's CPU part, its CUDA body and
@@ -1587,10 +1588,7 @@ struct mb_device {
     char name[256];
     int streams;
     int tf32;
-    int threads;                    /* CPU: threads for BLAS and for mb_lstm_*_many */
-    struct mb__pool *pool;          /* CPU: threads-1 persistent workers (NULL: none) */
-    const struct mb__rk *rk;        /* CPU: the LSTM recurrence's product kernel (gemm; NULL: none) */
-    void *ctx;                      /* the backend's private state (CUDA: mb__cuda_ctx) */
+    void *ctx;                      /* the backend's private state (mb__cpu_ctx, mb__cuda_ctx) */
     mb_mem_stats stats;
     uint64_t fail_at[MB_MEM_KINDS]; /* fail when allocs[kind] reaches this (0: never) */
     int deny[MB_MEM_KINDS];         /* fail every allocation of this kind */
@@ -1599,6 +1597,17 @@ struct mb_device {
     int graph_stream;               /* the stream of the capture under way, -1: none (graph) */
     int graph_off;                  /* mb_graph_run runs calls directly (graph) */
 };
+
+/* The CPU backend's private state (dev->ctx, made by its open). */
+typedef struct mb__cpu_ctx {
+    int threads;              /* threads for BLAS and for mb_lstm_*_many */
+    struct mb__pool *pool;    /* threads-1 persistent workers (NULL: none) */
+    const struct mb__rk *rk;  /* the LSTM recurrence's product kernel (gemm) */
+} mb__cpu_ctx;
+/* The CPU state of a CPU device; NULL on any other. */
+static mb__cpu_ctx *mb__cpu(const mb_device *dev) {
+    return dev->be->caps.host ? (mb__cpu_ctx *)dev->ctx : NULL;
+}
 
 // -- CPU: denormals --
 /* The CPU compute runs with flush-to-zero (FTZ: a denormal result becomes 0) and
@@ -1685,8 +1694,14 @@ static void *mb__pool_worker(void *arg) {
     return NULL;
 }
 
+/* The device's pool (NULL: none). */
+static mb__pool *mb__pool_of(const mb_device *dev) {
+    mb__cpu_ctx *c = mb__cpu(dev);
+    return c ? c->pool : NULL;
+}
+
 static void mb__pool_close(mb_device *dev) {
-    mb__pool *p = dev->pool;
+    mb__pool *p = mb__pool_of(dev);
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->quit = 1;
@@ -1696,7 +1711,7 @@ static void mb__pool_close(mb_device *dev) {
     pthread_cond_destroy(&p->go); pthread_cond_destroy(&p->done);
     pthread_mutex_destroy(&p->mu); pthread_mutex_destroy(&p->run);
     MB_FREE(p);
-    dev->pool = NULL;
+    mb__cpu(dev)->pool = NULL;
 }
 
 static mb_result mb__pool_open(mb_device *dev, int workers) {
@@ -1707,7 +1722,7 @@ static mb_result mb__pool_open(mb_device *dev, int workers) {
     p->dev = dev;
     pthread_mutex_init(&p->mu, NULL); pthread_mutex_init(&p->run, NULL);
     pthread_cond_init(&p->go, NULL); pthread_cond_init(&p->done, NULL);
-    dev->pool = p;
+    mb__cpu(dev)->pool = p;
     for (; p->n < workers; p->n++) { /* fewer threads than asked for: still correct */
         p->who[p->n].p = p; p->who[p->n].id = p->n;
         if (pthread_create(&p->th[p->n], NULL, mb__pool_worker, &p->who[p->n]) != 0) break;
@@ -1718,7 +1733,7 @@ static mb_result mb__pool_open(mb_device *dev, int workers) {
 /* fn(arg) on the caller's thread and on up to `workers` pool threads at once; on the
  * caller's thread alone when called from inside a job (fn must then do all the work). */
 static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *arg) {
-    mb__pool *p = dev->pool;
+    mb__pool *p = mb__pool_of(dev);
     if (!p || workers < 1 || p->n < 1 || mb__pool_inside) { fn(arg); return; }
     if (workers > p->n) workers = p->n;
     pthread_mutex_lock(&p->run);
@@ -1735,12 +1750,16 @@ static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *
     pthread_mutex_unlock(&p->run);
 }
 static void mb__pool_lock(mb_device *dev, int lock) {
-    if (!dev->pool) return;
-    if (lock) pthread_mutex_lock(&dev->pool->mu);
-    else pthread_mutex_unlock(&dev->pool->mu);
+    mb__pool *p = mb__pool_of(dev);
+    if (!p) return;
+    if (lock) pthread_mutex_lock(&p->mu);
+    else pthread_mutex_unlock(&p->mu);
 }
 /* Whether mb__pool_run would hand work to workers now (not from inside a job). */
-static int mb__pool_free(const mb_device *dev) { return dev->pool && dev->pool->n > 0 && !mb__pool_inside; }
+static int mb__pool_free(const mb_device *dev) {
+    mb__pool *p = mb__pool_of(dev);
+    return p && p->n > 0 && !mb__pool_inside;
+}
 #else
 static int mb__pool_free(const mb_device *dev) { (void)dev; return 0; }
 static void mb__pool_lock(mb_device *dev, int lock) { (void)dev; (void)lock; }
@@ -1760,6 +1779,7 @@ static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *
 struct mb__rk;
 static const struct mb__rk *mb__rk_best(void); /* gemm */
 static const char *mb__rk_name(const struct mb__rk *k);
+static void mb__cpu_close(mb_device *dev);
 
 static mb_result mb__cpu_open(mb_device *dev) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1767,15 +1787,20 @@ static mb_result mb__cpu_open(mb_device *dev) {
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     openblas_set_num_threads(1);
 #endif
-    dev->threads = threads;
+    mb__cpu_ctx *cx = (mb__cpu_ctx *)mb__host_calloc(1, sizeof *cx);
+    if (!cx) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the CPU state");
+    dev->ctx = cx;
+    cx->threads = threads;
     const char *blas = "";
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     blas = openblas_get_corename(); /* the kernels OpenBLAS picked (OPENBLAS_CORETYPE overrides) */
 #endif
-    dev->rk = mb__rk_best();
+    cx->rk = mb__rk_best();
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
-             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(dev->rk));
-    return mb__pool_open(dev, threads - 1);
+             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(cx->rk));
+    mb_result r = mb__pool_open(dev, threads - 1);
+    if (r != MB_OK) mb__cpu_close(dev);
+    return r;
 }
 
 MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
@@ -1977,7 +2002,12 @@ MBDEF mb_result mb_sync(mb_device *dev, int stream) {
 }
 
 /* The CPU backend's device operations: host memory, synchronous copies, no streams. */
-static void mb__cpu_close(mb_device *dev) { mb__pool_close(dev); }
+static void mb__cpu_close(mb_device *dev) {
+    if (!dev->ctx) return; /* open failed before making it */
+    mb__pool_close(dev);
+    MB_FREE(dev->ctx);
+    dev->ctx = NULL;
+}
 
 static mb_result mb__cpu_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
     long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
@@ -2150,7 +2180,8 @@ static void mb__sgemm_split(mb_device *dev, int ta, int tb, int64_t m, int64_t n
     j.w = MB__SPLIT_COLS;
     j.parts = (int)((n + j.w - 1) / j.w);
     j.alpha = alpha; j.beta = beta; j.a = a; j.b = b; j.c = c;
-    mb__pool_run(dev, (dev->threads < j.parts ? dev->threads : j.parts) - 1, mb__gemm_part, &j);
+    int threads = mb__cpu(dev)->threads;
+    mb__pool_run(dev, (threads < j.parts ? threads : j.parts) - 1, mb__gemm_part, &j);
 }
 
 static mb_result mb__cpu_gemm_body(mb_device *dev, const mb_gemm_args *g) {
@@ -5368,7 +5399,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     int ck = l->cfg.checkpoint;
     l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->fused = mb__lstm_fused_on(l);
-    l->rk = l->op == MB_F32 ? dev->rk : NULL; /* the CPU's own recurrence (f32) */
+    l->rk = l->op == MB_F32 && mb__cpu(dev) ? mb__cpu(dev)->rk : NULL; /* the CPU's own recurrence (f32) */
     if (cfg->fused_blocks > 0 && !l->fused) {
         mb_result e = MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence "
                               "with %d blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 "
@@ -5498,14 +5529,14 @@ static void mb__rec_part(void *arg) {
 
 /* Whether each step's rows are split over the device's threads. */
 static int mb__rec_split(const mb_lstm *l) {
-    return l->dev->threads > 1 && mb__pool_free(l->dev) &&
+    return mb__cpu(l->dev)->threads > 1 && mb__pool_free(l->dev) &&
            8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
 }
 
 /* Rows [r0, r0 + n): on this thread, or split over the pool in parts of whole kernel tiles. */
 static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
     mb_device *dev = j->l->dev;
-    int64_t mr = j->l->rk->mr, th = split ? dev->threads : 1;
+    int64_t mr = j->l->rk->mr, th = split ? mb__cpu(dev)->threads : 1;
     j->r0 = r0; j->n = n; j->next = 0;
     j->part = ((n + th - 1) / th + mr - 1) / mr * mr;
     j->parts = (int)((n + j->part - 1) / j->part);
@@ -5971,7 +6002,7 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     mb__fpenv fe = mb__fp_enter(dev);
     mb_result r = MB_OK;
     if (mb__lstm_fused_many_ok(calls, n)) r = mb__lstm_fused_many(calls, n, backward); /* one launch per layer */
-    else mb__lstm_pool_run(dev, &p, dev->be->caps.host ? (dev->threads < n ? dev->threads : n) : 1);
+    else mb__lstm_pool_run(dev, &p, mb__cpu(dev) ? (mb__cpu(dev)->threads < n ? mb__cpu(dev)->threads : n) : 1);
     mb__fp_leave(fe);
     if (p.failed < n) r = MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg); /* logged already */
     for (int i = 0; i < n; i++) {

@@ -60,7 +60,7 @@ static int set_kernel(mb_device *dev) {
     if (!want || !*want || BACKEND != MB_CPU) return 0;
     for (int v = 0; v < 3; v++)
         if (!strcmp(want, mb__rk_variants[v].name) && mb__rk_supported(v)) {
-            dev->rk = &mb__rk_variants[v];
+            mb__cpu(dev)->rk = &mb__rk_variants[v];
             snprintf(strstr(dev->name, "LSTM kernel "), sizeof dev->name - (size_t)(strstr(dev->name, "LSTM kernel ") - dev->name),
                      "LSTM kernel %s)", want);
             return 0;

@@ -181,7 +181,7 @@ static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtyp
                          const float *x, const float *h0, const float *c0, const float *r1, const float *r2) {
     mb_device *dev;
     tu_ok(mb_device_open(&dev, NULL));
-    if (run_variant >= 0) dev->rk = &mb__rk_variants[run_variant];
+    if (run_variant >= 0) mb__cpu(dev)->rk = &mb__rk_variants[run_variant];
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_params_create(&p, dev));
