@@ -5788,10 +5788,8 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
                     took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows
                     in order (the block fixes the bits) */
         int64_t wd = in + H;
-        for (int64_t r = 0; r < rows; r++) {
-            memcpy(l->wgx + r * wd, (const float *)x + r * in, (size_t)in * sizeof(float));
-            memcpy(l->wgx + r * wd + in, (const float *)hp + r * H, (size_t)H * sizeof(float));
-        }
+        MB_TRY(mb__lstm_copy3(l, l->wgx, 0, wd, (const float *)x, 0, in, 1, rows, in));
+        MB_TRY(mb__lstm_copy3(l, l->wgx + in, 0, wd, (const float *)hp, 0, H, 1, rows, H));
         MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, gb, 4 * H, l->wgx, wd, 0.0f, l->wgs, wd));
         for (int64_t m = 0; m < 4 * H; m++) {
             mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, l->wgs + m * wd, (size_t)in);
@@ -6002,7 +6000,10 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
     mb__fpenv fe = mb__fp_enter(dev);
     mb_result r = MB_OK;
     if (mb__lstm_fused_many_ok(calls, n)) r = mb__lstm_fused_many(calls, n, backward); /* one launch per layer */
-    else mb__lstm_pool_run(dev, &p, mb__cpu(dev) ? (mb__cpu(dev)->threads < n ? mb__cpu(dev)->threads : n) : 1);
+    else {
+        int threads = mb__cpu(dev) ? mb__cpu(dev)->threads : 1; /* a GPU runs the calls from this thread */
+        mb__lstm_pool_run(dev, &p, threads < n ? threads : n);
+    }
     mb__fp_leave(fe);
     if (p.failed < n) r = MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg); /* logged already */
     for (int i = 0; i < n; i++) {
