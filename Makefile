@@ -203,7 +203,13 @@ compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
                 $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
-                $(if $(NVCC),$(BUILD)/compile/cuda_open)
+                $(if $(NVCC),$(BUILD)/compile/cuda_open) $(BUILD)/compile/vectorized.ok
+# the CPU cell rows vectorize at -O3 (the flags the docs give users; CI's own builds are -O1)
+$(BUILD)/compile/vectorized.ok: tests/compile/tu_impl.c tests/compile/vectorized.sh $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O3 -I. $(DEP_CFLAGS) -c -o $(BUILD)/compile/vectorized.o $<
+	sh tests/compile/vectorized.sh $(BUILD)/compile/vectorized.o
+	@touch $@
 $(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iexamples -o $@ $< $(DEP_LIBS)

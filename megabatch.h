@@ -259,6 +259,11 @@ static inline MB__HD float mb_rng_symmetric(uint64_t key, uint64_t stream, uint6
 // allocation-failure injection. Every other object lives on a device.
 
 typedef enum mb_backend { MB_CPU = 0, MB_CUDA = 1 } mb_backend;
+/* The CPU LSTM's own kernels (the recurrent product and the cell rows). All give the same
+ * bits; AUTO (0) picks the widest this CPU runs. */
+typedef enum mb_cpu_kernel {
+    MB_CPU_KERNEL_AUTO = 0, MB_CPU_KERNEL_AVX512 = 1, MB_CPU_KERNEL_AVX2 = 2, MB_CPU_KERNEL_C = 3
+} mb_cpu_kernel;
 
 /* Where memory lives. On the CPU backend all three are host memory. */
 typedef enum mb_mem_kind { MB_MEM_HOST = 0, MB_MEM_PINNED = 1, MB_MEM_DEVICE = 2, MB_MEM_KINDS = 3 } mb_mem_kind;
@@ -278,6 +283,9 @@ typedef struct mb_device_config {
     int tf32;           /* 1: allow TF32 tensor cores for f32 gemm (CUDA); 0: exact f32 */
     int keep_denormals; /* CPU: 0 (default) = flush-to-zero + denormals-are-zero while the library
                            computes (x86; the caller's state is restored), 1 = IEEE denormals */
+    mb_cpu_kernel cpu_kernel; /* CPU: the LSTM's own kernels, AUTO (default) = the widest this CPU
+                           runs; another (to measure or test a narrower one: the same bits) fails
+                           with MB_ERR_UNSUPPORTED where this CPU or build lacks it */
     mb_logger log;      /* log callback; silent by default */
 } mb_device_config;
 
@@ -1602,7 +1610,8 @@ struct mb_device {
 typedef struct mb__cpu_ctx {
     int threads;              /* threads for BLAS and for mb_lstm_*_many */
     struct mb__pool *pool;    /* threads-1 persistent workers (NULL: none) */
-    const struct mb__rk *rk;  /* the LSTM recurrence's product kernel (gemm) */
+    int kernel;               /* its LSTM kernels' variant: 0 AVX-512, 1 AVX2+FMA, 2 portable C */
+    const struct mb__rk *rk;  /* the LSTM recurrence's product kernel (gemm) of that variant */
 } mb__cpu_ctx;
 /* The CPU state of a CPU device; NULL on any other. */
 static mb__cpu_ctx *mb__cpu(const mb_device *dev) {
@@ -1777,7 +1786,8 @@ static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *
  * without), so OpenBLAS runs single-threaded (process-wide, set at open) and large gemms
  * are split by columns over the pool instead (mb__sgemm_split). */
 struct mb__rk;
-static const struct mb__rk *mb__rk_best(void); /* gemm */
+static int mb__rk_pick(mb_cpu_kernel want); /* gemm */
+static const struct mb__rk *mb__rk_of(int v);
 static const char *mb__rk_name(const struct mb__rk *k);
 static void mb__cpu_close(mb_device *dev);
 
@@ -1795,7 +1805,13 @@ static mb_result mb__cpu_open(mb_device *dev) {
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     blas = openblas_get_corename(); /* the kernels OpenBLAS picked (OPENBLAS_CORETYPE overrides) */
 #endif
-    cx->rk = mb__rk_best();
+    cx->kernel = mb__rk_pick(dev->cfg.cpu_kernel);
+    if (cx->kernel < 0) {
+        mb__cpu_close(dev);
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: cpu_kernel %d: this CPU or build does "
+                       "not run it", (int)dev->cfg.cpu_kernel);
+    }
+    cx->rk = mb__rk_of(cx->kernel);
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
              dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(cx->rk));
     mb_result r = mb__pool_open(dev, threads - 1);
@@ -1820,6 +1836,8 @@ MBDEF mb_result mb_device_open(mb_device **out, const mb_device_config *cfg) {
     if (c.threads < 0 || c.index < 0)
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: threads = %d and index = %d must be >= 0",
                        c.threads, c.index);
+    if ((int)c.cpu_kernel < 0 || (int)c.cpu_kernel > (int)MB_CPU_KERNEL_C)
+        return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_device_open: unknown cpu_kernel %d", (int)c.cpu_kernel);
     if (!be)
         return MB_FAIL(lg, MB_ERR_NO_DEVICE, "mb_device_open: this build has no CUDA backend "
                        "(include megabatch_cuda.cuh and compile that file with nvcc)");
@@ -2444,12 +2462,22 @@ static int mb__rk_supported(int v) {
 }
 
 static const char *mb__rk_name(const mb__rk *k) { return k->name; }
+static const mb__rk *mb__rk_of(int v) { return &mb__rk_variants[v]; }
 
-/* The variant this CPU runs: the widest it has. */
-static const mb__rk *mb__rk_best(void) {
-    for (int v = 0; v < 2; v++)
-        if (mb__rk_supported(v)) return &mb__rk_variants[v];
-    return &mb__rk_variants[2];
+/* The variant for a device's cpu_kernel (checked by mb_device_open): AUTO, the widest this
+ * CPU runs; another, that one, or -1 where this CPU (or a build without x86 kernels) does
+ * not run it. */
+static int mb__rk_pick(mb_cpu_kernel want) {
+    if (want == MB_CPU_KERNEL_AUTO) {
+        for (int v = 0; v < 2; v++)
+            if (mb__rk_supported(v)) return v;
+        return 2;
+    }
+    int v = (int)want - 1;
+#ifndef MB__RK_X86
+    if (v < 2) return -1; /* variants 0 and 1 are the portable one here */
+#endif
+    return mb__rk_supported(v) ? v : -1;
 }
 
 /* C rows [0, M) = [A1 A2] op(W) (+ C) from W packed (mb__rk_pack, k->nr, K1 + K2 rows a
@@ -4743,7 +4771,11 @@ static inline MB__HD float mb__fexp(float x) {
     e.f = k;
     e.u = (e.u + 127u) << 23; /* 2^n: k's bits are 0x4b400000 + n, and 0x4b400000 << 23 wraps to 0 */
     nan.u = 0x7fc00000u;      /* NaN in: this quiet NaN out (which NaN an fma passes on varies) */
-    return x != x ? nan.f : p * e.f;
+    e.f = p * e.f;
+    uint32_t m = isnan(x) ? 0xffffffffu : 0u; /* a select of bits, not of floats: GCC (trapping
+        math) keeps a float select as a branch, and then the AVX2 rows did not vectorize */
+    e.u = (e.u & ~m) | (nan.u & m);
+    return e.f;
 }
 static inline MB__HD float mb__fsigmoid(float z) { return 1.0f / (1.0f + mb__fexp(-z)); }
 static inline MB__HD float mb__ftanh(float z) { return 1.0f - 2.0f / (mb__fexp(2.0f * z) + 1.0f); }
@@ -5041,37 +5073,35 @@ MB__LSTM_ROWS(_avx2, __attribute__((target("avx2,fma"), optimize("fp-contract=of
 #else /* Clang would contract inside the inlined cell: no FMA target (fmaf calls libm there) */
 MB__LSTM_ROWS(_avx2, __attribute__((target("avx2"))))
 #endif
-static int mb__lstm_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #if !defined(__clang__)
 MB__LSTM_ROWS(_avx512, __attribute__((target("avx512f"), optimize("fp-contract=off"))))
-static int mb__lstm_avx512(void) { return __builtin_cpu_supports("avx512f"); }
 #else /* Clang contracts inside the inlined cell unless told so file-wide: its AVX2 rows */
 #define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_avx2
 #define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_avx2
-static int mb__lstm_avx512(void) { return 0; }
 #endif
 #else
 #define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
 #define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
 #define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_base
 #define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_base
-static int mb__lstm_avx2(void) { return 0; }
-static int mb__lstm_avx512(void) { return 0; }
 #endif
 
-/* The widest row functions this CPU runs (the same bits as the others). */
-static mb__lstm_fwd_row_fn mb__lstm_fwd_row_best(void) {
-    return mb__lstm_avx512() ? mb__lstm_fwd_row_avx512 : mb__lstm_avx2() ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
+/* The row functions of the CPU device's kernel variant (mb__cpu_ctx.kernel: 0 AVX-512, 1
+ * AVX2+FMA, 2 portable; the device checked at open that this CPU runs it). */
+static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) {
+    int v = mb__cpu(dev)->kernel;
+    return v == 0 ? mb__lstm_fwd_row_avx512 : v == 1 ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
 }
-static mb__lstm_bwd_row_fn mb__lstm_bwd_row_best(void) {
-    return mb__lstm_avx512() ? mb__lstm_bwd_row_avx512 : mb__lstm_avx2() ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
+static mb__lstm_bwd_row_fn mb__lstm_bwd_row_of(const mb_device *dev) {
+    int v = mb__cpu(dev)->kernel;
+    return v == 0 ? mb__lstm_bwd_row_avx512 : v == 1 ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
 }
 
 static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
                                         int need_h) {
-    (void)dev; (void)stream;
-    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_best();
+    (void)stream;
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(dev);
     for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
@@ -5079,8 +5109,8 @@ static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, i
 static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
                                         const float *c_prev, const float *c, const float *dh_rec, const float *dout,
                                         float *dc, float *dg) {
-    (void)dev; (void)stream;
-    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_best();
+    (void)stream;
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(dev);
     for (int64_t b = 0; b < B; b++)
         row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
                          dg + b * 4 * H);
@@ -5487,7 +5517,7 @@ static int64_t mb__rec_chunk(const mb_lstm *l, int64_t width) {
 static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
     mb_lstm *l = j->l;
     int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(l, in + H);
-    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_best();
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
         mb__rk_a A = {j->x + c0 * in, j->a + c0 * H, in, H, in, H};
@@ -5500,7 +5530,7 @@ static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
 static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
     mb_lstm *l = j->l;
     int64_t H = l->H, mc = mb__rec_chunk(l, 4 * H);
-    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_best();
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
         for (int64_t r = c0; r < c0 + n; r++) /* reads dh (from step t+1) before the product overwrites it */

@@ -9,8 +9,9 @@
  * and the PyTorch peer alternately with the same setting.
  * MB_FUSED_BLOCKS=n: the LSTM's fused_blocks (GPU: -1 the per-step gemms, 1/2/4 the fused kernel
  * with that many blocks a row tile; default 0, the library's choice, printed as fused=).
- * MB_LSTM_KERNEL=avx512|avx2|c (CPU): the recurrence's product kernel instead of the widest this
- * CPU runs (an error where it cannot); the device name says which ran ("LSTM kernel ...").
+ * MB_LSTM_KERNEL=auto|avx512|avx2|c (CPU): the LSTM's own kernels (mb_device_config.cpu_kernel)
+ * instead of the widest this CPU runs (an error where it cannot); the device name says which
+ * ran ("LSTM kernel ...").
  * Peer: python3 bench/pytorch/lstm.py with the same arguments (--device cuda --amp on a
  * GPU: fp16 autocast, cuDNN). */
 #define MEGABATCH_IMPLEMENTATION
@@ -54,18 +55,15 @@ static int fail(const char *what) {
 
 static int keep_denormals;
 
-/* MB_LSTM_KERNEL: the CPU recurrence's kernel variant (benchmarks only: the library picks). */
-static int set_kernel(mb_device *dev) {
+/* MB_LSTM_KERNEL: the CPU LSTM's kernel variant (mb_device_config.cpu_kernel) into *out. */
+static int cpu_kernel(mb_cpu_kernel *out) {
+    static const char *const names[] = {"auto", "avx512", "avx2", "c"}; /* mb_cpu_kernel's order */
     const char *want = getenv("MB_LSTM_KERNEL");
-    if (!want || !*want || BACKEND != MB_CPU) return 0;
-    for (int v = 0; v < 3; v++)
-        if (!strcmp(want, mb__rk_variants[v].name) && mb__rk_supported(v)) {
-            mb__cpu(dev)->rk = &mb__rk_variants[v];
-            snprintf(strstr(dev->name, "LSTM kernel "), sizeof dev->name - (size_t)(strstr(dev->name, "LSTM kernel ") - dev->name),
-                     "LSTM kernel %s)", want);
-            return 0;
-        }
-    fprintf(stderr, "error: MB_LSTM_KERNEL=%s: not a kernel this CPU runs (avx512, avx2, c)\n", want);
+    *out = MB_CPU_KERNEL_AUTO;
+    if (!want || !*want) return 0;
+    for (int v = 0; v < 4; v++)
+        if (!strcmp(want, names[v])) { *out = (mb_cpu_kernel)v; return 0; }
+    fprintf(stderr, "error: MB_LSTM_KERNEL=%s: expected auto, avx512, avx2 or c\n", want);
     return 1;
 }
 
@@ -76,12 +74,13 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
     dc.backend = BACKEND; dc.threads = threads; dc.keep_denormals = keep_denormals;
+    if (BACKEND == MB_CPU && cpu_kernel(&dc.cpu_kernel)) return 1;
     mb_lstm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;
     cfg.max_steps = T; cfg.max_batch = B; cfg.precision = prec;
     cfg.fused_blocks = getenv("MB_FUSED_BLOCKS") ? atoi(getenv("MB_FUSED_BLOCKS")) : 0; /* GPU: force a path */
-    if (mb_device_open(&dev, &dc) || set_kernel(dev) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
+    if (mb_device_open(&dev, &dc) || mb_params_create(&p, dev) || mb_lstm_create(&l, p, &cfg) ||
         mb_params_finalize(p) || mb_params_init(p, 1))
         return fail("setup");
     float *x = dev_floats(dev, B * T * F, hashed, 0), *dl = dev_floats(dev, B * H, mean_grad, B * H);

@@ -15,6 +15,8 @@
 # "own" with OPENBLAS_CORETYPE unset (OpenBLAS's own pick), any other word with
 # OPENBLAS_CORETYPE set to it for that run alone; each gets its rows, and the kernels that
 # ran (OpenBLAS's core, megabatch's LSTM kernel avx512/avx2/c) are printed before the table.
+# A word CORE:K also runs megabatch's own LSTM kernels K (MB_LSTM_KERNEL=K: avx512, avx2, c;
+# the same results): "Haswell:avx2" is what a CPU without AVX-512 runs, on this one.
 # Needs build/bench/bench_lstm (make it first) and python3 with torch; PYTHON overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,9 +48,10 @@ us() { sed -n 's/.*fwd+bwd *\([0-9.]*\) us\/step.*/\1/p'; }
 for r in $(seq 1 "$rounds"); do
     for s in "${shapes[@]}"; do
         IFS=, read -r B T F H <<<"$s"
-        run_mb() { # OpenBLAS's kernel: own (OPENBLAS_CORETYPE unset) or that core type
+        run_mb() { # OpenBLAS's kernel: own (OPENBLAS_CORETYPE unset) or that core type[:our kernel]
             local o ct=$1 e=(env -u OPENBLAS_CORETYPE)
-            [ "$ct" = own ] || e=(env OPENBLAS_CORETYPE="$ct")
+            [ "${ct%%:*}" = own ] || e=(env OPENBLAS_CORETYPE="${ct%%:*}")
+            case $ct in *:*) e+=(MB_LSTM_KERNEL="${ct#*:}") ;; esac
             o=$("${e[@]}" $mb "${ftz[@]}" "$B" "$T" "$F" "$H" "$iters" f32 "$threads")
             echo "$o" | sed "s/^/  [$ct] /"
             echo "$s mb_full_$ct $(echo "$o" | sed -n 1p | us)" >>"$out"

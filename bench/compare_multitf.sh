@@ -6,7 +6,7 @@
 #       [--epochs E --batch B --hidden H --head D --lr X --threads T --max-batches M]
 #       [--precision f32|bf16|f16]   (megabatch's; default f32 on the CPU, f16 with --gpu,
 #                                     like the peers' fp16 autocast)
-#       [--rounds R] [--peers "seeds tuned"] [--no-ftz] [--coretypes "own Haswell"]
+#       [--rounds R] [--peers "seeds tuned"] [--no-ftz] [--coretypes "own Haswell Haswell:avx2"]
 #
 # CPU: both sides flush denormals (FTZ+DAZ: megabatch's default, torch.set_flush_denormal)
 # and use --threads threads (default 1); --no-ftz turns flushing off on both sides
@@ -22,7 +22,9 @@
 # Haswell"): "own" with OPENBLAS_CORETYPE unset (OpenBLAS's own pick for this CPU), any
 # other word with OPENBLAS_CORETYPE set to it for that run alone; each gets its rows in
 # the table, and its device line (OpenBLAS's core and megabatch's LSTM kernel: avx512,
-# avx2 or c) is printed. The variable is never changed outside those runs.
+# avx2 or c) is printed. The variable is never changed outside those runs. A word CORE:K
+# also runs megabatch's own LSTM kernels K (train_multitf --cpu-kernel K: avx512, avx2, c;
+# the same results): "Haswell:avx2" is what a CPU without AVX-512 runs, on this one.
 #
 # Without --train/--val it makes one synthetic dataset with build/prepare in $DATA_DIR
 # (default /tmp/mb_compare_multitf). CPU: build/train_multitf, torch --device cpu.
@@ -100,6 +102,8 @@ run() { # name, round, command...: echo it, run it, keep its output
 }
 # megabatch with OpenBLAS's kernel ct: own (the variable unset) or OPENBLAS_CORETYPE=ct
 corenv() { if [ "$1" = own ]; then echo "env -u OPENBLAS_CORETYPE"; else echo "env OPENBLAS_CORETYPE=$1"; fi; }
+# a --coretypes word CORE[:K]: --cpu-kernel K for K given
+mbkernel() { case $1 in *:*) echo "--cpu-kernel ${1#*:}" ;; esac; }
 [ "$gpu" = 1 ] && coretypes=own
 mbnames=()
 for ct in $coretypes; do mbnames+=("megabatch_$ct"); done
@@ -108,7 +112,8 @@ for p in $peers; do names+=("torch_$p"); done
 run_one() { # name, round
     case $1 in
         megabatch_*) # not --quiet: its device line names the kernels
-            run "$1" "$2" $(corenv "${1#megabatch_}") "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" ;;
+            local w=${1#megabatch_}
+            run "$1" "$2" $(corenv "${w%%:*}") "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" $(mbkernel "$w") ;;
         torch_*) run "$1" "$2" "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline "${1#torch_}" \
                      --device "$tdev" "${ftzflag[@]}" --quiet ;;
     esac

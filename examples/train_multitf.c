@@ -48,11 +48,12 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
     uint64_t seed;
     int world;          /* data parallel: ranks (set by trainer_open; part of a checkpoint's shape) */
     int no_ftz;         /* --no-ftz: the CPU keeps denormals */
+    mb_cpu_kernel cpu_kernel; /* --cpu-kernel: the CPU LSTM's own kernels (the same bits: not in the key) */
 } options;
 
 /* The options that shape a run, by their flags' names: a checkpoint holds them and a resume
- * must match them (mb_ckpt_key; not the paths, --quiet, --resume, --threads, --epochs,
- * --ckpt-every). A new option that shapes a run is one more entry, with the value that files
+ * must match them (mb_ckpt_key; not the paths, --quiet, --resume, --threads, --cpu-kernel,
+ * --epochs, --ckpt-every). A new option that shapes a run is one more entry, with the value that files
  * written before it hold as its `before`. */
 enum { OPTION_KEYS = 19 };
 static void options_key(const options *o, mb_ckpt_key *out) {
@@ -95,6 +96,7 @@ static const char usage[] =
     "            --precision f32|bf16|f16 [f32; bf16 on the GPU]  --seed S [1]  --max-batches N [0: all]\n"
     "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
     "            --no-ftz (the CPU keeps denormals; default: flushed to zero, FTZ+DAZ; no effect on the GPU)\n"
+    "            --cpu-kernel auto|avx512|avx2|c [auto: the widest the CPU runs; the same results; no effect on the GPU]\n"
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
@@ -123,7 +125,8 @@ static int outputs_writable(const options *o, const char *onnx) {
  * *onnx: --export-onnx, kept out of the options (a checkpoint holds those that shape the run). */
 static int parse_options(int argc, char **argv, options *o, const char **onnx) {
     static const char *const schedules[] = {"constant", "cosine", "onecycle", NULL}, *const losses[] = {"mse", "huber", NULL},
-                             *const precisions[] = {"f32", "bf16", "f16", NULL};
+                             *const precisions[] = {"f32", "bf16", "f16", NULL},
+                             *const kernels[] = {"auto", "avx512", "avx2", "c", NULL}; /* mb_cpu_kernel's order */
     memset(o, 0, sizeof *o);
     *onnx = NULL;
     o->train = "data/train.h5"; o->val = "data/val.h5";
@@ -149,7 +152,8 @@ static int parse_options(int argc, char **argv, options *o, const char **onnx) {
         {"--clip", MBA_F32, &o->clip, 0, 1e9, NULL}, {"--weight-decay", MBA_F32, &o->weight_decay, 0, 1, NULL},
         {"--chunk-fraction", MBA_F32, &o->chunk_fraction, 0.01, 0.95, NULL},
         {"--schedule", MBA_CHOICE, &o->schedule, 0, 0, schedules}, {"--loss", MBA_CHOICE, &o->loss, 0, 0, losses},
-        {"--precision", MBA_CHOICE, &o->precision, 0, 0, precisions}};
+        {"--precision", MBA_CHOICE, &o->precision, 0, 0, precisions},
+        {"--cpu-kernel", MBA_CHOICE, &o->cpu_kernel, 0, 0, kernels}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return mba_bad("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
@@ -345,6 +349,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     memset(&dc, 0, sizeof dc);
     dc.backend = BACKEND; dc.streams = 2 + MAX_SEG; dc.threads = o->threads; /* encoder s on stream 2 + s */
     dc.keep_denormals = o->no_ftz;
+    dc.cpu_kernel = o->cpu_kernel;
     dc.log.fn = mbt_log_warnings; dc.log.max = MB_LOG_WARN;
     dc.index = mb_dist_local_rank(t->dist); /* CUDA: one GPU per rank of this machine */
     MB_TRY(mb_device_open(&t->dev, &dc));

@@ -173,15 +173,16 @@ static void test_gradcheck_shapes(void **state) {
 
 typedef struct run_out { float *out, *hl, *hn, *cn, *grad, *dx, *dh0, *dc0; size_t np; } run_out;
 
-/* The CPU recurrence's kernel variant of the device run_model opens (-1: the device's pick;
- * else mb__rk_variants[v], which this CPU must run). */
+/* The CPU LSTM's kernel variant of the device run_model opens (-1: the device's pick;
+ * else mb__rk_variants[v], which this CPU must run), through mb_device_config.cpu_kernel. */
 static int run_variant = -1;
 
 static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtype prec, const float *pvals,
                          const float *x, const float *h0, const float *c0, const float *r1, const float *r2) {
     mb_device *dev;
-    tu_ok(mb_device_open(&dev, NULL));
-    if (run_variant >= 0) mb__cpu(dev)->rk = &mb__rk_variants[run_variant];
+    mb_device_config dc = {0};
+    dc.cpu_kernel = (mb_cpu_kernel)(run_variant + 1); /* -1: MB_CPU_KERNEL_AUTO */
+    tu_ok(mb_device_open(&dev, &dc));
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_params_create(&p, dev));
@@ -633,10 +634,10 @@ static void test_fexp_accuracy(void **state) {
  * the CPU lacks is left out (all skipped without AVX2). */
 static void test_rows_simd_bitwise(void **state) {
     (void)state;
-    if (!mb__lstm_avx2()) { skip(); return; }
+    if (!mb__rk_supported(1)) { skip(); return; } /* the rows need what the product variants need */
     mb__lstm_fwd_row_fn fwd[3] = {mb__lstm_fwd_row_base, mb__lstm_fwd_row_avx2, mb__lstm_fwd_row_avx512};
     mb__lstm_bwd_row_fn bwd[3] = {mb__lstm_bwd_row_base, mb__lstm_bwd_row_avx2, mb__lstm_bwd_row_avx512};
-    int nv = mb__lstm_avx512() ? 3 : 2;
+    int nv = mb__rk_supported(0) ? 3 : 2;
     for (int rep = 0; rep < 20; rep++) {
         int64_t H = tu_int(1, 70);
         size_t h4 = (size_t)(4 * H), h1 = (size_t)H;
@@ -755,9 +756,28 @@ static void test_rk_variants_bitwise(void **state) {
 }
 
 /* A whole LSTM (1-3 layers, full and checkpointed, random shapes) gives the same bits with
- * each kernel variant this CPU runs as with the portable C one. */
+ * each kernel variant this CPU runs (product and gate rows, picked by cpu_kernel) as with
+ * the portable C one. A variant this CPU lacks, or an unknown one, is refused at open. */
 static void test_lstm_kernel_variants_bitwise(void **state) {
     (void)state;
+    for (int v = -1; v <= 4; v++) {
+        mb_device *dev = NULL;
+        mb_device_config dc = {0};
+        dc.cpu_kernel = (mb_cpu_kernel)v;
+        mb_result r = mb_device_open(&dev, &dc);
+        if (v < 0 || v > 3) {
+            assert_int_equal(r, MB_ERR_INVALID_ARG);
+        } else if (v == 0 || mb__rk_supported(v - 1)) {
+            tu_ok(r);
+            char want[64];
+            snprintf(want, sizeof want, "LSTM kernel %s)", v ? mb__rk_variants[v - 1].name : mb__cpu(dev)->rk->name);
+            assert_non_null(strstr(mb_device_name(dev), want));
+        } else {
+            assert_int_equal(r, MB_ERR_UNSUPPORTED);
+        }
+        assert_true(r == MB_OK || dev == NULL);
+        mb_device_close(dev);
+    }
     for (int rep = 0; rep < 2; rep++) {
         shape s = {tu_int(1, 11), tu_int(3, 30), tu_int(1, 9), tu_int(1, 40), tu_int(1, 3)};
         int ck = rep ? tu_int(1, 8) : -1;
