@@ -7,6 +7,7 @@
 #       [--precision f32|bf16|f16]   (megabatch's; default f32 on the CPU, f16 with --gpu,
 #                                     like the peers' fp16 autocast)
 #       [--rounds R] [--peers "seeds tuned"] [--no-ftz] [--coretypes "own Haswell Haswell:avx2"]
+#       [--peer-isa avx2]
 #
 # CPU: both sides flush denormals (FTZ+DAZ: megabatch's default, torch.set_flush_denormal)
 # and use --threads threads (default 1); --no-ftz turns flushing off on both sides
@@ -25,6 +26,9 @@
 # avx2 or c) is printed. The variable is never changed outside those runs. A word CORE:K
 # also runs megabatch's own LSTM kernels K (train_multitf --cpu-kernel K: avx512, avx2, c;
 # the same results): "Haswell:avx2" is what a CPU without AVX-512 runs, on this one.
+# --peer-isa avx2 holds PyTorch to AVX2 as well (ATEN_CPU_CAPABILITY=avx2,
+# MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2 for its runs): with --coretypes
+# Haswell:avx2, both sides as on an AVX2 machine. Default: PyTorch's own pick.
 #
 # Without --train/--val it makes one synthetic dataset with build/prepare in $DATA_DIR
 # (default /tmp/mb_compare_multitf). CPU: build/train_multitf, torch --device cpu.
@@ -37,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 gpu=0 train= val= bars=60000 features=8 stride=30
-epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=1 maxb=0 prec= rounds=1 peers="seeds tuned" noftz=0
+epochs=2 batch=32 hidden=16 head=32 lr=2e-3 threads=1 maxb=0 prec= rounds=1 peers="seeds tuned" noftz=0 peerisa=
 coretypes="own Haswell"
 cmdline=$0
 if [ $# -gt 0 ]; then cmdline+=$(printf ' %q' "$@"); fi
@@ -60,6 +64,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift 2 ;;
         --peers) peers=$2; shift 2 ;;
         --no-ftz) noftz=1; shift ;;
+        --peer-isa) peerisa=$2; shift 2 ;;
         --coretypes) coretypes=$2; shift 2 ;;
         *) echo "error: unknown flag '$1' (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -94,6 +99,13 @@ trap 'rm -rf "$out"' EXIT
 
 echo "## commit $(git rev-parse --short HEAD); $(uname -m), $(nproc) cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 echo "## ftz=$([ "$noftz" = 1 ] && echo off || echo on) threads=$threads (both sides); rounds=$rounds"
+peerenv=()
+case $peerisa in
+    '') ;;
+    avx2) peerenv=(env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
+          echo "## PyTorch held to AVX2: ${peerenv[*]:1}" ;;
+    *) echo "error: --peer-isa '$peerisa': only avx2" >&2; exit 2 ;;
+esac
 echo "## load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 run() { # name, round, command...: echo it, run it, keep its output
     local name=$1 r=$2; shift 2
@@ -114,7 +126,7 @@ run_one() { # name, round
         megabatch_*) # not --quiet: its device line names the kernels
             local w=${1#megabatch_}
             run "$1" "$2" $(corenv "${w%%:*}") "$mb" "${common[@]}" --precision "$prec" "${ftzflag[@]}" $(mbkernel "$w") ;;
-        torch_*) run "$1" "$2" "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline "${1#torch_}" \
+        torch_*) run "$1" "$2" "${peerenv[@]}" "$py" bench/pytorch/multitf.py "${common[@]}" --pipeline "${1#torch_}" \
                      --device "$tdev" "${ftzflag[@]}" --quiet ;;
     esac
 }
@@ -143,6 +155,7 @@ echo
 echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head threads=$threads" \
      "ftz=$([ "$noftz" = 1 ] && echo off || echo on); megabatch $prec; $rounds round(s): median (min-max))"
 for m in "${mbnames[@]}"; do echo "## $m: $(grep -m1 '^device:' "$out/$m.1.txt")"; done
+[ "$gpu" = 1 ] || for p in $peers; do echo "## torch_$p: $(grep -m1 -o 'cpu_isa=[A-Za-z0-9_]*' "$out/torch_$p.1.txt")"; done
 printf '%-20s %-28s %12s %12s\n' pipeline samples/s val_loss baseline
 for n in "${names[@]}"; do
     sps=$(for r in $(seq 1 "$rounds"); do rate "$n.$r"; done | stat %.1f)

@@ -258,7 +258,7 @@ def main():
 
     print(f"device: {a.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}) torch {torch.__version__} "
           f"threads={torch.get_num_threads()} ftz={'off' if a.no_ftz else 'on'} pipeline={a.pipeline} "
-          f"amp={'fp16' if amp else 'off'}")
+          f"amp={'fp16' if amp else 'off'} cpu_isa={torch.backends.cpu.get_cpu_capability()}")
     print(f"data: {a.train} N={n} T={t} F={f} K={k}, {len(seg)} segments {seg}; params: {nparams} floats")
     step = samples = 0
     seconds = 0.0
@@ -301,7 +301,8 @@ def main():
               f"{samples / seconds:.0f} samples/s{mem}", flush=True)
     print(f"summary: epochs={a.epochs} steps={step} train_loss={train_loss:.5f} val_loss={val_loss:.5f} "
           f"baseline_val_loss={base:.5f} samples_per_s={samples / seconds if seconds > 0 else 0.0:.1f} "
-          f"threads={torch.get_num_threads()} ftz={'off' if a.no_ftz or cuda else 'on'}")
+          f"threads={torch.get_num_threads()} ftz={'off' if a.no_ftz or cuda else 'on'} "
+          f"cpu_isa={torch.backends.cpu.get_cpu_capability()}")
 
 
 if __name__ == "__main__":
