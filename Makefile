@@ -24,6 +24,8 @@
 CC      ?= cc
 CXX     ?= c++
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# Clang, where there is one: compile-checks also build and check the CPU rows with it
+CLANG   ?= $(shell command -v clang 2>/dev/null)
 PREFIX  ?= /usr/local
 CUDA_ARCHS ?= 90 80
 BUILD   := build
@@ -203,13 +205,23 @@ compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
                 $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
-                $(if $(NVCC),$(BUILD)/compile/cuda_open) $(BUILD)/compile/vectorized.ok
-# the CPU cell rows vectorize at -O3 (the flags the docs give users; CI's own builds are -O1)
+                $(if $(NVCC),$(BUILD)/compile/cuda_open) $(BUILD)/compile/vectorized.ok \
+                $(if $(CLANG),$(BUILD)/compile/vectorized_clang.ok $(BUILD)/compile/test_lstm_clang)
+# the CPU cell rows vectorize at -O3 (the flags the docs give users; CI's own builds are -O1),
+# with $(CC) and, where there is one, Clang; under Clang the LSTM tests (its rows' bits) too
 $(BUILD)/compile/vectorized.ok: tests/compile/tu_impl.c tests/compile/vectorized.sh $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O3 -I. $(DEP_CFLAGS) -c -o $(BUILD)/compile/vectorized.o $<
 	sh tests/compile/vectorized.sh $(BUILD)/compile/vectorized.o
 	@touch $@
+$(BUILD)/compile/vectorized_clang.ok: tests/compile/tu_impl.c tests/compile/vectorized.sh $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c11 -O3 -I. $(DEP_CFLAGS) -c -o $(BUILD)/compile/vectorized_clang.o $<
+	sh tests/compile/vectorized.sh $(BUILD)/compile/vectorized_clang.o
+	@touch $@
+$(BUILD)/compile/test_lstm_clang: tests/test_lstm.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c11 $(WARN) -O3 -I. -Itests $(DEP_CFLAGS) -pthread -o $@ $< $(CMOCKA_LIBS) $(DEP_LIBS)
 $(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iexamples -o $@ $< $(DEP_LIBS)
@@ -258,7 +270,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export MB_TEST_JOBS ?= $(JOBS)
 test:
 	@$(MAKE) --no-print-directory -j$(JOBS) build
-	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict; do \
+	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict \
+	          $(if $(CLANG),$(BUILD)/compile/test_lstm_clang); do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
 	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 

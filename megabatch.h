@@ -4755,7 +4755,23 @@ MB__OPS_END
  * the CPU has no FMA instruction, fmaf is libm's (exact, slower).
  * sigmoid = 1/(1+exp(-z)); tanh = 1 - 2/(exp(2z)+1), absolute error about 2e-7. The same
  * code runs in the CUDA kernels. */
-static inline MB__HD float mb__fexp(float x) {
+/* At the top of the cell's functions: no contraction of a * b + c into an fma where they are
+ * inlined into rows built for an FMA target. Clang contracts within an expression by default,
+ * and only this pragma (not an attribute) stops it; GCC's rows turn it off by attribute. */
+/* MB__CELL_FN: how they are declared; always inlined (the row loops vectorize only with the
+ * cell inside; Clang's inliner left the call out of line, measured: 100 ns a cell). */
+#if defined(__clang__) && !defined(__CUDACC__)
+#define MB__NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define MB__NO_CONTRACT
+#endif
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define MB__CELL_FN static inline __attribute__((always_inline))
+#else
+#define MB__CELL_FN static inline MB__HD
+#endif
+MB__CELL_FN float mb__fexp(float x) {
+    MB__NO_CONTRACT
     x = -87.0f > x ? -87.0f : x; /* the comparisons are false for NaN */
     x = 87.0f < x ? 87.0f : x;
     float k = fmaf(x, 1.44269504f, 12582912.0f), n = k - 12582912.0f; /* k's low bits: n */
@@ -4777,13 +4793,20 @@ static inline MB__HD float mb__fexp(float x) {
     e.u = (e.u & ~m) | (nan.u & m);
     return e.f;
 }
-static inline MB__HD float mb__fsigmoid(float z) { return 1.0f / (1.0f + mb__fexp(-z)); }
-static inline MB__HD float mb__ftanh(float z) { return 1.0f - 2.0f / (mb__fexp(2.0f * z) + 1.0f); }
+MB__CELL_FN float mb__fsigmoid(float z) {
+    MB__NO_CONTRACT
+    return 1.0f / (1.0f + mb__fexp(-z));
+}
+MB__CELL_FN float mb__ftanh(float z) {
+    MB__NO_CONTRACT
+    return 1.0f - 2.0f / (mb__fexp(2.0f * z) + 1.0f);
+}
 
 /* One LSTM cell, element j of row b: the same math on the CPU and in the CUDA kernels.
  * g4 points at the row's 4H pre-activations (overwritten with i, f, g, o). */
-static inline MB__HD void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, float bias_i, float bias_f,
-                                            float bias_g, float bias_o, float c_prev, float *c, float *h) {
+MB__CELL_FN void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, float bias_i, float bias_f,
+                                   float bias_g, float bias_o, float c_prev, float *c, float *h) {
+    MB__NO_CONTRACT
     float i = mb__fsigmoid(g4[j] + bias_i);
     float f = mb__fsigmoid(g4[H + j] + bias_f);
     float g = mb__ftanh(g4[2 * H + j] + bias_g);
@@ -4797,8 +4820,9 @@ static inline MB__HD void mb__lstm_cell_fwd(float *g4, int64_t H, int64_t j, flo
 /* Backward of one cell: a4 the activated gates, dh the gradient w.r.t. h_t, *dc in: the
  * gradient w.r.t. c_t from step t+1, out: w.r.t. c_{t-1}. Writes the 4 pre-activation
  * gradients to d4. */
-static inline MB__HD void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float c_prev, float c,
-                                            float dh, float *dc, float *d4) {
+MB__CELL_FN void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float c_prev, float c,
+                                   float dh, float *dc, float *d4) {
+    MB__NO_CONTRACT
     float i = a4[j], f = a4[H + j], g = a4[2 * H + j], o = a4[3 * H + j];
     float tc = mb__ftanh(c);
     float dcv = *dc + dh * o * (1.0f - tc * tc);
@@ -5028,12 +5052,12 @@ static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log
 #else
 #define MB__NOINLINE
 #endif
-/* The row functions are compiled three times on x86 with GCC: for the baseline (SSE2, 4
- * lanes), for AVX2 + FMA (8 lanes; the default build targets plain x86-64) and for AVX-512
- * (16 lanes; Clang: not built, its AVX2 rows run), picked at run time. With contraction off
- * in the two wide ones (ISO C's default, forced there), the three compute the same
- * operations, mb__fexp's explicit fmaf included, so the same bits (tested; perf: the SSE2
- * forward row was 33% of a CPU step at H = 64). */
+/* The row functions are compiled three times on x86 with GCC or Clang: for the baseline
+ * (SSE2, 4 lanes), for AVX2 + FMA (8 lanes; the default build targets plain x86-64) and for
+ * AVX-512 (16 lanes); the device's kernel variant picks one (mb__cpu_ctx.kernel). With
+ * contraction off in all (ISO C's default, forced there), the three compute the same
+ * operations, mb__fexp's explicit fmaf included, so the same bits (tested, with GCC and
+ * Clang; tests/compile/vectorized.sh checks that the wide ones vectorize). */
 typedef void (*mb__lstm_fwd_row_fn)(int64_t, float *MB__RESTRICT, const float *MB__RESTRICT,
                                     const float *MB__RESTRICT, const float *MB__RESTRICT, float *MB__RESTRICT,
                                     float *MB__RESTRICT);
@@ -5066,19 +5090,18 @@ typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const fl
             dc[j] = dcj;                                                                                         \
         }                                                                                                        \
     }
+/* No contraction in any: GCC's (its default outside ISO C modes) by attribute, Clang's by
+ * MB__NO_CONTRACT in the cell's functions. */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define MB__ROWS_ATTR(t) __attribute__((target(t), optimize("fp-contract=off")))
+MB__LSTM_ROWS(_base, __attribute__((optimize("fp-contract=off"))))
+#else
+#define MB__ROWS_ATTR(t) __attribute__((target(t)))
 MB__LSTM_ROWS(_base, )
+#endif
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
-#if !defined(__clang__) /* contraction (GCC's default outside ISO C modes) is turned off in both */
-MB__LSTM_ROWS(_avx2, __attribute__((target("avx2,fma"), optimize("fp-contract=off"))))
-#else /* Clang would contract inside the inlined cell: no FMA target (fmaf calls libm there) */
-MB__LSTM_ROWS(_avx2, __attribute__((target("avx2"))))
-#endif
-#if !defined(__clang__)
-MB__LSTM_ROWS(_avx512, __attribute__((target("avx512f"), optimize("fp-contract=off"))))
-#else /* Clang contracts inside the inlined cell unless told so file-wide: its AVX2 rows */
-#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_avx2
-#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_avx2
-#endif
+MB__LSTM_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
+MB__LSTM_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
 #else
 #define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
 #define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
