@@ -4,7 +4,7 @@
 # "elementwise operations"), and nothing else says when they stop being: a float select
 # that GCC keeps as a branch made the AVX2 rows scalar, 3.4x slower, and Clang's inliner
 # left the cell out of line (25x), with every test green. This reads the disassembly of
-# OBJECT (the implementation compiled at -O3 for x86-64, by GCC or Clang) and fails unless
+# OBJECT (the implementation compiled at -O2 for x86-64, by GCC or Clang) and fails unless
 # the AVX2 rows use packed 8-lane FMAs (ymm) and the AVX-512 rows packed 16-lane ones
 # (zmm). On another CPU, or where the rows are not built (nvcc), it says so and passes.
 set -eu
