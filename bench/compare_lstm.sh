@@ -78,11 +78,11 @@ ratio() { # shape, numerator key, denominator key: per-round ratios
           <(awk -v s="$1" -v k="$3" '$1 == s && $2 == k { print $3 }' "$out") | awk '{ printf "%.3f\n", $1 / $2 }'
 }
 sort -u "$out.kernels" | sed 's/^/## kernels: /'
-printf '%-18s %-9s %-24s %-24s %-24s %-22s %-20s\n' "B,T,F,H" "OpenBLAS" "megabatch full us/step" \
+printf '%-18s %-13s %-24s %-24s %-24s %-22s %-20s\n' "B,T,F,H" "OpenBLAS" "megabatch full us/step" \
     "checkpointed us/step" "PyTorch us/step" "speedup (PyTorch/mb)" "ckpt/full"
 for s in "${shapes[@]}"; do
     for ct in $coretypes; do
-        printf '%-18s %-9s %-24s %-24s %-24s %-22s %-20s\n' "$s" "$ct" \
+        printf '%-18s %-13s %-24s %-24s %-24s %-22s %-20s\n' "$s" "$ct" \
             "$(awk -v s="$s" -v k="mb_full_$ct" '$1 == s && $2 == k { print $3 }' "$out" | stat)" \
             "$(awk -v s="$s" -v k="mb_ckpt_$ct" '$1 == s && $2 == k { print $3 }' "$out" | stat)" \
             "$(awk -v s="$s" '$1 == s && $2 == "torch" { print $3 }' "$out" | stat)" \

@@ -156,13 +156,13 @@ echo "## table ($tdev; epochs=$epochs batch=$batch hidden=$hidden head=$head thr
      "ftz=$([ "$noftz" = 1 ] && echo off || echo on); megabatch $prec; $rounds round(s): median (min-max))"
 for m in "${mbnames[@]}"; do echo "## $m: $(grep -m1 '^device:' "$out/$m.1.txt")"; done
 [ "$gpu" = 1 ] || for p in $peers; do echo "## torch_$p: $(grep -m1 -o 'cpu_isa=[A-Za-z0-9_]*' "$out/torch_$p.1.txt")"; done
-printf '%-20s %-28s %12s %12s\n' pipeline samples/s val_loss baseline
+printf '%-24s %-28s %12s %12s\n' pipeline samples/s val_loss baseline
 for n in "${names[@]}"; do
     sps=$(for r in $(seq 1 "$rounds"); do rate "$n.$r"; done | stat %.1f)
-    printf '%-20s %-28s %12s %12s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)"
+    printf '%-24s %-28s %12s %12s\n' "$n" "$sps" "$(field "$n.1" val_loss)" "$(field "$n.1" baseline_val_loss)"
 done
 echo
-printf '%-40s %-24s\n' "ratio (samples/s, per round)" "median (min-max)"
+printf '%-44s %-24s\n' "ratio (samples/s, per round)" "median (min-max)"
 for m in "${mbnames[@]}"; do
     for n in "${names[@]}"; do
         case $n in megabatch_*) continue ;; esac
@@ -170,6 +170,6 @@ for m in "${mbnames[@]}"; do
                   awk -v a="$(rate "$m.$r")" -v b="$(rate "$n.$r")" \
                       'BEGIN { printf "%.3f\n", (b > 0 ? a / b : 0) }'
               done | stat %.2f)
-        printf '%-40s %-24s\n' "$m / $n" "${rat}x"
+        printf '%-44s %-24s\n' "$m / $n" "${rat}x"
     done
 done
