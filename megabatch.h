@@ -5150,7 +5150,8 @@ static mb_result mb__cpu_copy3(mb_device *dev, int stream, float *dst, int64_t d
     return MB_OK;
 }
 
-static mb_result mb__cpu_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
+/* y += x; they never overlap (restrict: vectorized at -O2 too, without an alias check) */
+static mb_result mb__cpu_add(mb_device *dev, int stream, float *MB__RESTRICT y, const float *MB__RESTRICT x, size_t n) {
     (void)dev; (void)stream;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
     return MB_OK;
@@ -5182,7 +5183,7 @@ static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1
     return l->dev->be->lstm->copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
-static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x */
+static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x, not overlapping */
     return l->dev->be->lstm->add(l->dev, l->cfg.stream, y, x, n);
 }
 
