@@ -55,7 +55,7 @@ DEP_LIBS   += -Xlinker -rpath='$$ORIGIN/lib' -Xlinker --disable-new-dtags
 endif
 
 WARN    := -Wall -Wextra -Werror -pedantic
-CFLAGS  ?= -O3 -g   # -O3: the LSTM cell loops vectorize (GCC 12 does not at -O2)
+CFLAGS  ?= -O3 -g   # the LSTM cell loops vectorize at -O2 too (tests/compile/vectorized.sh)
 ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
 CXXFLAGS ?= -O3 -g
 ALL_CXXFLAGS := -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
