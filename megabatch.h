@@ -4744,6 +4744,23 @@ MB__OPS_END
 
 // ---- lstm ----
 
+/* The cell's functions below are declared MB__CELL_FN: always inlined (the row loops
+ * vectorize only with the cell inside; Clang's inliner left the call out of line, measured:
+ * 100 ns a cell). MB__NO_CONTRACT, at the top of each, keeps a * b + c from becoming an fma
+ * where they are inlined into rows built for an FMA target: Clang contracts within an
+ * expression by default, and only this pragma (not an attribute) stops it; GCC's rows turn
+ * contraction off by attribute. */
+#if defined(__clang__) && !defined(__CUDACC__)
+#define MB__NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define MB__NO_CONTRACT
+#endif
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define MB__CELL_FN static inline __attribute__((always_inline))
+#else
+#define MB__CELL_FN static inline MB__HD
+#endif
+
 /* Gate nonlinearities without library calls or float branches, so that the CPU cell
  * loops vectorize (libm's expf/tanhf calls were most of a CPU step at small H).
  * exp: x clamped to [-87, 87] by comparisons that let NaN through (NaN in, NaN out), n =
@@ -4755,21 +4772,6 @@ MB__OPS_END
  * the CPU has no FMA instruction, fmaf is libm's (exact, slower).
  * sigmoid = 1/(1+exp(-z)); tanh = 1 - 2/(exp(2z)+1), absolute error about 2e-7. The same
  * code runs in the CUDA kernels. */
-/* At the top of the cell's functions: no contraction of a * b + c into an fma where they are
- * inlined into rows built for an FMA target. Clang contracts within an expression by default,
- * and only this pragma (not an attribute) stops it; GCC's rows turn it off by attribute. */
-/* MB__CELL_FN: how they are declared; always inlined (the row loops vectorize only with the
- * cell inside; Clang's inliner left the call out of line, measured: 100 ns a cell). */
-#if defined(__clang__) && !defined(__CUDACC__)
-#define MB__NO_CONTRACT _Pragma("clang fp contract(off)")
-#else
-#define MB__NO_CONTRACT
-#endif
-#if defined(__GNUC__) && !defined(__CUDACC__)
-#define MB__CELL_FN static inline __attribute__((always_inline))
-#else
-#define MB__CELL_FN static inline MB__HD
-#endif
 MB__CELL_FN float mb__fexp(float x) {
     MB__NO_CONTRACT
     x = -87.0f > x ? -87.0f : x; /* the comparisons are false for NaN */
