@@ -1610,8 +1610,8 @@ struct mb_device {
 typedef struct mb__cpu_ctx {
     int threads;              /* threads for BLAS and for mb_lstm_*_many */
     struct mb__pool *pool;    /* threads-1 persistent workers (NULL: none) */
-    int kernel;               /* its LSTM kernels' variant: 0 AVX-512, 1 AVX2+FMA, 2 portable C */
-    const struct mb__rk *rk;  /* the LSTM recurrence's product kernel (gemm) of that variant */
+    int kernel;               /* its LSTM kernels' variant: 0 AVX-512, 1 AVX2+FMA, 2 portable C (the
+                                 product: mb__rk_of(kernel), gemm; the gate rows: mb__lstm_*_row_of) */
 } mb__cpu_ctx;
 /* The CPU state of a CPU device; NULL on any other. */
 static mb__cpu_ctx *mb__cpu(const mb_device *dev) {
@@ -1811,9 +1811,8 @@ static mb_result mb__cpu_open(mb_device *dev) {
         return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: cpu_kernel %d: this CPU or build does "
                        "not run it", (int)dev->cfg.cpu_kernel);
     }
-    cx->rk = mb__rk_of(cx->kernel);
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
-             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(cx->rk));
+             dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(mb__rk_of(cx->kernel)));
     mb_result r = mb__pool_open(dev, threads - 1);
     if (r != MB_OK) mb__cpu_close(dev);
     return r;
@@ -5457,7 +5456,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     int ck = l->cfg.checkpoint;
     l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->fused = mb__lstm_fused_on(l);
-    l->rk = l->op == MB_F32 && mb__cpu(dev) ? mb__cpu(dev)->rk : NULL; /* the CPU's own recurrence (f32) */
+    l->rk = l->op == MB_F32 && mb__cpu(dev) ? mb__rk_of(mb__cpu(dev)->kernel) : NULL; /* the CPU's own recurrence */
     if (cfg->fused_blocks > 0 && !l->fused) {
         mb_result e = MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence "
                               "with %d blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 "
