@@ -26,7 +26,7 @@ static const tool tools[] = {
      {"--train", "--val", "--metrics", "--plot", "--ckpt", "--ckpt-every", "--epochs", "--batch", "--hidden", "--head",
       "--layers", "--accum", "--threads", "--checkpoint-k", "--max-batches", "--warmup", "--seed", "--lr", "--clip",
       "--weight-decay", "--chunk-fraction", "--schedule", "--precision", "--loss", "--export", "--init",
-      "--export-onnx"},
+      "--export-onnx", "--cpu-kernel"},
      {"--carry", "--quiet", "--resume", "--no-ftz"}},
     {"build/inspect", {"--gpu-mem", "--batch", "--dtype"}, {"--no-probe"}},
     {"build/predict", {"--model", "--data", "--out", "--csv", "--batch", "--threads", "--to-onnx"},

@@ -177,6 +177,7 @@ static void test_bad_flags_and_data(void **state) {
         {"--schedule linear", "expected constant, cosine or onecycle"},
         {"--loss l1", "expected mse or huber"},
         {"--precision f8", "expected f32, bf16 or f16"},
+        {"--cpu-kernel sse", "expected auto, avx512, avx2 or c"},
         {"--train /nonexistent.h5", "/nonexistent.h5"},
         {"--train /etc/hostname", "/etc/hostname"},
         {"--resume", "need --ckpt FILE"},
