@@ -4836,14 +4836,14 @@ MB__CELL_FN void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float 
 
 /* The backend's lstm group: a step's gates forward (g: the pre-activations in, activated out;
  * need_h 0: h may be left unwritten, a recompute) and backward (dh = dh_rec + dout), strided
- * rows (mb__lstm_copy3), y += x, y = v. On the LSTM's stream. */
+ * rows (mb__lstm_copy3: f32 in, dt out), y += x, y = v. On the LSTM's stream. */
 typedef struct mb__lstm_ops {
     mb_result (*fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
                            const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
     mb_result (*bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a, const float *c_prev,
                            const float *c, const float *dh_rec, const float *dout, float *dc, float *dg);
-    mb_result (*copy3)(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
-                       int64_t ss1, int64_t n0, int64_t n1, int64_t d);
+    mb_result (*copy3)(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src,
+                       int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d);
     mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
     mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
 } mb__lstm_ops;
@@ -4866,8 +4866,10 @@ typedef struct mb__fused_desc {
     const void *whh;       /* (4H, H) in the operand type */
     const float *bih, *bhh;
     const float *dout;     /* backward: (T, B, H) gradient w.r.t. the outputs */
-    float *dg;             /* backward: (T, B, 4H) gate gradients */
+    float *dg;             /* backward: (T, B, 4H) gate gradients in f32, NULL in bf16/f16 */
     void *dg_op;           /* backward: dg in the operand type, NULL in f32 */
+    float *dsum;           /* backward: (B, 4H) each row's gate gradients summed over the steps, from
+                              t = T-1 down (the bias gradients' source) */
     float *dh0, *dc0;      /* backward: (B, H) */
     int B, T, H, tile0;    /* tile0: the first block of this layer in the launch */
 } mb__fused_desc;
@@ -4978,12 +4980,16 @@ static int mb__lstm_fused_choice(mb_device *dev, int64_t H, mb_dtype op, int for
 }
 
 /* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps
- * (T*B, F), gate gradients (T*B, 4H), T*B ones, and in bf16/f16 the operand copies of the
- * first two. SIZE_MAX on overflow. */
+ * (T*B, F) in f32 and the gate gradients (T*B, 4H) in the operand type, in bf16/f16 x's
+ * operand copy too, and each row's gate gradients summed over the steps (B, 4H). SIZE_MAX on
+ * overflow. */
 static size_t mb__lstm_fused_bytes(int64_t B, int64_t T, int64_t F, int64_t H, mb_dtype op) {
-    size_t rows, out, w = (size_t)F + 4 * (size_t)H, es = op == MB_F32 ? 0 : mb_dtype_size(op);
-    if (!mb_size_mul((size_t)B, (size_t)T, &rows)) return SIZE_MAX;
-    return mb_size_mul(rows, (w + 1) * sizeof(float) + w * es, &out) ? out : SIZE_MAX;
+    size_t rows, a, b, out, es = mb_dtype_size(op);
+    size_t row = (size_t)F * (sizeof(float) + (op == MB_F32 ? 0 : es)) + 4 * (size_t)H * es; /* a row of all steps */
+    if (!mb_size_mul((size_t)B, (size_t)T, &rows) || !mb_size_mul(rows, row, &a) ||
+        !mb_size_mul((size_t)B, 4 * (size_t)H * sizeof(float), &b) || !mb_size_add(a, b, &out))
+        return SIZE_MAX;
+    return out;
 }
 
 struct mb_lstm;
@@ -5033,8 +5039,10 @@ struct mb_lstm {
     int have_fwd, have_state;
     int fused;                     /* the fused recurrence runs this LSTM with that many blocks a row tile
                                       (section "the fused recurrence"); 0: the per-step gemms */
-    float *xall, *dgs, *ones_all;  /* fused: (T*B, F) x, (T*B, 4H) gate gradients, T*B ones */
-    void *xall_lp, *dgs_lp;        /* fused, low precision: their operand copies */
+    float *xall, *dgs, *dsum;      /* fused: (T*B, F) x, (T*B, 4H) gate gradients (f32 only), (B, 4H)
+                                      each row's gate gradients summed over the steps */
+    void *xall_lp, *dgs_lp;        /* fused, low precision: x's operand copy, the gate gradients */
+    int x_kept;                    /* fused: xall (xall_lp) holds the last forward's x */
     const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
     float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
     float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
@@ -5143,11 +5151,16 @@ static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, i
     return MB_OK;
 }
 
-static mb_result mb__cpu_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src,
-                               int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+static mb_result mb__cpu_copy3(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                               const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
     (void)dev; (void)stream;
     for (int64_t i = 0; i < n0; i++)
-        for (int64_t j = 0; j < n1; j++) memcpy(dst + i * ds0 + j * ds1, src + i * ss0 + j * ss1, (size_t)d * sizeof(float));
+        for (int64_t j = 0; j < n1; j++) {
+            const float *a = src + i * ss0 + j * ss1;
+            size_t o = (size_t)(i * ds0 + j * ds1);
+            if (dt == MB_F32) memcpy((float *)dst + o, a, (size_t)d * sizeof(float));
+            else for (int64_t q = 0; q < d; q++) mb__store(dst, dt, o + (size_t)q, a[q]);
+        }
     return MB_OK;
 }
 
@@ -5177,11 +5190,12 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
 }
 
 /* Rows of d floats: row (i, j) for i < n0, j < n1 goes from src + i*ss0 + j*ss1 to
- * dst + i*ds0 + j*ds1. With the strides swapped this is the batch-major <-> time-major
- * transpose, of a whole sequence or of one block of steps. */
-static mb_result mb__lstm_copy3(mb_lstm *l, float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
-                                int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    return l->dev->be->lstm->copy3(l->dev, l->cfg.stream, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
+ * dst + i*ds0 + j*ds1 (strides in elements), converted to dt (an input's operand copy in
+ * one pass). With the strides swapped this is the batch-major <-> time-major transpose, of a
+ * whole sequence or of one block of steps. */
+static mb_result mb__lstm_copy3(mb_lstm *l, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src,
+                                int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return l->dev->be->lstm->copy3(l->dev, l->cfg.stream, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
 static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x, not overlapping */
@@ -5648,9 +5662,9 @@ static mb_result mb__lstm_rec_pack(mb_lstm *l, int k, int backward) {
 static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const void **rows) {
     int64_t B = l->B, F = l->F;
     if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), (a + 1) * B * l->H); return MB_OK; }
-    *rows = l->op == MB_F32 ? (const void *)l->xblk : l->x_lp;
-    MB_TRY(mb__lstm_copy3(l, l->xblk, F, B * F, l->x + a * F, l->xs, F, B, n, F));
-    return mb__lstm_round(l, l->x_lp, l->xblk, (size_t)(n * B * F));
+    void *dst = l->op == MB_F32 ? (void *)l->xblk : l->x_lp;
+    *rows = dst;
+    return mb__lstm_copy3(l, dst, l->op, F, B * F, l->x + a * F, l->xs, F, B, n, F);
 }
 
 /* Layer k's weights as gemm operands: the f32 parameters w, or their low-precision copies. */
@@ -5795,7 +5809,7 @@ static mb_result mb__lstm_forward_end(mb_lstm *l, float *out_seq, float *h_last)
         MB_TRY(mb__lstm_copy(l, l->cn + k * bh, mb__lstm_c_last(l, k), bh));
     }
     const float *top = l->layer[l->L - 1].hs;
-    if (out_seq) MB_TRY(mb__lstm_copy3(l, out_seq, l->H, T * l->H, top + bh, (int64_t)bh, l->H, T, B, l->H));
+    if (out_seq) MB_TRY(mb__lstm_copy3(l, out_seq, MB_F32, l->H, T * l->H, top + bh, (int64_t)bh, l->H, T, B, l->H));
     if (h_last) MB_TRY(mb__lstm_copy(l, h_last, top + T * bh, bh));
     l->have_fwd = 1;
     l->have_state = 1;
@@ -5845,8 +5859,8 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
                     took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows
                     in order (the block fixes the bits) */
         int64_t wd = in + H;
-        MB_TRY(mb__lstm_copy3(l, l->wgx, 0, wd, (const float *)x, 0, in, 1, rows, in));
-        MB_TRY(mb__lstm_copy3(l, l->wgx + in, 0, wd, (const float *)hp, 0, H, 1, rows, H));
+        MB_TRY(mb__lstm_copy3(l, l->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
+        MB_TRY(mb__lstm_copy3(l, l->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
         MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, gb, 4 * H, l->wgx, wd, 0.0f, l->wgs, wd));
         for (int64_t m = 0; m < 4 * H; m++) {
             mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, l->wgs + m * wd, (size_t)in);
@@ -5865,7 +5879,7 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
     float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
     if (k) return MB_OK;
-    return mb__lstm_copy3(l, d_in + t0 * in, l->xs, in, l->xblk, in, B * in, B, nb, in);
+    return mb__lstm_copy3(l, d_in + t0 * in, MB_F32, l->xs, in, l->xblk, in, B * in, B, nb, in);
 }
 
 /* Steps [s0, s1) of layer k backwards, given their gates g (rows from the block start of
@@ -5930,7 +5944,7 @@ static mb_result mb__lstm_backward_begin(mb_lstm *l, const float *dh_last, const
     int64_t B = l->B, T = l->T, H = l->H;
     size_t bh = (size_t)(B * H);
     float *dout = mb__lstm_dout(l, l->L - 1);
-    if (dout_seq) MB_TRY(mb__lstm_copy3(l, dout, H, B * H, dout_seq, T * H, H, B, T, H));
+    if (dout_seq) MB_TRY(mb__lstm_copy3(l, dout, MB_F32, H, B * H, dout_seq, T * H, H, B, T, H));
     else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
     if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
     return MB_OK;
@@ -6086,33 +6100,35 @@ static int mb__lstm_fused_on(const mb_lstm *l) {
     return l->kmax == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
 }
 
-/* All steps' x gathered time-major (T*B, F) with its operand copy, gate gradients of all
- * steps (T*B, 4H) with theirs, and T*B ones for the bias gradients: mb__lstm_fused_bytes,
- * which the GPU's full-storage default counts. */
+/* All steps' x gathered time-major (T*B, F) with its operand copy, the gate gradients of all
+ * steps (T*B, 4H) in the operand type (f32 in f32: they are the gemms' operand as they are),
+ * and their sums over the steps (B, 4H), from which the bias gradients come:
+ * mb__lstm_fused_bytes, which the GPU's full-storage default counts. */
 static mb_result mb__lstm_fused_alloc(mb_lstm *l) {
     size_t rows = (size_t)(l->maxT * l->maxB), es = mb_dtype_size(l->op);
     MB_TRY(mb__lstm_alloc(l, &l->xall, rows * (size_t)l->F));
-    MB_TRY(mb__lstm_alloc(l, &l->dgs, rows * 4 * (size_t)l->H));
-    MB_TRY(mb__lstm_alloc(l, &l->ones_all, rows));
-    if (l->op != MB_F32) {
-        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * (size_t)l->F * es, &l->xall_lp));
-        MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * 4 * (size_t)l->H * es, &l->dgs_lp));
-    }
-    return mb__lstm_fill(l, l->ones_all, 1.0f, rows);
+    MB_TRY(mb__lstm_alloc(l, &l->dsum, (size_t)l->maxB * 4 * (size_t)l->H));
+    if (l->op == MB_F32) return mb__lstm_alloc(l, &l->dgs, rows * 4 * (size_t)l->H);
+    MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * (size_t)l->F * es, &l->xall_lp));
+    return mb_alloc(l->dev, MB_MEM_DEVICE, rows * 4 * (size_t)l->H * es, &l->dgs_lp);
 }
 
 static void mb__lstm_fused_free(mb_lstm *l) {
-    mb_free(l->dev, l->xall); mb_free(l->dev, l->dgs); mb_free(l->dev, l->ones_all);
+    mb_free(l->dev, l->xall); mb_free(l->dev, l->dgs); mb_free(l->dev, l->dsum);
     mb_free(l->dev, l->xall_lp); mb_free(l->dev, l->dgs_lp);
 }
 
-/* Layer k's input rows of all T steps (T*B, in) as gemm operands. */
-static mb_result mb__lstm_fused_input(mb_lstm *l, int k, const void **rows) {
+/* Layer k's input rows of all T steps (T*B, in) as gemm operands. Layer 0's are the caller's
+ * x gathered time-major by the forward; the backward gathers them again only where layer 0's
+ * d_in has used xall as its scratch since (f32). */
+static mb_result mb__lstm_fused_input(mb_lstm *l, int k, int backward, const void **rows) {
     int64_t B = l->B, F = l->F;
     if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), B * l->H); return MB_OK; }
-    *rows = l->op == MB_F32 ? (const void *)l->xall : l->xall_lp;
-    MB_TRY(mb__lstm_copy3(l, l->xall, F, B * F, l->x, l->xs, F, B, l->T, F));
-    return mb__lstm_round(l, l->xall_lp, l->xall, (size_t)(l->T * B * F));
+    void *dst = l->op == MB_F32 ? (void *)l->xall : l->xall_lp;
+    *rows = dst;
+    if (backward && l->x_kept) return MB_OK;
+    l->x_kept = 1;
+    return mb__lstm_copy3(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F);
 }
 
 /* The input projection of all steps: gates = x W_ih^T, one gemm. */
@@ -6122,7 +6138,7 @@ static mb_result mb__lstm_fused_project(mb_lstm *l, int k) {
     const void *wih, *whh, *x;
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
     mb__lstm_w_ops(l, k, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, k, &x));
+    MB_TRY(mb__lstm_fused_input(l, k, 0, &x));
     return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[k].gates, 4 * l->H);
 }
 
@@ -6136,7 +6152,7 @@ static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb
     memset(d, 0, sizeof *d);
     d->g = y->gates; d->cs = y->cs; d->hs = y->hs; d->hs_op = l->op == MB_F32 ? NULL : y->hs_lp;
     d->whh = whh; d->bih = w[MB__LSTM_BIH]; d->bhh = w[MB__LSTM_BHH];
-    d->dout = dout; d->dg = l->dgs; d->dg_op = l->op == MB_F32 ? NULL : l->dgs_lp;
+    d->dout = dout; d->dg = l->dgs; d->dg_op = l->op == MB_F32 ? NULL : l->dgs_lp; d->dsum = l->dsum;
     d->dh0 = l->dh; d->dc0 = l->dc;
     d->B = (int)l->B; d->T = (int)l->T; d->H = (int)l->H;
     return MB_OK;
@@ -6183,8 +6199,9 @@ static mb_result mb__lstm_fused_layer_forward(mb_lstm *l, int k) {
     return mb__lstm_fused_run(&l, NULL, 1, k, 0);
 }
 
-/* After the backward recurrence of layer k: dW_ih, dW_hh, the biases and d_in, each one gemm
- * over all T*B rows (d_in NULL: not needed; layer 0: scattered into the caller's dx). */
+/* After the backward recurrence of layer k: dW_ih, dW_hh and d_in, each one gemm over all T*B
+ * rows (d_in NULL: not needed; layer 0: scattered into the caller's dx); the biases' from the
+ * recurrence's sums over the steps, one gemm over B rows each. */
 static mb_result mb__lstm_fused_grads(mb_lstm *l, int k, float *d_in) {
     int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = l->T * B;
     float *w[4] = {0}, *dw[4] = {0};
@@ -6192,15 +6209,16 @@ static mb_result mb__lstm_fused_grads(mb_lstm *l, int k, float *d_in) {
     MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
     MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
     mb__lstm_w_ops(l, k, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, k, &x));
+    MB_TRY(mb__lstm_fused_input(l, k, 1, &x));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, k), H, 1.0f, dw[MB__LSTM_WHH], H));
     for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones_all, rows, l->dgs, 4 * H, 1.0f, dw[i], 4 * H));
+        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, l->dsum, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, k ? d_in : l->xall, in));
     if (k) return MB_OK;
-    return mb__lstm_copy3(l, d_in, l->xs, in, l->xall, in, B * in, B, l->T, in);
+    l->x_kept = l->op != MB_F32; /* f32: the scratch was x's rows */
+    return mb__lstm_copy3(l, d_in, MB_F32, l->xs, in, l->xall, in, B * in, B, l->T, in);
 }
 
 static mb_result mb__lstm_fused_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {

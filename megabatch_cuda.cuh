@@ -405,12 +405,14 @@ __global__ void mb__k_lstm_bwd_gates(int64_t B, int64_t H, const float *a, const
     }
 }
 
-__global__ void mb__k_lstm_copy3(float *dst, int64_t ds0, int64_t ds1, const float *src, int64_t ss0, int64_t ss1,
-                                 int64_t n0, int64_t n1, int64_t d) {
+__global__ void mb__k_lstm_copy3(void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                                 int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
     int64_t n = n0 * n1 * d;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t q = e % d, r = e / d, j = r % n1, i = r / n1; /* row (i, j), element q */
-        dst[i * ds0 + j * ds1 + q] = src[i * ss0 + j * ss1 + q];
+        int64_t q = e % d, r = e / d, j = r % n1, i = r / n1, o = i * ds0 + j * ds1 + q; /* row (i, j), element q */
+        float v = src[i * ss0 + j * ss1 + q];
+        if (dt == MB_F32) ((float *)dst)[o] = v;
+        else ((uint16_t *)dst)[o] = dt == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
     }
 }
 
@@ -435,9 +437,9 @@ static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, 
     return MB__RUN_N(dev, stream, mb__k_lstm_bwd_gates, B * H, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
 }
 
-static mb_result mb__cuda_copy3(mb_device *dev, int stream, float *dst, int64_t ds0, int64_t ds1, const float *src,
-                                int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    return MB__RUN_N(dev, stream, mb__k_lstm_copy3, n0 * n1 * d, dst, ds0, ds1, src, ss0, ss1, n0, n1, d);
+static mb_result mb__cuda_copy3(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                                const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return MB__RUN_N(dev, stream, mb__k_lstm_copy3, n0 * n1 * d, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
 static mb_result mb__cuda_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
@@ -455,7 +457,7 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 // mb__fused_layout_of), and batch rows being independent, no tile waits for another. Warp w of
 // a block owns 16 hidden units of its rows, all four gates, and keeps for all T steps, in
 // registers, what the recurrence carries for them: the cell state and biases (forward), the
-// cell gradient and the recurrent product (backward). W_hh sits in shared memory; a step reads
+// cell gradient, the recurrent product and the gate gradients' sums (backward). W_hh sits in shared memory; a step reads
 // it as tensor-core fragments (bf16/f16) or by FMA (f32). Nothing in a step's chain waits on
 // global memory: each warp fetches its own inputs of the next step with cp.async into its
 // staging area while this step computes (so a __syncwarp, not a block barrier, publishes them),
@@ -1005,7 +1007,7 @@ CUDASIM_ARG_POINTERS(mb__fused_args, a, v) {
         const mb__fused_desc *d = &a.d[i];
         v(d->g, "d[].g"), v(d->cs, "d[].cs"), v(d->hs, "d[].hs"), v(d->hs_op, "d[].hs_op"), v(d->whh, "d[].whh");
         v(d->bih, "d[].bih"), v(d->bhh, "d[].bhh"), v(d->dout, "d[].dout"), v(d->dg, "d[].dg"), v(d->dg_op, "d[].dg_op");
-        v(d->dh0, "d[].dh0"), v(d->dc0, "d[].dc0");
+        v(d->dsum, "d[].dsum"), v(d->dh0, "d[].dh0"), v(d->dc0, "d[].dc0");
     }
 }
 #endif
@@ -1018,19 +1020,21 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
 }
 
 /* Backward over all T steps, in reverse (W: the whole tile): in the activated gates g, cs and
- * dout (T, B, H); out: dg (T, B, 4H) and its operand copy dg_op for the weight-gradient gemms,
- * dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. A step fetches the 4 activated gates, c_{t-1}
- * (cs slot t) and dout of the step before. */
+ * dout (T, B, H); out: dg (T, B, 4H) for the weight-gradient gemms (in f32, or in the operand
+ * type, dg_op), its sums over the steps dsum (B, 4H) for the bias gradients (in registers until
+ * the end), dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. A step fetches the 4 activated
+ * gates, c_{t-1} (cs slot t) and dout of the step before. */
 template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k) {
     const mb__fused_desc &d = k.d;
     const int H = d.H, nr = W ? 16 : k.nr, nu = k.nu, u0 = k.u0; /* whole: nu is 16 or <= 0 */
     const bool v16 = W || (H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0);
     const size_t gstep = (size_t)d.B * 4 * H, hstep = (size_t)d.B * H;
     size_t gt = ((size_t)(d.T - 1) * d.B + k.r0) * 4 * H + u0, ht = ((size_t)(d.T - 1) * d.B + k.r0) * H + u0;
-    typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh;
-    if (nu > 0) { /* dh_rec = dc = 0, c_T into registers */
+    typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh, sum[4];
+    if (nu > 0) { /* dh_rec = dc = the sums = 0, c_T into registers */
         mb__tile_fill(acc, 0.0f);
         mb__tile_fill(dc, 0.0f);
+        for (int q = 0; q < 4; q++) mb__tile_fill(sum[q], 0.0f);
         mb__stage_put(k, 0, d.cs + ht + hstep, (size_t)H);
         __syncwarp();
         mb__stage_get(k, cn, 0);
@@ -1066,6 +1070,7 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
                 a4[3].x[e] = dhv * tc * og * (1.0f - og);
                 dc.x[e] = dcv * fg;
                 cn.x[e] = cp.x[e];
+                for (int q = 0; q < 4; q++) sum[q].x[e] += a4[q].x[e];
             }
         }
         if (t < d.T - 1) mb__fused_wait(k.cl); /* the operand tiles free again (the step after's product done) */
@@ -1076,7 +1081,7 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
         if (nu > 0) /* the step's outputs, while the other blocks arrive */
             for (int q = 0; q < 4; q++) {
                 if (d.dg_op) mb__put_row((T *)d.dg_op + gt + q * H, (size_t)4 * H, gw[q], gn, W);
-                mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
+                else mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
             }
         mb__fused_wait(k.cl);
         if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
@@ -1086,14 +1091,16 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
     if (nu > 0) {
         mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch, W);
         mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch, W);
+        for (int q = 0; q < 4; q++)
+            mb__tile_store(d.dsum + (size_t)k.r0 * 4 * H + q * H + u0, (size_t)4 * H, sum[q], nr, nu, k.scratch, W);
     }
 }
 
 template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__k_lstm_fused_bwd(mb__fused_args a) {
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
-    const void *p[7] = {k.d.g, k.d.cs, k.d.dout, k.d.dg, k.d.dg_op, k.d.dh0, k.d.dc0};
-    if (mb__fused_whole(k.nr, k.d.H, p, 7)) mb__fused_bwd<T, true>(k);
+    const void *p[8] = {k.d.g, k.d.cs, k.d.dout, k.d.dg, k.d.dg_op, k.d.dsum, k.d.dh0, k.d.dc0};
+    if (mb__fused_whole(k.nr, k.d.H, p, 8)) mb__fused_bwd<T, true>(k);
     else mb__fused_bwd<T, false>(k);
 }
 

@@ -113,6 +113,18 @@ static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int fb, i
     tu_ok(mb_copy(dev, 0, o, dout, no * sizeof(float)));
     tu_ok(mb_copy(dev, 0, o + no, mb_params_grad(p), ng * sizeof(float)));
     tu_ok(mb_sync(dev, 0));
+    if (!many) { /* a second backward of the same forward gives the same gradients (layer 0's x kept, or
+                    gathered again where its d_in's scratch took it) */
+        float *g2 = tu_alloc_f32(ng);
+        tu_ok(mb_params_zero_grad(p));
+        tu_ok(mb_sync(dev, -1));
+        for (int i = 0; i < s->n; i++) tu_ok(mb_lstm_backward(l[i], c[i].dh_last, c[i].dout_seq, c[i].dx, c[i].dh0, c[i].dc0));
+        tu_ok(mb_sync(dev, -1));
+        tu_ok(mb_copy(dev, 0, g2, mb_params_grad(p), ng * sizeof(float)));
+        tu_ok(mb_sync(dev, 0));
+        if (memcmp(g2, o + no, ng * sizeof(float))) fail_msg("a second backward gives other gradients");
+        free(g2);
+    }
     mb_free(dev, di); mb_free(dev, dout);
     for (int i = 0; i < s->n; i++) mb_lstm_destroy(l[i]);
     mb_params_destroy(p);
