@@ -31,7 +31,10 @@
 # L2, BAR, CB, CPI, the clock, the launch costs and the memory rate outside the recurrence are
 # fitted to both runs together within ranges that public H100 figures allow, and the script
 # prints the calibration (each measured point, the model's value, the error) before it
-# predicts anything. A kernel is one more row per direction in rows().
+# predicts anything. A kernel is one more row per direction in rows(). The host code around
+# the recurrence (what a row of all steps moves through memory, what a step launches) has two
+# versions, the runs' (the calibration) and that of commit 15c5ad3 on (rowbytes(), V); the last
+# table predicts the whole step of 15c5ad3 from the last measurement at each size.
 #
 # It also counts what one training step launches by running the CUDA example under the
 # simulator (BUILD/sim/train_multitf_cuda, 3 steps, F=128 H=32 bf16; the summary's
@@ -72,7 +75,12 @@ BEGIN {
     R16 = 100      # TFLOP/s, a small bf16 gemm in the per-step chain (8-32 CTAs of 132 SMs)
     SMEM = 232448  # bytes of shared memory a block may have (227 KB), for which paths fit
     B = 128; TMAX = 480; TSUM = 1104; HEAD = 64; K = 36; S = 5
-    OLD = "fused (old)"; NEW = "fused (rebuilt)"; PLAN = "new fused (planned)"
+    OLD = "fused (old)"; NEW = "fused (rebuilt)"; PLAN = "new fused (planned)"; NOW = "fused (15c5ad3)"
+    # the host code around the recurrence: V 0 that of the 2026-11-26 runs (the calibration), V 1
+    # from commit 15c5ad3 on (the predictions); NLR: the launches of a training step of the runs
+    # code (this script counted 83 at 4bcc948, the last commit before 15c5ad3; NL: the simulator
+    # count of the code here)
+    V = 0; NLR = 83
 }
 function ceil(x) { return x == int(x) ? x : int(x) + 1 }
 function max(a, b) { return a > b ? a : b }
@@ -152,6 +160,17 @@ function rows(k, dir, H, p, cl,    Hp, E, n, tw, kt, M, aw, O, Kd, w) {
             row(ceil(w / 4), 0, 0, 2 * (cl == 1), 2 * (cl > 1), w * (448 + 16 * cl + 32 * kt), 816 + 102 * kt + (cl == 2 ? 151 : cl == 4 ? 233 : 0), 8 * kt, 16)
         return 1
     }
+    if (k == NOW) {
+        # the rows of run 3 with the backward of commit 15c5ad3 (bf16): dg no longer stored in f32 (a
+        # warp per step: 4 x the fragment store, 12 instructions each with its 4 STG.64 and
+        # address math, 128 wavefronts; in their place a branch, 3 instructions a gate), and
+        # the sums of dg kept in registers (32 FADD): -4 instructions, -128 wavefronts a warp,
+        # from the SASS of both commits (the whole-tile time loop of mb__k_lstm_fused_bwd<bf16>).
+        # The forward is unchanged.
+        if (!rows(NEW, dir, H, p, cl)) return 0
+        if (dir == "bwd") { ins -= 4; wf -= 128 * ceil(H / (16 * cl)) }
+        return 1
+    }
     if (k == PLAN) {
         # HISTORY: the row committed as a prediction before the rebuilt kernel existed (commit
         # 3b96422, bench/results/2026-11-26-latency-model.txt), kept as it was, its tensor-core
@@ -225,14 +244,23 @@ function perstep_us(F, H, p, node, fwd) {
 
 # ---- the rest of a training step (outside the recurrence), ms ----
 # launches on the chain (the simulator count x 480/1104: the 5 encoders run side by side),
-# bytes through HBM at BW (x read and written time-major + its bf16 copy, the projection
-# output, dg f32 and bf16, h bf16, 9 passes over the parameters), and on the fused path the big
-# gemms (projection, dW_ih, dW_hh over all steps).
+# bytes through HBM at BW (a row of all steps: rowbytes; 9 passes over the parameters), and on
+# the fused path the big gemms (projection, dW_ih, dW_hh over all steps).
+# The bytes of a row of all steps (B x TSUM rows) outside the recurrence kernels, bf16 (the
+# per-step path is counted alike), by the host code of version V:
+#   0, the 2026-11-26 runs: x gathered time-major in f32 (read 4F, written 4F) and converted
+#      (6F), in the forward and again in the backward (28F), then read by the projection and
+#      dW_ih (4F): 32F; the f32 output of the projection (16H), dg in bf16 read by dW_ih and dW_hh
+#      (16H), dg in f32 read by each of the two bias gemms (32H), h in bf16 read by dW_hh (2H),
+#      dout zeroed (4H): 70H
+#   1, from 15c5ad3 on: x gathered and converted in one pass, once (6F), read twice (4F): 10F;
+#      no dg in f32 (the bias gradients from the sums the recurrence keeps, (B, 4H)): 38H
+function rowbytes(F, H, v) { return v ? 10 * F + 38 * H : 32 * F + 70 * H }
 function rest_ms(F, H, fused,    P, bytes, flop) {
     P = S * (4 * H * (F + H) + 8 * H) + S * H * HEAD + HEAD + HEAD * K + K
-    bytes = B * TSUM * (F * 10 + 4 * H * 10 + H * 2) + 9 * 4 * P
+    bytes = B * TSUM * rowbytes(F, H, V) + 9 * 4 * P
     flop = fused ? 2 * B * TSUM * 4 * H * (2 * F + H) : 0
-    return NL * TMAX / TSUM * NODE_G / 1e3 + bytes / (BW * 1e9) * 1e3 + flop / (TC * 1e12) * 1e3
+    return (V ? NL : NLR) * TMAX / TSUM * NODE_G / 1e3 + bytes / (BW * 1e9) * 1e3 + flop / (TC * 1e12) * 1e3
 }
 # a training step on kernel k with cl blocks a tile (cl 0: the per-step path), ms
 function step_ms(k, F, H, p, cl) {
@@ -442,6 +470,23 @@ BEGIN {
     }
     printf "(recurrence: 480 timesteps of the fused kernels; rest: launches, memory-bound kernels and big gemms; measured and\n"
     printf " PyTorch: run 3, single run, steady state; needs: the recurrence a timestep for the goal with the rest as modelled)\n"
+
+    # ---- PREDICTED: commit 15c5ad3 (the host code V 1, the backward row NOW) from the last measurement ----
+    printf "\nPREDICTED whole training step F=128 B=128 head 64 bf16 from commit 15c5ad3 on, ms: the last measured step less\n"
+    printf "what the model says the change saves (the rest: V 0 -> 1; the recurrence: the backward row %s -> %s)\n", NEW, NOW
+    printf "%-5s %9s %5s %10s %10s %10s %9s %5s %12s\n", "H", "measured", "run", "rest", "recurrence", "predicted", "PyTorch", "speed", "goal"
+    split("2.45 3.40 4.81 6.69", ms, " "); split("11.52 11.29 12.73 15.11", mt, " "); split("3 3 4 4", mr, " "); split("4 3 3 3", gx, " ")
+    for (j = 1; j <= 4; j++) {
+        h = 16 * 2 ^ j; cl = h == 128 ? 2 : h == 256 ? 4 : 1
+        V = 0; r0 = rest_ms(128, h, 1); V = 1; r1 = rest_ms(128, h, 1); V = 0
+        dr = TMAX * (fused_us(NEW, h, "bf16", cl) - fused_us(NOW, h, "bf16", cl)) / 1e3; pr = ms[j] - (r0 - r1) - dr
+        printf "%-5d %9.2f %5s %10.2f %10.2f %10.2f %9.2f %4.2fx %4dx: %s\n", h, ms[j], mr[j], r1 - r0, -dr, pr, mt[j], mt[j] / pr, \
+            gx[j], (mt[j] / pr >= gx[j] ? "met" : "not met")
+    }
+    printf "(measured: run 3 at H=32, 64, run 4 at 128, 256, each with PyTorch tuned in the same run; rest and recurrence: the\n"
+    printf " change in ms; the rest bytes a row of all steps at F=128: H=128 %d -> %d, H=256 %d -> %d; a step at H=256: %.2f -> %.2f GB)\n", \
+        rowbytes(128, 128, 0), rowbytes(128, 128, 1), rowbytes(128, 256, 0), rowbytes(128, 256, 1), \
+        B * TSUM * rowbytes(128, 256, 0) / 1e9, B * TSUM * rowbytes(128, 256, 1) / 1e9
 
     # ---- the cost model of megabatch.h (mb__lstm_step_us) against this one ----
     n = split(LIB, lv, " ")
