@@ -457,13 +457,14 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 // mb__fused_layout_of), and batch rows being independent, no tile waits for another. Warp w of
 // a block owns 16 hidden units of its rows, all four gates, and keeps for all T steps, in
 // registers, what the recurrence carries for them: the cell state and biases (forward), the
-// cell gradient, the recurrent product and the gate gradients' sums (backward). W_hh sits in shared memory; a step reads
-// it as tensor-core fragments (bf16/f16) or by FMA (f32). Nothing in a step's chain waits on
-// global memory: each warp fetches its own inputs of the next step with cp.async into its
-// staging area while this step computes (so a __syncwarp, not a block barrier, publishes them),
-// and writes its outputs with stores nothing waits on. Barriers (of the block, or the cluster):
-// one a step forward (h into the double-buffered operand tile every warp's product reads, in
-// every block of the tile), two backward (dg into the operand tile, and the tile free again).
+// cell gradient, the recurrent product and the gate gradients' sums (backward). W_hh sits in
+// shared memory; a step reads it as tensor-core fragments (bf16/f16) or by FMA (f32).
+// Nothing in a step's chain waits on global memory: each warp fetches its own inputs of the
+// next step with cp.async into its staging area while this step computes (so a __syncwarp,
+// not a block barrier, publishes them), and writes its outputs with stores nothing waits
+// on. Barriers (of the block, or the cluster): one a step forward (h into the double-buffered
+// operand tile every warp's product reads, in every block of the tile), two backward (dg
+// into the operand tile, and the tile free again).
 
 #include <mma.h>
 #include <cuda_pipeline_primitives.h>
@@ -557,7 +558,8 @@ __device__ inline void mb__fget4(const float *p, float v[4]) {
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
 }
 __device__ inline void mb__fget4(const __nv_bfloat16 *p, float v[4]) {
-    float2 a = __bfloat1622float2(((const __nv_bfloat162 *)p)[0]), b = __bfloat1622float2(((const __nv_bfloat162 *)p)[1]);
+    const __nv_bfloat162 *q = (const __nv_bfloat162 *)p;
+    float2 a = __bfloat1622float2(q[0]), b = __bfloat1622float2(q[1]);
     v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
 
