@@ -1992,8 +1992,16 @@ MBDEF mb_result mb_copy_2d(mb_device *dev, int stream, void *dst, size_t dst_pit
     return dev->be->rt->copy_2d(dev, stream, dst, dst_pitch, src, src_pitch, width, rows);
 }
 
-static float mb__load(const void *p, mb_dtype t, size_t i);
-static void mb__store(void *p, mb_dtype t, size_t i, float v);
+/* Element i of an f32/bf16/f16 array, as f32; v stored as element i (rounded to nearest even). */
+static inline MB__HD float mb__load(const void *p, mb_dtype t, size_t i) {
+    if (t == MB_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == MB_BF16 ? mb_bf16_to_f32(h) : mb_f16_to_f32(h);
+}
+static inline MB__HD void mb__store(void *p, mb_dtype t, size_t i, float v) {
+    if (t == MB_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = t == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
+}
 
 MBDEF mb_result mb_convert(mb_device *dev, int stream, void *dst, mb_dtype dst_type, const void *src,
                            mb_dtype src_type, size_t n) {
@@ -2114,16 +2122,6 @@ static mb_result mb__gemm_check(mb_device *dev, const mb_gemm_args *g) {
     if ((g->m && g->n && !g->c) || (g->m && g->n && g->k && (!g->a || !g->b)))
         return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_gemm: NULL operand");
     return mb__check_stream(dev, g->stream, "mb_gemm");
-}
-
-static float mb__load(const void *p, mb_dtype t, size_t i) {
-    if (t == MB_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == MB_BF16 ? mb_bf16_to_f32(h) : mb_f16_to_f32(h);
-}
-static void mb__store(void *p, mb_dtype t, size_t i, float v) {
-    if (t == MB_F32) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = t == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
 }
 
 /* Widen a rows x cols (leading dim ld) half-precision matrix to dense f32. */
@@ -6127,8 +6125,9 @@ static mb_result mb__lstm_fused_input(mb_lstm *l, int k, int backward, const voi
     void *dst = l->op == MB_F32 ? (void *)l->xall : l->xall_lp;
     *rows = dst;
     if (backward && l->x_kept) return MB_OK;
+    MB_TRY(mb__lstm_copy3(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F));
     l->x_kept = 1;
-    return mb__lstm_copy3(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F);
+    return MB_OK;
 }
 
 /* The input projection of all steps: gates = x W_ih^T, one gemm. */

@@ -258,12 +258,8 @@ static mb_result mb__cuda_sync(mb_device *dev, int stream) {
 }
 
 __global__ void mb__k_convert(void *dst, mb_dtype dt, const void *src, mb_dtype st, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = st == MB_F32 ? ((const float *)src)[i]
-                  : st == MB_BF16 ? mb_bf16_to_f32(((const uint16_t *)src)[i]) : mb_f16_to_f32(((const uint16_t *)src)[i]);
-        if (dt == MB_F32) ((float *)dst)[i] = v;
-        else ((uint16_t *)dst)[i] = dt == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        mb__store(dst, dt, i, mb__load(src, st, i));
 }
 
 static mb_result mb__cuda_convert(mb_device *dev, int stream, void *dst, mb_dtype dt, const void *src, mb_dtype st,
@@ -409,10 +405,8 @@ __global__ void mb__k_lstm_copy3(void *dst, mb_dtype dt, int64_t ds0, int64_t ds
                                  int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
     int64_t n = n0 * n1 * d;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t q = e % d, r = e / d, j = r % n1, i = r / n1, o = i * ds0 + j * ds1 + q; /* row (i, j), element q */
-        float v = src[i * ss0 + j * ss1 + q];
-        if (dt == MB_F32) ((float *)dst)[o] = v;
-        else ((uint16_t *)dst)[o] = dt == MB_BF16 ? mb_f32_to_bf16(v) : mb_f32_to_f16(v);
+        int64_t q = e % d, r = e / d, j = r % n1, i = r / n1; /* row (i, j), element q */
+        mb__store(dst, dt, (size_t)(i * ds0 + j * ds1 + q), src[i * ss0 + j * ss1 + q]);
     }
 }
 
