@@ -4850,12 +4850,12 @@ MB__OPS_CHECK(mb__lstm_ops, 5);
 // -- the fused recurrence: types --
 // The persistent fused recurrence of megabatch_cuda.cuh (its section "the fused recurrence";
 // the host side is the section of that name at the end of this module). One descriptor per
-// LSTM layer in a launch, passed by value. A row tile of 16 batch rows of one LSTM is owned by
+// LSTM layer in a launch, passed by value. A row tile of 8 batch rows of one LSTM is owned by
 // `cl` blocks (1, or a thread-block cluster of 2 or 4 on sm_90), block c of them by the hidden
 // units c*Hc .. c*Hc+Hc-1 (Hc = Hp/cl, Hp = H rounded up to 16 cl), and its warp w by units
 // c*Hc + 16w .. +15 of those rows, all four gates: Hc/16 warps a block.
 
-enum { MB__FUSED_ROWS = 16, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
+enum { MB__FUSED_ROWS = 8, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
 
 typedef struct mb__fused_desc {
     float *g;              /* (T, B, 4H) gates: x W_ih^T in, activated out (forward) */
@@ -4887,16 +4887,15 @@ typedef struct mb__fused_ops {
 MB__OPS_CHECK(mb__fused_ops, 2);
 
 /* A block's shared memory at hidden size H, cl blocks a row tile (byte offsets;
- * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, rows wld
- * elements apart (forward: its units' rows of all four gates, (4Hc, Hp); backward: its units'
- * columns, (4Hp, Hc)); the operand tiles (forward: two of h (16, Hp), backward: one of dg
- * (16, 4Hp)) in the operand type at `tiles`, rows tld apart; then per warp, `warp` bytes from
- * `warps`: its step inputs staged in f32 (16 rows, sld floats apart, of `seg` segments of its
- * 16 units: forward the 4 input gates, backward the 4 activated gates, c_{t-1} and dout) and a
- * 16 x 16 f32 scratch tile (rows MB__FUSED_SCR_LD apart). Rows are padded by 16 bytes so that a
- * tensor-core fragment's rows fall in different banks; regions are 128-byte aligned. bytes:
- * the total; 0 when H or cl is out of range. */
-enum { MB__FUSED_SCR_LD = 20 };
+ * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, row-major, rows
+ * wld elements apart (forward: its units' rows of all four gates, (4Hc, Hp); backward: its
+ * units' columns as rows, (Hc, 4Hp)); the operand tiles (forward: two of h (8, Hp), backward:
+ * one of dg (8, 4Hp)) in the operand type at `tiles`, rows tld apart; then per warp, `warp`
+ * bytes from `warps`: its step inputs staged in f32 (8 rows, sld floats apart, of `seg`
+ * segments of its 16 units: forward the 4 input gates, backward the 4 activated gates, c_{t-1}
+ * and dout). Rows are padded by 16 bytes so that the 8 rows an ldmatrix or a warp's 16-byte
+ * loads touch fall in different banks (a row is then an odd number of 16 bytes); regions are
+ * 128-byte aligned. bytes: the total; 0 when H or cl is out of range. */
 typedef struct mb__fused_layout {
     size_t tiles, warps, warp, bytes;
     int Hp, Hc, seg, wld, tld, sld;
@@ -4904,17 +4903,16 @@ typedef struct mb__fused_layout {
 
 static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward, int cl) {
     mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (H < 1 || H > 4096 || (cl != 1 && cl != 2 && cl != 4)) return y;
+    if (H < 1 || H > 4096 || (cl != 1 && cl != 2 && cl != 4) || (es != 2 && es != 4)) return y;
     size_t Hp = (size_t)(H + 16 * cl - 1) / (16 * cl) * (16 * cl), Hc = Hp / (size_t)cl, R = MB__FUSED_ROWS;
     y.Hp = (int)Hp;
     y.Hc = (int)Hc;
     y.seg = backward ? 6 : 4;
-    y.wld = (int)(backward ? Hc : Hp) + 8;
-    y.tld = (int)(backward ? 4 * Hp : Hp) + 8;
+    y.wld = y.tld = (int)((backward ? 4 * Hp : Hp) + 16 / es);
     y.sld = 16 * y.seg + 4;
-    y.tiles = (4 * (backward ? Hp : Hc) * (size_t)y.wld * es + 127) / 128 * 128;
+    y.tiles = ((backward ? Hc : 4 * Hc) * (size_t)y.wld * es + 127) / 128 * 128;
     y.warps = y.tiles + ((backward ? 1 : 2) * R * (size_t)y.tld * es + 127) / 128 * 128;
-    y.warp = (R * (size_t)y.sld + R * MB__FUSED_SCR_LD) * sizeof(float);
+    y.warp = R * (size_t)y.sld * sizeof(float);
     y.bytes = y.warps + Hc / 16 * y.warp;
     return y;
 }
@@ -4950,14 +4948,15 @@ static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
  * with cl blocks a row tile, or for cl = 0 the per-step gemms (a chain of launches a timestep).
  * Fused: a fixed part (the cell update, the fetches and stores of a warp's tile), a part that
  * grows with the product's length Hp, a part for the warps past four a block (two then share a
- * scheduler) and the cluster's barriers. The constants fit the H100 run of 2026-11-26
- * (bench/results/2026-11-26-h100-fused, run 3: bench_lstm_cuda F=128 at H = 32, 64, 128 with 1
- * and 2 blocks, 256 with 4; within 6%) and order the paths as measured (H = 128: 2 blocks 10.1,
- * 1 block 11.4; H = 256: 4 blocks 14.1, per-step 44.7). */
-#define MB__US_STEP 3.1
-#define MB__US_K 0.04
-#define MB__US_CROWD 0.08
-#define MB__US_CLUSTER 1.4
+ * scheduler) and the cluster's barriers. The fused constants fit the model's prediction for
+ * these kernels (bench/latency_model.sh, its table of the 8-row kernels, H = 32 .. 256, cl 1, 2,
+ * 4: within 9%, the same choice at every H but 128, where 2 and 4 blocks tie here and the model
+ * prefers 4 by 9%); no GPU has run them yet. The per-step constant fits the H100 runs of
+ * 2026-11-26 (bench/results/2026-11-26-h100-fused, run 3: 44.7 at H = 256). */
+#define MB__US_STEP 1.3
+#define MB__US_K 0.0175
+#define MB__US_CROWD 0.07
+#define MB__US_CLUSTER 1.8
 #define MB__US_PERSTEP 38.3
 static double mb__lstm_step_us(int64_t H, int cl) {
     if (cl == 0) return MB__US_PERSTEP + 0.025 * (double)H;

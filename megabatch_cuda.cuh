@@ -446,13 +446,14 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 
 // -- the fused recurrence --
 // The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
-// runs a layer of every LSTM given: a tile of 16 batch rows of one LSTM is owned by cl blocks
+// runs a layer of every LSTM given: a tile of 8 batch rows of one LSTM is owned by cl blocks
 // (1, or a cluster of 2 or 4 on sm_90, each with its slice of W_hh: megabatch.h,
 // mb__fused_layout_of), and batch rows being independent, no tile waits for another. Warp w of
-// a block owns 16 hidden units of its rows, all four gates, and keeps for all T steps, in
-// registers, what the recurrence carries for them: the cell state and biases (forward), the
-// cell gradient, the recurrent product and the gate gradients' sums (backward). W_hh sits in
-// shared memory; a step reads it as tensor-core fragments (bf16/f16) or by FMA (f32).
+// a block owns 16 hidden units of its rows, all four gates (a gate tile each, below), and
+// keeps for all T steps, in registers, what the recurrence carries for them: the cell state
+// and biases (forward), the cell gradient, the recurrent product and the gate gradients' sums
+// (backward). W_hh sits in shared memory; a step multiplies it with the operand tile by
+// ldmatrix and mma.m16n8k16 (bf16/f16) or by FMA (f32).
 // Nothing in a step's chain waits on global memory: each warp fetches its own inputs of the
 // next step with cp.async into its staging area while this step computes (so a __syncwarp,
 // not a block barrier, publishes them), and writes its outputs with stores nothing waits
@@ -460,7 +461,6 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
 // operand tile every warp's product reads, in every block of the tile), two backward (dg
 // into the operand tile, and the tile free again).
 
-#include <mma.h>
 #include <cuda_pipeline_primitives.h>
 #include <cooperative_groups.h>
 #include <type_traits>
@@ -556,26 +556,10 @@ __device__ inline void mb__fget4(const __nv_bfloat16 *p, float v[4]) {
     float2 a = __bfloat1622float2(q[0]), b = __bfloat1622float2(q[1]);
     v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
-
-/* 8 values in the type T, converted once for all the places they go (mb__put8). */
-template <class T> struct mb__vec8 {
-    union { T t[8]; uint4 u[sizeof(T) * 8 / 16]; };
-};
-template <class T> __device__ mb__vec8<T> mb__pack8(const float *v) {
-    mb__vec8<T> w;
-    for (int e = 0; e < 8; e++) mb__fput(&w.t[e], v[e]);
-    return w;
-}
-
-/* The first n <= 8 of w to p: 16-byte stores when all 8 go and p is aligned so (known to be,
- * or checked). */
-template <class T> __device__ void mb__put8(T *p, const mb__vec8<T> &w, int n, bool aligned = false) {
-    if (n == 8 && (aligned || (uintptr_t)p % 16 == 0)) {
-        for (int i = 0; i < (int)(sizeof w.u / sizeof w.u[0]); i++) ((uint4 *)p)[i] = w.u[i];
-    } else {
-        for (int e = 0; e < 8; e++)
-            if (e < n) p[e] = w.t[e];
-    }
+__device__ inline void mb__fget4(const __half *p, float v[4]) {
+    const __half2 *q = (const __half2 *)p;
+    float2 a = __half22float2(q[0]), b = __half22float2(q[1]);
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
 
 /* The cell's nonlinearities: mb__fsigmoid and mb__ftanh's formulas, sigmoid(z) = 1/(1 + e^-z) and
@@ -617,226 +601,169 @@ __device__ inline void mb__gcell_fwd(float z[4], float *c, float *h) {
     *h = z[3] * mb__gtanh(*c);
 }
 
-// A warp's 16 x 16 f32 tile: a tensor-core accumulator fragment (bf16/f16; its element layout is
-// unspecified, so element-wise code works on x[0..num_elements) and anything positional goes
-// through the warp's scratch tile), or mb__ftile, our own layout for the FMA path (f32, and
-// bf16 before sm_80): lane l holds column l % 16 of rows 8 (l / 16) + i, i < 8.
+// A warp's gate tile: 16 hidden units x 8 batch rows of one gate in f32, 4 elements a lane, in
+// the layout of the accumulator of the tensor cores' mma.m16n8k16 (PTX ISA, "Matrix fragments
+// for mma.m16n8k16"; its M the units, its N the rows): lane l holds units l/4 (elements 0, 1)
+// and l/4 + 8 (2, 3) of rows 2(l%4) (elements 0, 2) and 2(l%4) + 1 (1, 3). Every operand type
+// uses it, the FMA path too: element-wise code pairs the four gates' tiles element by element,
+// and code that stores or loads an element knows where it goes.
 
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> mb__wtile;
-struct mb__ftile {
-    enum { num_elements = 8 };
-    float x[8];
+struct mb__gtile {
+    float x[4];
 };
-template <class T> struct mb__tile_of { typedef mb__wtile type; };
-template <> struct mb__tile_of<float> { typedef mb__ftile type; };
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* no bf16 tensor cores before sm_80 */
-template <> struct mb__tile_of<__nv_bfloat16> { typedef mb__ftile type; };
-#endif
-
-// Tensor-core fragments to and from shared memory. The C++ wmma API takes any pointer and
-// issues generic loads, which queue behind the step's global stores and copies; on sm_80+ these
-// are the same PTX wmma instructions with the .shared state space, so a fragment's layout is
-// the API's. Elsewhere (the simulator, older GPUs) the API itself.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define MB__WMMA_SHARED 1
-__device__ inline unsigned mb__saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-#define MB__LDS4(F, INS)                                                                                        \
-    __device__ inline void mb__lds(F &f, const void *p, unsigned ld) {                                         \
-        unsigned *r = (unsigned *)&f.x[0];                                                                       \
-        asm volatile(INS " {%0,%1,%2,%3}, [%4], %5;" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])          \
-                     : "r"(mb__saddr(p)), "r"(ld));                                                              \
-    }
-#define MB__LDS8(F, INS)                                                                                        \
-    __device__ inline void mb__lds(F &f, const void *p, unsigned ld) {                                         \
-        unsigned *r = (unsigned *)&f.x[0];                                                                       \
-        asm volatile(INS " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                                \
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),     \
-                       "=r"(r[7])                                                                                \
-                     : "r"(mb__saddr(p)), "r"(ld));                                                              \
-    }
-namespace mb__w = nvcuda::wmma;
-typedef mb__w::fragment<mb__w::matrix_a, 16, 16, 16, __nv_bfloat16, mb__w::row_major> mb__wa_bf16;
-typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __nv_bfloat16, mb__w::col_major> mb__wbc_bf16;
-typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __nv_bfloat16, mb__w::row_major> mb__wbr_bf16;
-typedef mb__w::fragment<mb__w::matrix_a, 16, 16, 16, __half, mb__w::row_major> mb__wa_f16;
-typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __half, mb__w::col_major> mb__wbc_f16;
-typedef mb__w::fragment<mb__w::matrix_b, 16, 16, 16, __half, mb__w::row_major> mb__wbr_f16;
-typedef mb__w::fragment<mb__w::accumulator, 16, 16, 16, float> mb__wc_f32;
-MB__LDS4(mb__wa_bf16, "wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16")
-MB__LDS4(mb__wbc_bf16, "wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16")
-MB__LDS4(mb__wbr_bf16, "wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16")
-MB__LDS8(mb__wa_f16, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
-MB__LDS8(mb__wbc_f16, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
-MB__LDS8(mb__wbr_f16, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
-MB__LDS8(mb__wc_f32, "wmma.load.c.sync.aligned.row.m16n16k16.shared.f32")
-#undef MB__LDS4
-#undef MB__LDS8
-__device__ inline void mb__sts(float *p, const mb__wc_f32 &f, unsigned ld) {
-    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
-                 :: "r"(mb__saddr(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
-                    "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
-}
-#else
-template <class F, class T> __device__ inline void mb__lds(F &f, const T *p, unsigned ld) {
-    nvcuda::wmma::load_matrix_sync(f, p, ld);
-}
-__device__ inline void mb__lds(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> &f, const float *p,
-                               unsigned ld) {
-    nvcuda::wmma::load_matrix_sync(f, p, ld, nvcuda::wmma::mem_row_major);
-}
-__device__ inline void mb__sts(float *p, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> &f,
-                               unsigned ld) {
-    nvcuda::wmma::store_matrix_sync(p, f, ld, nvcuda::wmma::mem_row_major);
-}
-#endif
-
 __device__ inline int mb__lane() { return (int)(threadIdx.x & 31u); }
-__device__ inline int mb__frow(int i) { return (mb__lane() >> 4) * 8 + i; } /* mb__ftile element i */
-__device__ inline int mb__fcol() { return mb__lane() & 15; }
-
-__device__ inline void mb__tile_fill(mb__wtile &f, float v) { nvcuda::wmma::fill_fragment(f, v); }
-__device__ inline void mb__tile_fill(mb__ftile &f, float v) {
-    for (int i = 0; i < 8; i++) f.x[i] = v;
+__device__ inline int mb__gunit(int e) { return (mb__lane() >> 2) + 8 * (e >> 1); } /* element e's unit, 0..15 */
+__device__ inline int mb__grow(int e) { return 2 * (mb__lane() & 3) + (e & 1); }   /* and its row, 0..7 */
+/* This lane's first element of a gate tile at p, rows ld apart: its elements are there, at +ld,
+ * +8 and +ld+8 (mb__gunit, mb__grow). */
+template <class D> __device__ inline D *mb__glane(D *p, size_t ld) {
+    return p + (size_t)mb__grow(0) * ld + mb__gunit(0);
 }
 
-/* Load from shared memory p, row stride ld floats (32-byte aligned, ld a multiple of 4). */
-__device__ inline void mb__tile_load(mb__wtile &f, const float *p, int ld) {
-    mb__lds(f, p, (unsigned)ld);
-}
-__device__ inline void mb__tile_load(mb__ftile &f, const float *p, int ld) {
-    for (int i = 0; i < 8; i++) f.x[i] = p[mb__frow(i) * ld + mb__fcol()];
+__device__ inline void mb__gfill(mb__gtile &f, float v) {
+    for (int e = 0; e < 4; e++) f.x[e] = v;
 }
 
-/* The tile through the warp's scratch: this lane gets its half row, row lane/2, columns
- * j0 = 8 (lane % 2) .. +7, in v. The caller's __syncwarp ends the scratch's use. */
-__device__ inline void mb__tile_row(const mb__wtile &f, float *scratch, float v[8]) {
-    mb__sts(scratch, f, MB__FUSED_SCR_LD);
-    __syncwarp();
-    const float4 *s = (const float4 *)(scratch + (mb__lane() >> 1) * MB__FUSED_SCR_LD + (mb__lane() & 1) * 8);
-    float4 a = s[0], b = s[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ inline void mb__tile_row(const mb__ftile &f, float *scratch, float v[8]) {
-    for (int i = 0; i < 8; i++) scratch[mb__frow(i) * MB__FUSED_SCR_LD + mb__fcol()] = f.x[i];
-    __syncwarp();
-    const float *s = scratch + (mb__lane() >> 1) * MB__FUSED_SCR_LD + (mb__lane() & 1) * 8;
-    for (int e = 0; e < 8; e++) v[e] = s[e];
-}
+/* Does operand type T multiply on the tensor cores (bf16/f16 from sm_80 on, and in the
+ * simulator), or by FMA (f32; bf16/f16 before sm_80)? */
+template <class T> struct mb__tc { static const bool on = false; };
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <> struct mb__tc<__nv_bfloat16> { static const bool on = true; };
+template <> struct mb__tc<__half> { static const bool on = true; };
+#endif
 
-/* How many of this lane's half-row elements are in rows < nr and columns < nc (0..8). */
-__device__ inline int mb__row_n(int nr, int nc) {
-    int j0 = (mb__lane() & 1) * 8, n = nc - j0;
-    return (mb__lane() >> 1) >= nr || n <= 0 ? 0 : n < 8 ? n : 8;
+// The tensor cores' instructions (sm_80+; the simulator: cudasim_mma.h, which documents the
+// fragment layouts): ldmatrix loads 2 or 4 8x8 matrices of 16-bit elements from shared memory,
+// lane l giving the address of row l%8 of matrix l/8, its register i getting word l%4 of row
+// l/4 of matrix i; mma.m16n8k16 adds A (16 x 16, 4 registers a lane) times B (16 x 8, 2) to a
+// gate tile.
+#if defined(__CUDA_ARCH__)
+__device__ inline unsigned mb__saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+#endif
+__device__ inline void mb__ldsm4(unsigned r[4], const void *p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(mb__saddr(p)));
+#elif defined(CUDASIM)
+    cudasim::ldmatrix(r, 4, p);
+#else
+    (void)r, (void)p;
+#endif
 }
-
-/* Rows < nr, columns < nc of the tile to global memory at p, row stride ld floats: a fragment
- * straight from its registers when the whole tile goes and the wmma rules hold (whole: known
- * to), else by half rows through the scratch. */
-template <class F>
-__device__ void mb__tile_store(float *p, size_t ld, const F &f, int nr, int nc, float *scratch, bool whole) {
-    float v[8];
-    mb__tile_row(f, scratch, v);
-    int n = mb__row_n(nr, nc);
-    if (n) mb__put8(p + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, mb__pack8<float>(v), n, whole);
-    __syncwarp();
+__device__ inline void mb__ldsm2(unsigned r[2], const void *p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(mb__saddr(p)));
+#elif defined(CUDASIM)
+    cudasim::ldmatrix(r, 2, p);
+#else
+    (void)r, (void)p;
+#endif
 }
-__device__ inline void mb__tile_store(float *p, size_t ld, const mb__wtile &f, int nr, int nc, float *scratch,
-                                      bool whole) {
-    if (whole || (nr == 16 && nc == 16 && ld % 4 == 0 && ld <= 0xffffffffu && (uintptr_t)p % 32 == 0))
-        nvcuda::wmma::store_matrix_sync(p, f, (unsigned)ld, nvcuda::wmma::mem_row_major);
+template <class T> __device__ inline void mb__mma(mb__gtile &d, const unsigned a[4], const unsigned b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (std::is_same<T, __half>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d.x[0]), "+f"(d.x[1]), "+f"(d.x[2]), "+f"(d.x[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     else
-        mb__tile_store<mb__wtile>(p, ld, f, nr, nc, scratch, false);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d.x[0]), "+f"(d.x[1]), "+f"(d.x[2]), "+f"(d.x[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDASIM)
+    cudasim::mma_m16n8k16(d.x, a, b, std::is_same<T, __half>::value);
+#else
+    (void)d, (void)a, (void)b;
+#endif
 }
 
-/* The tile's rows < nr, columns < nc into the operand tile at o (row stride ld; the rest of its
- * 16 x 16 zeroed, so padding multiplies as zero) of each of the cl blocks of the cluster; this
- * lane's half row, in the operand type, into *w and its count into *n (for mb__put_row). */
-template <class T, class F>
-__device__ void mb__tile_operand(T *o, int ld, int cl, const F &f, int nr, int nc, float *scratch, mb__vec8<T> *w,
-                                 int *n) {
-    float v[8];
-    mb__tile_row(f, scratch, v);
-    int r = mb__lane() >> 1, j0 = (mb__lane() & 1) * 8;
-    *n = mb__row_n(nr, nc);
-    for (int e = 0; e < 8; e++) v[e] = e < *n ? v[e] : 0.0f;
-    *w = mb__pack8<T>(v);
-    if (cl == 1) mb__put8(o + r * ld + j0, *w, 8, true);
-    else
-        for (int b = 0; b < cl; b++) mb__put8(mb__fused_peer(o, cl, b) + r * ld + j0, *w, 8, true);
-    __syncwarp();
+// The recurrent products of a warp's 16 units, lu0.. of its block's Hc, into gate tiles: A times
+// the transpose of an operand tile of 8 rows, A rows of the block's slice of W_hh in shared
+// memory (forward: (4Hc, Hp), gate q's rows from q Hc; backward: W_hh's transpose, (Hc, 4Hp)),
+// both row-major, wld and tld elements apart. Tensor cores: ldmatrix and mma.m16n8k16 with f32
+// accumulation; FMA: each sum in k order.
+
+/* The address this lane gives ldmatrix for the A fragment of rows m0..m0+15 at column k0 of a
+ * row-major array (rows ld apart), and for 2 (x2) or 4 consecutive k-steps' B fragments of the
+ * 8 rows of an operand tile. */
+template <class T> __device__ inline const T *mb__afrag(const T *a, int ld, int m0) {
+    return a + (size_t)(m0 + (mb__lane() & 7) + 8 * ((mb__lane() >> 3) & 1)) * ld + 8 * (mb__lane() >> 4);
+}
+template <class T> __device__ inline const T *mb__bfrag(const T *b, int ld, int x4) {
+    return b + (size_t)(mb__lane() & 7) * ld + 8 * ((mb__lane() >> 3) & (x4 ? 3 : 1));
 }
 
-/* This lane's half row (mb__tile_operand's w and n) to global memory at q, row stride ld
- * (whole: 16-byte aligned). */
-template <class T> __device__ void mb__put_row(T *q, size_t ld, const mb__vec8<T> &w, int n, bool whole) {
-    if (n) mb__put8(q + (mb__lane() >> 1) * ld + (mb__lane() & 1) * 8, w, n, whole);
-}
-
-// The recurrent products of a warp's 16 units, lu0.. of its block's Hc (shared memory: the
-// operand tile; the block's slice of W_hh, rows wld apart: forward (4Hc, Hp), or for the FMA
-// path transposed, (Hp, 4Hc) rows 4Hc apart, so that a warp's lanes read consecutive words;
-// backward (4Hp, Hc)). Tensor cores: f32 accumulation; FMA: each sum in a fixed order.
-
-/* Forward: acc[q] += h W_q^T, h the (16, Hp) operand tile (rows tld apart). */
+/* Forward: acc[q] += W_q h^T, h the (8, Hp) operand tile. */
 template <class T>
-__device__ void mb__rec_fwd(mb__wtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int Hc, int lu0) {
-    using namespace nvcuda;
-    for (int kt = 0; kt < Hp / 16; kt++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        mb__lds(a, h + kt * 16, (unsigned)tld);
-        for (int q = 0; q < 4; q++) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-            mb__lds(b, w + (size_t)(q * Hc + lu0) * wld + kt * 16, (unsigned)wld);
-            wmma::mma_sync(acc[q], a, b, acc[q]);
+__device__ void mb__rec_fwd(mb__gtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int Hc, int lu0) {
+    if constexpr (mb__tc<T>::on) {
+        const T *bp = mb__bfrag(h, tld, 0), *ap = mb__afrag(w, wld, lu0);
+        for (int k = 0; k < Hp; k += 16) {
+            unsigned b[2];
+            mb__ldsm2(b, bp + k);
+            for (int q = 0; q < 4; q++) {
+                unsigned a[4];
+                mb__ldsm4(a, ap + (size_t)q * Hc * wld + k);
+                mb__mma<T>(acc[q], a, b);
+            }
+        }
+    } else {
+        const T *h0 = h + (size_t)mb__grow(0) * tld, *h1 = h0 + tld, *w0 = w + (size_t)(lu0 + mb__gunit(0)) * wld;
+        for (int k = 0; k < Hp; k += 4) { /* 4 k at a time: a row's 4 in one load */
+            float x0[4], x1[4];
+            mb__fget4(h0 + k, x0);
+            mb__fget4(h1 + k, x1);
+            for (int q = 0; q < 4; q++) {
+                float a0[4], a1[4];
+                mb__fget4(w0 + (size_t)q * Hc * wld + k, a0);
+                mb__fget4(w0 + (size_t)(q * Hc + 8) * wld + k, a1);
+                for (int j = 0; j < 4; j++) {
+                    acc[q].x[0] = __fmaf_rn(x0[j], a0[j], acc[q].x[0]);
+                    acc[q].x[1] = __fmaf_rn(x1[j], a0[j], acc[q].x[1]);
+                    acc[q].x[2] = __fmaf_rn(x0[j], a1[j], acc[q].x[2]);
+                    acc[q].x[3] = __fmaf_rn(x1[j], a1[j], acc[q].x[3]);
+                }
+            }
         }
     }
 }
-template <class T>
-__device__ void mb__rec_fwd(mb__ftile acc[4], const T *h, int tld, const T *wt, int, int Hp, int Hc, int lu0) {
-    const T *wc = wt + lu0 + mb__fcol();
-    for (int k = 0; k < Hp; k += 4) { /* 4 k at a time: each row's h in one load */
-        float hk[8][4], wk[4][4];
-        for (int i = 0; i < 8; i++) mb__fget4(h + mb__frow(i) * tld + k, hk[i]);
-        for (int j = 0; j < 4; j++)
-            for (int q = 0; q < 4; q++) wk[j][q] = mb__fget(wc[(size_t)(k + j) * 4 * Hc + q * Hc]);
-        for (int j = 0; j < 4; j++)
-            for (int q = 0; q < 4; q++)
-                for (int i = 0; i < 8; i++) acc[q].x[i] = __fmaf_rn(hk[i][j], wk[j][q], acc[q].x[i]);
-    }
-}
 
-/* Backward: acc = dg W, dg the (16, 4Hp) operand tile (rows tld apart); two partial sums (even
- * and odd k tiles, 4Hp/16 is even) so that two products are in flight. */
-template <class T>
-__device__ void mb__rec_bwd(mb__wtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
-    using namespace nvcuda;
-    mb__wtile part[2];
-    wmma::fill_fragment(part[0], 0.0f);
-    wmma::fill_fragment(part[1], 0.0f);
-    for (int kt = 0; kt < Hp / 4; kt += 2)
-        for (int p = 0; p < 2; p++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-            mb__lds(a, dg + (kt + p) * 16, (unsigned)tld);
-            mb__lds(b, w + (size_t)(kt + p) * 16 * wld + lu0, (unsigned)wld);
-            wmma::mma_sync(part[p], a, b, part[p]);
+/* Backward: acc = W^T dg^T (dh_rec), dg the (8, 4Hp) operand tile; tensor cores: two partial
+ * sums (even and odd k-steps, Hp/4 of them, an even number) so that two products are in flight. */
+template <class T> __device__ void mb__rec_bwd(mb__gtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
+    if constexpr (mb__tc<T>::on) {
+        const T *bp = mb__bfrag(dg, tld, 1), *ap = mb__afrag(w, wld, lu0);
+        mb__gtile part[2];
+        mb__gfill(part[0], 0.0f);
+        mb__gfill(part[1], 0.0f);
+        for (int k = 0; k < 4 * Hp; k += 32) {
+            unsigned b[4], a0[4], a1[4];
+            mb__ldsm4(b, bp + k);
+            mb__ldsm4(a0, ap + k);
+            mb__ldsm4(a1, ap + k + 16);
+            mb__mma<T>(part[0], a0, b);
+            mb__mma<T>(part[1], a1, b + 2);
         }
-    for (int i = 0; i < acc.num_elements; i++) acc.x[i] = part[0].x[i] + part[1].x[i];
-}
-template <class T>
-__device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
-    const T *wc = w + lu0 + mb__fcol();
-    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k = 0; k < 4 * Hp; k += 4) { /* 4 k at a time: W's column loaded once for the 8 rows */
-        float wk[4];
-        for (int j = 0; j < 4; j++) wk[j] = mb__fget(wc[(size_t)(k + j) * wld]);
-        for (int i = 0; i < 8; i++) {
-            float a[4];
-            mb__fget4(dg + mb__frow(i) * tld + k, a);
-            for (int j = 0; j < 4; j++) s[i] = __fmaf_rn(a[j], wk[j], s[i]);
+        for (int e = 0; e < 4; e++) acc.x[e] = part[0].x[e] + part[1].x[e];
+    } else {
+        const T *d0 = dg + (size_t)mb__grow(0) * tld, *d1 = d0 + tld, *w0 = w + (size_t)(lu0 + mb__gunit(0)) * wld,
+                *w1 = w0 + (size_t)8 * wld;
+        mb__gfill(acc, 0.0f);
+        for (int k = 0; k < 4 * Hp; k += 4) {
+            float x0[4], x1[4], a0[4], a1[4];
+            mb__fget4(d0 + k, x0);
+            mb__fget4(d1 + k, x1);
+            mb__fget4(w0 + k, a0);
+            mb__fget4(w1 + k, a1);
+            for (int j = 0; j < 4; j++) {
+                acc.x[0] = __fmaf_rn(x0[j], a0[j], acc.x[0]);
+                acc.x[1] = __fmaf_rn(x1[j], a0[j], acc.x[1]);
+                acc.x[2] = __fmaf_rn(x0[j], a1[j], acc.x[2]);
+                acc.x[3] = __fmaf_rn(x1[j], a1[j], acc.x[3]);
+            }
         }
     }
-    for (int i = 0; i < 8; i++) acc.x[i] = s[i];
 }
 
 // The block: its descriptor, rows and shared memory, and the warp's units and staging area.
@@ -844,7 +771,7 @@ __device__ void mb__rec_bwd(mb__ftile &acc, const T *dg, int tld, const T *w, in
 template <class T> struct mb__fblock {
     mb__fused_desc d;
     T *w, *tiles;               /* the slice of W_hh; the operand tiles (mb__fused_tile) */
-    float *stage, *scratch;     /* this warp's */
+    float *stage, *slane;       /* this warp's; this lane's first element in it (mb__glane) */
     int Hp, Hc, wld, tld, sld;  /* mb__fused_layout's */
     int cl, r0, nr;             /* blocks a row tile; rows r0 .. r0+nr-1 of the batch */
     int u0, lu0, nu;            /* this warp's units u0 .. u0+nu-1 (lu0 in its block's); nu <= 0: none */
@@ -859,9 +786,9 @@ __device__ inline mb__fused_desc mb__fused_find(const mb__fused_args &a, int *ti
     return a.d[i];
 }
 
-/* Carve shared memory, load the block's slice of W_hh (transposed for the FMA forward), zero the
- * operand tiles and the staging areas (padding rows and units stay zero); then a barrier of the
- * row tile's blocks. */
+/* Carve shared memory, load the block's slice of W_hh (the backward's transposed, read along
+ * W_hh's rows), zero the operand tiles and the staging areas (padding rows and units stay
+ * zero); then a barrier of the row tile's blocks. */
 template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args &a, unsigned char *sm, int backward) {
     mb__fblock<T> k;
     int tile, rank, warp = (int)(threadIdx.x / 32);
@@ -878,16 +805,17 @@ template <class T> __device__ mb__fblock<T> mb__fused_begin(const mb__fused_args
     k.w = (T *)sm;
     k.tiles = (T *)(sm + y.tiles);
     k.stage = (float *)(sm + y.warps + (size_t)warp * y.warp);
-    k.scratch = k.stage + MB__FUSED_ROWS * y.sld;
+    k.slane = mb__glane(k.stage, (size_t)k.sld);
     const int Hp = k.Hp, Hc = k.Hc, u1 = rank * Hc;
-    const bool tr = !backward && std::is_same<typename mb__tile_of<T>::type, mb__ftile>::value;
     for (int e = (int)threadIdx.x; e < 4 * Hc * Hp; e += (int)blockDim.x) {
-        /* forward: local row n (gate q, unit u1 + j), column c; backward: row n (gate q, unit j),
-         * local column c (unit u1 + c) */
-        int n = backward ? e / Hc : e / Hp, c = backward ? e % Hc : e % Hp;
-        int q = n / (backward ? Hp : Hc), j = n % (backward ? Hp : Hc) + (backward ? 0 : u1), col = c + (backward ? u1 : 0);
-        float v = j < H && col < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + j) * H + col]) : 0.0f;
-        mb__fput(tr ? &k.w[(size_t)c * 4 * Hc + n] : &k.w[(size_t)n * k.wld + c], v);
+        /* forward: row n = q Hc + j (gate q, unit u1 + j), column c; backward: W_hh's row n = q Hp
+         * + c (gate q, unit c) into column n of row j (unit u1 + j) */
+        int n = backward ? e / Hc : e / Hp, q = backward ? n / Hp : n / Hc;
+        int j = backward ? e % Hc : n % Hc, c = backward ? n % Hp : e % Hp;
+        float v = u1 + j < H && c < H ? mb__fget(((const T *)k.d.whh)[((size_t)q * H + (backward ? c : u1 + j)) * H +
+                                                                     (backward ? u1 + j : c)])
+                                      : 0.0f;
+        mb__fput(backward ? &k.w[(size_t)j * k.wld + n] : &k.w[(size_t)n * k.wld + c], v);
     }
     for (int e = (int)threadIdx.x; e < (backward ? 1 : 2) * MB__FUSED_ROWS * k.tld; e += (int)blockDim.x)
         mb__fput(&k.tiles[e], 0.0f);
@@ -902,19 +830,10 @@ template <class T> __device__ inline T *mb__fused_tile(const mb__fblock<T> &k, i
     return k.tiles + (i & 1) * MB__FUSED_ROWS * k.tld;
 }
 
-/* Fill segment s of the warp's staging area from global memory, row r from src + r*ld (rows
- * < nr, units < nu; the rest stays as it is), in this warp. */
-template <class T> __device__ void mb__stage_put(const mb__fblock<T> &k, int s, const float *src, size_t ld) {
-    for (int e = mb__lane(); e < 16 * 16; e += 32) {
-        int r = e >> 4, j = e & 15;
-        if (r < k.nr && j < k.nu) k.stage[r * k.sld + s * 16 + j] = src[r * ld + j];
-    }
-}
-
 /* Issue cp.async copies of NS segments of one array into this warp's staging area, from segment
  * s0 on: segment s of row r (rows < nr, units < nu) from src + r*ld + s*ss. 16-byte copies when
  * the rows are 16-byte aligned (v16: a lane then copies 4 units of one segment, in every
- * 32/(4 NS)-th row: 8 copies a lane forward, 12 backward), else 4-byte ones. */
+ * 32/(4 NS)-th row: 4 copies a lane forward, 6 backward), else 4-byte ones. */
 template <int NS, class T>
 __device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src, size_t ld, size_t ss, bool v16,
                                 bool whole) {
@@ -922,7 +841,7 @@ __device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src
     if (v16) {
         const int p = mb__lane() % (4 * NS), s = p / 4, j = p % 4 * 4, step = 32 / (4 * NS), r0 = mb__lane() / (4 * NS);
         if (j < k.nu)
-            for (int m = 0; m < 16 / step; m++) {
+            for (int m = 0; m < MB__FUSED_ROWS / step; m++) {
                 int r = r0 + m * step;
                 if (whole || r < k.nr) __pipeline_memcpy_async(stage + r * k.sld + s * 16 + j, src + r * ld + s * ss + j, 16);
             }
@@ -935,43 +854,63 @@ __device__ void mb__fused_fetch(const mb__fblock<T> &k, int s0, const float *src
     }
 }
 
-/* Segment s of the warp's staging area as a tile (after the wait and __syncwarp that publish it). */
-template <class T, class F> __device__ void mb__stage_get(const mb__fblock<T> &k, F &f, int s) {
-    mb__tile_load(f, k.stage + s * 16, k.sld);
+/* Segment s of the warp's staging area as a gate tile (after the wait and __syncwarp that
+ * publish it). */
+template <class T> __device__ inline void mb__stage_get(const mb__fblock<T> &k, mb__gtile &f, int s) {
+    const float *q = k.slane + s * 16;
+    f.x[0] = q[0], f.x[1] = q[k.sld], f.x[2] = q[8], f.x[3] = q[k.sld + 8];
 }
 
-/* The block's tile is whole (16 rows, H a multiple of 16) and the arrays are 32-byte aligned:
- * then every tile goes straight from its fragment and no bound is checked. */
+/* The tile to p (this warp's first unit of the tile's first row), rows ld apart, in p's type;
+ * C: only its elements of rows < nr, units < nu. */
+template <bool C, class D> __device__ inline void mb__gstore(D *p, size_t ld, const mb__gtile &f, int nr, int nu) {
+    D *q = mb__glane(p, ld);
+    const bool r0 = !C || mb__grow(0) < nr, r1 = !C || mb__grow(1) < nr, u0 = !C || mb__gunit(0) < nu,
+               u1 = !C || mb__gunit(2) < nu;
+    if (r0 && u0) mb__fput(&q[0], f.x[0]);
+    if (r1 && u0) mb__fput(&q[ld], f.x[1]);
+    if (r0 && u1) mb__fput(&q[8], f.x[2]);
+    if (r1 && u1) mb__fput(&q[ld + 8], f.x[3]);
+}
+
+/* The tile into the operand tile at o (this warp's first unit; rows ld apart) of each of the cl
+ * blocks of the row tile; C: its elements outside rows < nr, units < nu as 0 (so padding
+ * multiplies as zero). */
+template <bool C, class T> __device__ inline void mb__goperand(T *o, int ld, int cl, const mb__gtile &f, int nr, int nu) {
+    T w[4];
+    for (int e = 0; e < 4; e++) mb__fput(&w[e], !C || (mb__grow(e) < nr && mb__gunit(e) < nu) ? f.x[e] : 0.0f);
+    for (int b = 0; b < cl; b++) {
+        T *q = mb__glane(mb__fused_peer(o, cl, b), (size_t)ld);
+        q[0] = w[0], q[ld] = w[1], q[8] = w[2], q[ld + 8] = w[3];
+    }
+}
+
+/* The block's tile is whole (8 rows, H a multiple of 16) and the arrays are 16-byte aligned: then
+ * no bound is checked. */
 __device__ inline bool mb__fused_whole(int nr, int H, const void *const *p, int n) {
     uintptr_t any = 0;
     for (int i = 0; i < n; i++) any |= (uintptr_t)p[i];
-    return nr == MB__FUSED_ROWS && H % 16 == 0 && any % 32 == 0;
+    return nr == MB__FUSED_ROWS && H % 16 == 0 && any % 16 == 0;
 }
 
-/* Forward over all T steps (W: the whole tile, mb__fused_whole). In: the input gates x W_ih^T
+/* Forward over all T steps (W: the whole tile, mb__fused_whole; C: cl > 1, a cluster). In: the input gates x W_ih^T
  * in g (T, B, 4H); out: the activated gates in g, cells cs and outputs hs (T+1, B, H) from slot 1
  * (slot 0: c0, h0), and hs in the operand type (hs_op, low precision). */
-template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k) {
+template <class T, bool W, bool C> __device__ void mb__fused_fwd(const mb__fblock<T> &k) {
     const mb__fused_desc &d = k.d;
-    const int H = d.H, nr = W ? 16 : k.nr, nu = k.nu, u0 = k.u0; /* whole: nu is 16 or <= 0 */
+    const int cl = C ? k.cl : 1;
+    const int H = d.H, nr = W ? MB__FUSED_ROWS : k.nr, nu = W && k.nu > 0 ? 16 : k.nu, u0 = k.u0;
     const bool v16 = W || (H % 4 == 0 && (uintptr_t)d.g % 16 == 0);
     const size_t gstep = (size_t)d.B * 4 * H, hstep = (size_t)d.B * H; /* a step in g; in cs and hs */
     float *g = d.g + (size_t)k.r0 * 4 * H + u0;                        /* this tile's rows, step t */
     size_t o = ((size_t)d.B + k.r0) * H + u0;                           /* ... in cs and hs, slot t+1 */
-    typename mb__tile_of<T>::type acc[4], bias[4], c, h;
-    if (nu > 0) { /* the biases (in every row) and c0 into registers, h0 into the operand tile */
-        for (int q = 0; q < 4; q++) {
-            for (int e = mb__lane(); e < 256; e += 32)
-                k.stage[(e >> 4) * k.sld + (e & 15)] =
-                    (e & 15) < nu ? d.bih[q * H + u0 + (e & 15)] + d.bhh[q * H + u0 + (e & 15)] : 0.0f;
-            __syncwarp();
-            mb__stage_get(k, bias[q], 0);
-            __syncwarp();
+    mb__gtile acc[4], bias[4], c, h;
+    if (nu > 0) { /* the biases and c0 into registers, the first step's input gates fetched */
+        for (int e = 0; e < 4; e++) {
+            int j = mb__gunit(e), r = mb__grow(e);
+            for (int q = 0; q < 4; q++) bias[q].x[e] = j < nu ? d.bih[q * H + u0 + j] + d.bhh[q * H + u0 + j] : 0.0f;
+            c.x[e] = j < nu && r < nr ? d.cs[(size_t)(k.r0 + r) * H + u0 + j] : 0.0f;
         }
-        mb__stage_put(k, 0, d.cs + (size_t)k.r0 * H + u0, (size_t)H);
-        __syncwarp();
-        mb__stage_get(k, c, 0);
-        __syncwarp();
         mb__fused_fetch<4>(k, 0, g, (size_t)4 * H, (size_t)H, v16, W);
         __pipeline_commit();
     }
@@ -981,8 +920,6 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
     }
     __syncthreads();
     for (int t = 0; t < d.T; t++, g += gstep, o += hstep) {
-        mb__vec8<T> hw;
-        int hn = 0;
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
@@ -991,26 +928,26 @@ template <class T, bool W> __device__ void mb__fused_fwd(const mb__fblock<T> &k)
             if (t + 1 < d.T) mb__fused_fetch<4>(k, 0, g + gstep, (size_t)4 * H, (size_t)H, v16, W);
             __pipeline_commit();
         }
-        if (t) mb__fused_wait(k.cl); /* h_{t-1} in every block's operand tile */
+        if (t) mb__fused_wait(cl); /* h_{t-1} in every block's operand tile */
         if (nu > 0) {
             mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, k.Hc, k.lu0);
-            for (int i = 0; i < c.num_elements; i++) {
-                float z[4] = {acc[0].x[i] + bias[0].x[i], acc[1].x[i] + bias[1].x[i], acc[2].x[i] + bias[2].x[i],
-                              acc[3].x[i] + bias[3].x[i]};
-                mb__gcell_fwd(z, &c.x[i], &h.x[i]);
-                acc[0].x[i] = z[0]; acc[1].x[i] = z[1]; acc[2].x[i] = z[2]; acc[3].x[i] = z[3];
+            for (int e = 0; e < 4; e++) {
+                float z[4] = {acc[0].x[e] + bias[0].x[e], acc[1].x[e] + bias[1].x[e], acc[2].x[e] + bias[2].x[e],
+                              acc[3].x[e] + bias[3].x[e]};
+                mb__gcell_fwd(z, &c.x[e], &h.x[e]);
+                for (int q = 0; q < 4; q++) acc[q].x[e] = z[q];
             }
-            mb__tile_operand(mb__fused_tile(k, t + 1) + u0, k.tld, k.cl, h, nr, nu, k.scratch, &hw, &hn);
+            mb__goperand<!W>(mb__fused_tile(k, t + 1) + u0, k.tld, cl, h, nr, nu);
         }
-        mb__fused_arrive(k.cl);
+        mb__fused_arrive(cl);
         if (nu > 0) { /* the step's outputs, while the other blocks arrive */
-            if (d.hs_op) mb__put_row((T *)d.hs_op + o, (size_t)H, hw, hn, W);
-            mb__tile_store(d.hs + o, (size_t)H, h, nr, nu, k.scratch, W);
-            mb__tile_store(d.cs + o, (size_t)H, c, nr, nu, k.scratch, W);
-            for (int q = 0; q < 4; q++) mb__tile_store(g + q * H, (size_t)4 * H, acc[q], nr, nu, k.scratch, W);
+            if (d.hs_op) mb__gstore<!W>((T *)d.hs_op + o, (size_t)H, h, nr, nu);
+            mb__gstore<!W>(d.hs + o, (size_t)H, h, nr, nu);
+            mb__gstore<!W>(d.cs + o, (size_t)H, c, nr, nu);
+            for (int q = 0; q < 4; q++) mb__gstore<!W>(g + q * H, (size_t)4 * H, acc[q], nr, nu);
         }
     }
-    mb__fused_wait(k.cl); /* no block leaves while another may still write into its tiles */
+    mb__fused_wait(cl); /* no block leaves while another may still write into its tiles */
 }
 
 #ifdef CUDASIM /* the simulator checks these pointers at each launch */
@@ -1027,38 +964,36 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 0);
     const void *p[4] = {k.d.g, k.d.cs, k.d.hs, k.d.hs_op};
-    if (mb__fused_whole(k.nr, k.d.H, p, 4)) mb__fused_fwd<T, true>(k);
-    else mb__fused_fwd<T, false>(k);
+    const bool w = mb__fused_whole(k.nr, k.d.H, p, 4);
+    if (a.cl > 1) w ? mb__fused_fwd<T, true, true>(k) : mb__fused_fwd<T, false, true>(k);
+    else w ? mb__fused_fwd<T, true, false>(k) : mb__fused_fwd<T, false, false>(k);
 }
 
-/* Backward over all T steps, in reverse (W: the whole tile): in the activated gates g, cs and
+/* Backward over all T steps, in reverse (W: the whole tile; C: a cluster): in the activated gates g, cs and
  * dout (T, B, H); out: dg (T, B, 4H) for the weight-gradient gemms (in f32, or in the operand
  * type, dg_op), its sums over the steps dsum (B, 4H) for the bias gradients (in registers until
  * the end), dh0/dc0 (B, H) the gradients w.r.t. h0 and c0. A step fetches the 4 activated
  * gates, c_{t-1} (cs slot t) and dout of the step before. */
-template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k) {
+template <class T, bool W, bool C> __device__ void mb__fused_bwd(const mb__fblock<T> &k) {
     const mb__fused_desc &d = k.d;
-    const int H = d.H, nr = W ? 16 : k.nr, nu = k.nu, u0 = k.u0; /* whole: nu is 16 or <= 0 */
+    const int cl = C ? k.cl : 1;
+    const int H = d.H, nr = W ? MB__FUSED_ROWS : k.nr, nu = W && k.nu > 0 ? 16 : k.nu, u0 = k.u0;
     const bool v16 = W || (H % 4 == 0 && ((uintptr_t)d.g | (uintptr_t)d.cs | (uintptr_t)d.dout) % 16 == 0);
     const size_t gstep = (size_t)d.B * 4 * H, hstep = (size_t)d.B * H;
     size_t gt = ((size_t)(d.T - 1) * d.B + k.r0) * 4 * H + u0, ht = ((size_t)(d.T - 1) * d.B + k.r0) * H + u0;
-    typename mb__tile_of<T>::type acc, dc, cn, a4[4], cp, dh, sum[4];
-    if (nu > 0) { /* dh_rec = dc = the sums = 0, c_T into registers */
-        mb__tile_fill(acc, 0.0f);
-        mb__tile_fill(dc, 0.0f);
-        for (int q = 0; q < 4; q++) mb__tile_fill(sum[q], 0.0f);
-        mb__stage_put(k, 0, d.cs + ht + hstep, (size_t)H);
-        __syncwarp();
-        mb__stage_get(k, cn, 0);
-        __syncwarp();
+    mb__gtile acc, dc, cn, a4[4], cp, dh, sum[4];
+    if (nu > 0) { /* dh_rec = dc = the sums = 0, c_T into registers, the last step's inputs fetched */
+        mb__gfill(acc, 0.0f);
+        mb__gfill(dc, 0.0f);
+        for (int q = 0; q < 4; q++) mb__gfill(sum[q], 0.0f);
+        for (int e = 0; e < 4; e++)
+            cn.x[e] = mb__gunit(e) < nu && mb__grow(e) < nr ? d.cs[ht + hstep + (size_t)mb__grow(e) * H + mb__gunit(e)] : 0.0f;
         mb__fused_fetch<4>(k, 0, d.g + gt, (size_t)4 * H, (size_t)H, v16, W);
         mb__fused_fetch<1>(k, 4, d.cs + ht, (size_t)H, 0, v16, W);
         mb__fused_fetch<1>(k, 5, d.dout + ht, (size_t)H, 0, v16, W);
         __pipeline_commit();
     }
     for (int t = d.T - 1; t >= 0; t--, gt -= gstep, ht -= hstep) {
-        mb__vec8<T> gw[4];
-        int gn = 0;
         if (nu > 0) {
             __pipeline_wait_prior(0);
             __syncwarp();
@@ -1072,7 +1007,7 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
                 mb__fused_fetch<1>(k, 5, d.dout + ht - hstep, (size_t)H, 0, v16, W);
             }
             __pipeline_commit();
-            for (int e = 0; e < dc.num_elements; e++) { /* mb__lstm_cell_bwd, in registers */
+            for (int e = 0; e < 4; e++) { /* mb__lstm_cell_bwd, in registers */
                 float ig = a4[0].x[e], fg = a4[1].x[e], gg = a4[2].x[e], og = a4[3].x[e];
                 float tc = mb__gtanh(cn.x[e]), dhv = acc.x[e] + dh.x[e];
                 float dcv = dc.x[e] + dhv * og * (1.0f - tc * tc);
@@ -1085,26 +1020,24 @@ template <class T, bool W> __device__ void mb__fused_bwd(const mb__fblock<T> &k)
                 for (int q = 0; q < 4; q++) sum[q].x[e] += a4[q].x[e];
             }
         }
-        if (t < d.T - 1) mb__fused_wait(k.cl); /* the operand tiles free again (the step after's product done) */
+        if (t < d.T - 1) mb__fused_wait(cl); /* the operand tile free again (the step after's product done) */
         if (nu > 0)
-            for (int q = 0; q < 4; q++)
-                mb__tile_operand(k.tiles + q * k.Hp + u0, k.tld, k.cl, a4[q], nr, nu, k.scratch, &gw[q], &gn);
-        mb__fused_arrive(k.cl); /* dg in the operand tiles */
+            for (int q = 0; q < 4; q++) mb__goperand<!W>(k.tiles + q * k.Hp + u0, k.tld, cl, a4[q], nr, nu);
+        mb__fused_arrive(cl); /* dg in the operand tiles */
         if (nu > 0) /* the step's outputs, while the other blocks arrive */
             for (int q = 0; q < 4; q++) {
-                if (d.dg_op) mb__put_row((T *)d.dg_op + gt + q * H, (size_t)4 * H, gw[q], gn, W);
-                else mb__tile_store(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu, k.scratch, W);
+                if (d.dg_op) mb__gstore<!W>((T *)d.dg_op + gt + q * H, (size_t)4 * H, a4[q], nr, nu);
+                else mb__gstore<!W>(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu);
             }
-        mb__fused_wait(k.cl);
+        mb__fused_wait(cl);
         if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
-        mb__fused_arrive(k.cl);
+        mb__fused_arrive(cl);
     }
-    mb__fused_wait(k.cl);
+    mb__fused_wait(cl);
     if (nu > 0) {
-        mb__tile_store(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu, k.scratch, W);
-        mb__tile_store(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu, k.scratch, W);
-        for (int q = 0; q < 4; q++)
-            mb__tile_store(d.dsum + (size_t)k.r0 * 4 * H + q * H + u0, (size_t)4 * H, sum[q], nr, nu, k.scratch, W);
+        mb__gstore<!W>(d.dh0 + (size_t)k.r0 * H + u0, (size_t)H, acc, nr, nu);
+        mb__gstore<!W>(d.dc0 + (size_t)k.r0 * H + u0, (size_t)H, dc, nr, nu);
+        for (int q = 0; q < 4; q++) mb__gstore<!W>(d.dsum + (size_t)k.r0 * 4 * H + q * H + u0, (size_t)4 * H, sum[q], nr, nu);
     }
 }
 
@@ -1112,8 +1045,9 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     MB_DYNAMIC_SHARED(unsigned char, mb__fsm_bytes);
     const mb__fblock<T> k = mb__fused_begin<T>(a, mb__fsm_bytes, 1);
     const void *p[8] = {k.d.g, k.d.cs, k.d.dout, k.d.dg, k.d.dg_op, k.d.dsum, k.d.dh0, k.d.dc0};
-    if (mb__fused_whole(k.nr, k.d.H, p, 8)) mb__fused_bwd<T, true>(k);
-    else mb__fused_bwd<T, false>(k);
+    const bool w = mb__fused_whole(k.nr, k.d.H, p, 8);
+    if (a.cl > 1) w ? mb__fused_bwd<T, true, true>(k) : mb__fused_bwd<T, false, true>(k);
+    else w ? mb__fused_bwd<T, true, false>(k) : mb__fused_bwd<T, false, false>(k);
 }
 
 template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,

@@ -173,6 +173,7 @@ inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 #include "cudasim_wmma.h"
 #include "cudasim_pipeline.h"
 #include "cudasim_cluster.h"
+#include "cudasim_mma.h"
 
 // ---- launch: MB_LAUNCH(k, grid, block, smem, stream)(args...) ----
 namespace cudasim {
@@ -1495,6 +1496,20 @@ void pipeline_copy(void *dst, const void *src, size_t n, size_t zfill) {
 }
 void pipeline_commit() { my_pipe().commit(); }
 void pipeline_wait(size_t prior) { my_pipe().wait(prior); }
+
+/* ldmatrix (cudasim_mma.h): the rows' addresses from all 32 lanes, then this lane's words. */
+void ldmatrix(unsigned *r, int n, const void *p) {
+    if (!cur_block) fatal("ldmatrix called outside a kernel");
+    const std::atomic<uint64_t> *all = warp_collective(0xffffffffu, (uint64_t)(uintptr_t)p, "ldmatrix");
+    const unsigned l = lane_id();
+    for (int i = 0; i < n; i++) {
+        const char *row = (const char *)(uintptr_t)all[8 * i + l / 4].load(std::memory_order_relaxed);
+        if ((uintptr_t)row % 16) device_error("ldmatrix: a row address is not 16-byte aligned");
+        if (row < dyn_smem || row + 16 > dyn_smem + tl_dyn_bytes)
+            device_error("ldmatrix: a row is not in the launch's dynamic shared memory");
+        memcpy(&r[i], row + 4 * (l % 4), 4);
+    }
+}
 
 /* Clusters (cudasim_cluster.h). Without a cluster launch a block is a cluster of one: arrive
  * does nothing and wait is the block's barrier. */

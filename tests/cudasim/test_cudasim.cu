@@ -71,6 +71,28 @@ __global__ void k_wmma(const __half *a, const __half *b, float *c) {
     wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
 }
 
+/* ldmatrix and mma.m16n8k16 (cudasim_mma.h) as the PTX ISA lays them out: A (16 x 16 bf16,
+ * row-major) and B (8 columns of 16 k, each contiguous) staged in shared memory, loaded by
+ * ldmatrix with the addresses the ISA names (lane l: row l%8 of matrix l/8), multiplied onto
+ * D = 1 (the simulator's ldmatrix takes dynamic shared memory only, as the kernels use it); out: D by its documented positions (lane l: rows l/4, l/4+8, columns 2(l%4), +1),
+ * and each lane's A registers as loaded. */
+__global__ void k_mma(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *d, unsigned *regs) {
+    MB_DYNAMIC_SHARED(__nv_bfloat16, sa); /* A, then B: 768 bytes */
+    __nv_bfloat16 *sb = sa + 256;
+    const int l = (int)threadIdx.x, g = l / 4, t = l % 4;
+    for (int i = l; i < 256; i += 32) sa[i] = a[i];
+    for (int i = l; i < 128; i += 32) sb[i] = b[i];
+    __syncwarp();
+    unsigned ra[4], rb[2];
+    mb__ldsm4(ra, sa + (l % 8 + 8 * (l / 8 % 2)) * 16 + 8 * (l / 16));
+    mb__ldsm2(rb, sb + (l % 8) * 16 + 8 * (l / 8 % 2));
+    mb__gtile acc;
+    mb__gfill(acc, 1.0f);
+    mb__mma<__nv_bfloat16>(acc, ra, rb);
+    for (int e = 0; e < 4; e++) d[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2] = acc.x[e];
+    for (int i = 0; i < 4; i++) regs[l * 4 + i] = ra[i];
+}
+
 __global__ void k_nop(float *y) {
     if (y) y[0] = 1.0f;
 }
@@ -242,6 +264,41 @@ static void test_wmma(void **state) {
     cudaFree(a); cudaFree(b); cudaFree(c);
 }
 
+static void test_ldmatrix_mma(void **state) {
+    (void)state;
+    __nv_bfloat16 ha[256], hb[128];
+    float ref[128], got[128];
+    unsigned regs[128];
+    for (int i = 0; i < 256; i++) ha[i] = __float2bfloat16((float)(i % 7 - 3) / 4.0f);
+    for (int i = 0; i < 128; i++) hb[i] = __float2bfloat16((float)(i % 5 - 2) / 2.0f);
+    for (int m = 0; m < 16; m++) /* b(k, n) = hb[n * 16 + k] */
+        for (int n = 0; n < 8; n++) {
+            float acc = 1.0f;
+            for (int k = 0; k < 16; k++) acc += __bfloat162float(ha[m * 16 + k]) * __bfloat162float(hb[n * 16 + k]);
+            ref[m * 8 + n] = acc;
+        }
+    __nv_bfloat16 *a = NULL, *b = NULL;
+    float *d = dev_f32(128);
+    unsigned *r = NULL;
+    cudaMalloc((void **)&a, sizeof ha);
+    cudaMalloc((void **)&b, sizeof hb);
+    cudaMalloc((void **)&r, sizeof regs);
+    cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice);
+    MB_LAUNCH(k_mma, 1, 32, 768, 0)(a, b, d, r);
+    assert_int_equal(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(regs, r, sizeof regs, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(got, ref, sizeof ref); /* small dyadic values: exact in any order */
+    for (int l = 0; l < 32; l++) /* register i: A rows l/4 (+8 for i odd), columns 2(l%4) (+8 for i >= 2), low half first */
+        for (int i = 0; i < 4; i++) {
+            const __nv_bfloat16 *e = ha + (l / 4 + 8 * (i % 2)) * 16 + 2 * (l % 4) + 8 * (i / 2);
+            unsigned lo, hi;
+            memcpy(&lo, &e[0], 2), memcpy(&hi, &e[1], 2);
+            assert_int_equal(regs[l * 4 + i], (lo & 0xffffu) | (hi & 0xffffu) << 16);
+        }
+    cudaFree(a); cudaFree(b); cudaFree(d); cudaFree(r);
+}
+
 static void test_launch_limits(void **state) {
     (void)state;
     MB_LAUNCH(k_nop, 1, 1025, 0, 0)(nullptr);
@@ -361,7 +418,8 @@ static void test_sticky_fault(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_barrier_and_shared),     cmocka_unit_test(test_warp_intrinsics),
-        cmocka_unit_test(test_atomics_dynamic_shared), cmocka_unit_test(test_wmma), cmocka_unit_test(test_launch_limits),
+        cmocka_unit_test(test_atomics_dynamic_shared), cmocka_unit_test(test_wmma), cmocka_unit_test(test_ldmatrix_mma),
+        cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_streams_events_counters), cmocka_unit_test(test_cublas_math_mode),
         cmocka_unit_test(test_pipeline_and_clusters),  cmocka_unit_test(test_memory_and_faults),
         cmocka_unit_test(test_sticky_fault),
