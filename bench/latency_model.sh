@@ -76,6 +76,11 @@ BEGIN {
     SMEM = 232448  # bytes of shared memory a block may have (227 KB), for which paths fit
     B = 128; TMAX = 480; TSUM = 1104; HEAD = 64; K = 36; S = 5
     OLD = "fused (old)"; NEW = "fused (rebuilt)"; PLAN = "new fused (planned)"; NOW = "fused (15c5ad3)"
+    R8 = "fused (8 rows)"
+    SMEM_SM = 233472; SMS = 132 # bytes of shared memory an SM has (228 KB); SMs
+    # R8: the traced instruction counts a warp of the bf16 kernel, kt = Hp/16 = 1..16, cl 1 (rows())
+    split("337 358 367 383 406 427 436 445 468 489 498 507 530 551 560 569", R8F, " ")
+    split("337 349 372 378 401 407 430 436 459 465 488 494 517 523 546 552", R8B, " ")
     # the host code around the recurrence: V 0 that of the 2026-11-26 runs (the calibration), V 1
     # from commit 15c5ad3 on (the predictions); NLR: the launches of a training step of the runs
     # code (this script counted 83 at 4bcc948, the last commit before 15c5ad3; NL: the simulator
@@ -171,6 +176,44 @@ function rows(k, dir, H, p, cl,    Hp, E, n, tw, kt, M, aw, O, Kd, w) {
         if (dir == "bwd") { ins -= 4; wf -= 128 * ceil(H / (16 * cl)) }
         return 1
     }
+    if (k == R8) {
+        # the kernels of the third rebuild of issue 24 (megabatch_cuda.cuh "the fused recurrence"): a
+        # block owns 8 batch rows, a warp 16 units x 8 rows of each gate as one tile of 4 elements
+        # a lane in the accumulator layout of mma.m16n8k16 (M the units, N the rows: the product is
+        # W h^T, so a warp does half the work of the 16-row kernel at the same units), operands
+        # by ldmatrix from shared memory; f32 (and 16-bit before sm_80) by FMA in the same layout.
+        # Counted from its sm_90 SASS (nvcc 13.0 -O2, cuobjdump -sass) by tracing a warp through
+        # the whole-tile time loop (cl 1 and cl > 1 are separate instantiations), every branch
+        # taken as it goes at that Hp and cl (bench/results/2026-11-27-sass-counts.txt). bf16:
+        # R8F/R8B above by kt (the k loop is unrolled 4 times, so they are not linear; past 16,
+        # +15.5 a kt), cl 2: forward +85, backward +220, cl 4: +118, +371 (the barrier halves of
+        # a cluster, and the operand tile written into each block of it: 4 16-bit stores a gate
+        # tile and its address a block); 4 kt HMMA.16816 each way; MUFU 28 forward (7 a cell, 4
+        # cells a lane), 8 backward. f32: forward 296 + 22.5 Hp, backward 286 + 23 Hp (cl > 1:
+        # the bf16 offsets, not traced). Wavefronts a warp (a global access: one per
+        # 128-byte line it touches; shared: one per 128 bytes, none conflicting: rows padded to an
+        # odd number of 16 bytes): forward, global 28 STG x 4 lines (4 rows of 8 units; f32 24,
+        # no h in the operand type) + 4 LDGSTS x 8 lines (2 rows x 4 gates); shared 16 LDS (the
+        # staged gates) + 4 copies landing x 4 + 4 cl operand stores + the product: bf16 18 kt
+        # (a k-step: 4 ldmatrix.x4 of W, 1 .x2 of h), f32 2.5 Hp (10 LDS.128 of 128 distinct
+        # bytes every 4 k). Backward: global 6 LDGSTS x 8 + 16 STG x 4 = 112; shared 24 LDS + 6
+        # x 4 + 16 cl + bf16 24 kt (3 ldmatrix.x4 every 32 k of 4Hp), f32 4 Hp.
+        if ((p != "bf16" && p != "f32") || (cl != 1 && cl != 2 && cl != 4)) return 0
+        Hp = ceil(H / (16 * cl)) * 16 * cl; kt = Hp / 16; w = Hp / cl / 16
+        if (p == "bf16" && dir == "fwd")
+            row(ceil(w / 4), 0, 0, cl == 1, cl > 1, w * (176 + 18 * kt + 4 * cl),
+                (kt <= 16 ? R8F[kt] : R8F[16] + 15.5 * (kt - 16)) + (cl == 2 ? 85 : cl == 4 ? 118 : 0), 4 * kt, 28)
+        else if (p == "bf16")
+            row(ceil(w / 4), 0, 0, 2 * (cl == 1), 2 * (cl > 1), w * (160 + 24 * kt + 16 * cl),
+                (kt <= 16 ? R8B[kt] : R8B[16] + 14.5 * (kt - 16)) + (cl == 2 ? 220 : cl == 4 ? 371 : 0), 4 * kt, 8)
+        else if (dir == "fwd")
+            row(ceil(w / 4), 0, 0, cl == 1, cl > 1, w * (160 + 2.5 * Hp + 4 * cl),
+                296 + 22.5 * Hp + (cl == 2 ? 85 : cl == 4 ? 118 : 0), 0, 28)
+        else
+            row(ceil(w / 4), 0, 0, 2 * (cl == 1), 2 * (cl > 1), w * (160 + 4 * Hp + 16 * cl),
+                286 + 23 * Hp + (cl == 2 ? 220 : cl == 4 ? 371 : 0), 0, 8)
+        return 1
+    }
     if (k == PLAN) {
         # HISTORY: the row committed as a prediction before the rebuilt kernel existed (commit
         # 3b96422, bench/results/2026-11-26-latency-model.txt), kept as it was, its tensor-core
@@ -204,9 +247,12 @@ function getrow(k, dir, H, p, cl,    y, v) {
 }
 # cycles of one timestep: the row of kernel k at H (and its parts: issue, tensor core, wavefronts,
 # barriers, global round trips)
-function cycles(k, dir, H, p, cl) {
+# (SHARE: the blocks an SM holds, 1 unless set: the warps of a second block share the schedulers and
+# the L1TEX path as a second warp a scheduler would)
+function cycles(k, dir, H, p, cl,    m) {
     if (!getrow(k, dir, H, p, cl)) return -1
-    c_is = ins * (CPI + ws - 1); c_mm = mma * ws * MMA; c_wf = wf; c_ba = bar * BAR + cb * (L2 + CB)
+    m = SHARE ? SHARE : 1
+    c_is = ins * (CPI + ws * m - 1); c_mm = mma * ws * m * MMA; c_wf = wf * m; c_ba = bar * BAR + cb * (L2 + CB)
     c_gl = rt2 * L2 + rt1 * L1
     return c_is + c_mm + c_wf + c_ba + c_gl
 }
@@ -224,6 +270,62 @@ function lay(H, bw, cl,    Hp, Hc, wld, tld, sld, t, w) {
     return w + Hc / 16 * (16 * sld + 16 * 20) * 4
 }
 function fits(H, cl) { return max(lay(H, 0, cl), lay(H, 1, cl)) <= SMEM && ceil(H / (16 * cl)) <= 8 }
+# the same for R8 (8 rows, no scratch tile, rows padded by 16 bytes, the backward slice transposed)
+function lay8(H, bw, cl, es,    Hp, Hc, ld, sld, t, w) {
+    Hp = ceil(H / (16 * cl)) * 16 * cl; Hc = Hp / cl
+    ld = (bw ? 4 * Hp : Hp) + 16 / es; sld = 16 * (bw ? 6 : 4) + 4
+    t = ceil((bw ? Hc : 4 * Hc) * ld * es / 128) * 128
+    w = t + ceil((bw ? 1 : 2) * 8 * ld * es / 128) * 128
+    return w + Hc / 16 * 8 * sld * 4
+}
+function smem_of(k, H, p, cl,    es) {
+    es = p == "f32" ? 4 : 2
+    return k == R8 ? max(lay8(H, 0, cl, es), lay8(H, 1, cl, es)) : max(lay(H, 0, cl), lay(H, 1, cl))
+}
+function fits_k(k, H, p, cl) { return smem_of(k, H, p, cl) <= SMEM && ceil(H / (16 * cl)) <= 8 }
+# megabatch.h mb__lstm_step_us (its MB__US_* constants: US[], read from megabatch.h), and the
+# blocks a tile it chooses at H (bf16, the 8-row kernels; 0: the per-step path)
+function lib_us(H, cl,    Hp, wn) {
+    if (!cl) return US["PERSTEP"] + 0.025 * H
+    Hp = ceil(H / (16 * cl)) * 16 * cl; wn = Hp / cl / 16
+    return US["STEP"] + US["K"] * Hp + US["CROWD"] * (wn > 4 ? wn - 4 : 0) * Hp / 16 + (cl > 1 ? US["CLUSTER"] : 0)
+}
+function libchoice(H,    cl, best) {
+    best = 0
+    for (cl = 1; cl <= 4; cl *= 2) if (fits_k(R8, H, "bf16", cl) && lib_us(H, cl) < lib_us(H, best)) best = cl
+    return best
+}
+
+# ---- the recurrence launch of a training step: the 5 encoders side by side ----
+# One launch holds a layer of every encoder (T = 480 288 192 96 48), each of ceil(B/rows) row
+# tiles of cl blocks. With more blocks than SMs it is not 480 timesteps of the time of one block:
+# the blocks the shared memory of an SM holds all start, and those past one an SM share it with a
+# block of the first wave (the last launched: the shortest encoders), which runs at the shared
+# rate while they last; blocks that do not fit wait for a free SM (cl of them, a cluster, at a
+# time), the span of the launch a list schedule in launch order over SMS/cl cluster slots. Sets
+# SPAN (timesteps at one block an SM) and XSTEPS (timesteps a first-wave block of the longest
+# encoder shares its SM).
+function launch(k, H, p, cl,    R, nb, N, per, i, j, n, slot, best, tt, fin, T5, d) {
+    split("480 288 192 96 48", T5, " ")
+    R = k == R8 ? 8 : 16; nb = ceil(B / R) * cl; N = S * nb
+    per = int(SMEM_SM / smem_of(k, H, p, cl)); if (per < 1) per = 1
+    SPAN = TMAX; XSTEPS = 0
+    if (N <= SMS) return
+    if (N <= SMS * per) { d = N - SMS; for (i = S; i >= 1 && d > 0; i--) { XSTEPS = T5[i]; d -= nb }; return }
+    n = int(SMS / cl); for (j = 0; j < n; j++) slot[j] = 0
+    fin = 0
+    for (i = 1; i <= S; i++) for (c = 0; c < nb / cl; c++) {
+        best = 0; for (j = 1; j < n; j++) if (slot[j] < slot[best]) best = j
+        slot[best] += T5[i]; if (slot[best] > fin) fin = slot[best]
+    }
+    SPAN = fin
+}
+# the recurrence of a training step, ms
+function rec_ms(k, H, p, cl,    a, b) {
+    launch(k, H, p, cl); a = fused_us(k, H, p, cl)
+    SHARE = 2; b = fused_us(k, H, p, cl); SHARE = 0
+    return (SPAN * a + XSTEPS * (b - a)) / 1e3
+}
 
 # ---- the per-step cuBLAS path, one timestep (mb__lstm_segment / _segment_backward) ----
 # chain nodes: forward gemm + gates (+ conversion of h in bf16), every 16 steps copy3 (+
@@ -264,7 +366,7 @@ function rest_ms(F, H, fused,    P, bytes, flop) {
 }
 # a training step on kernel k with cl blocks a tile (cl 0: the per-step path), ms
 function step_ms(k, F, H, p, cl) {
-    if (cl) return TMAX * fused_us(k, H, p, cl) / 1e3 + rest_ms(F, H, 1)
+    if (cl) return rec_ms(k, H, p, cl) + rest_ms(F, H, 1)
     return TMAX * perstep_us(F, H, p, NODE_G) / 1e3 + rest_ms(F, H, 0)
 }
 
@@ -488,11 +590,56 @@ BEGIN {
         rowbytes(128, 128, 0), rowbytes(128, 128, 1), rowbytes(128, 256, 0), rowbytes(128, 256, 1), \
         B * TSUM * rowbytes(128, 256, 0) / 1e9, B * TSUM * rowbytes(128, 256, 1) / 1e9
 
-    # ---- the cost model of megabatch.h (mb__lstm_step_us) against this one ----
     n = split(LIB, lv, " ")
     for (j = 1; j <= n; j++) { split(lv[j], kv, "="); US[kv[1]] = kv[2] }
-    printf "\nmegabatch.h mb__lstm_step_us (MB__US_STEP %s K %s CROWD %s CLUSTER %s PERSTEP %s, read from megabatch.h) and this model:\n", \
+    # ---- PREDICTED: the 8-row kernels (R8), term by term, and the goals of issue 24 ----
+    printf "\nPREDICTED: the kernels of 8 rows a block (%s), one timestep of a block, terms as above\n", R8
+    printf "%-16s %-4s %-3s %4s %2s %2s %3s %3s %5s %5s %4s %4s %6s %6s %6s %6s %6s\n", "kernel", "p", "dir", "H", "cl", "ws", \
+        "bar", "cb", "wf", "ins", "mufu", "mma", "issue c", "mma c", "wf c", "bar c", "us"
+    split("32 1 bf16|64 1 bf16|128 1 bf16|128 2 bf16|256 4 bf16|32 1 f32", cf, "|")
+    for (j = 1; j <= 6; j++) for (di = 0; di < 2; di++) {
+        split(cf[j], hc, " "); dir = di ? "bwd" : "fwd"
+        c = cycles(R8, dir, hc[1], hc[3], hc[2]); if (c < 0) continue
+        printf "%-16s %-4s %-3s %4d %2d %2d %3d %3d %5d %5d %4d %4d %6d %6d %6d %6d %6.2f\n", R8, hc[3], dir, hc[1], hc[2], ws, bar, \
+            cb, wf, ins, mufu, mma, c_is, c_mm, c_wf, c_ba, c / (FRUN * 1e3)
+    }
+    printf "\nPREDICTED one layer B=128 T=480 fwd+bwd, us a timestep (the recurrence and 12 other launches over T), %s\n", R8
+    printf "against the kernels measured in run 3 (%s, its measured value) and the goals of issue 24; CPI+1: the same\n", NEW
+    printf "at CPI %.2f (the constants were fitted on kernels of 8 cells a lane; these have 4, so a lane has half the\n", CPI + 1
+    printf "independent work to hide its latencies with: the prediction if a warp alone issued a cycle slower)\n"
+    printf "%-24s %8s %9s %9s %9s %8s %7s\n", "", "run 3", "model", "8 rows", "CPI+1", "goal", ""
+    split("32 1 bf16 4.2 2|256 4 bf16 14.1 10|32 1 f32 - 4", GLS, "|")
+    for (j = 1; j <= 3; j++) {
+        split(GLS[j], GG, " "); h = GG[1]; cl = GG[2]; pp = GG[3]
+        a = pp == "bf16" ? layer_us(NEW, h, pp, cl) : -1; b = layer_us(R8, h, pp, cl)
+        CPI += 1; c = layer_us(R8, h, pp, cl); CPI -= 1
+        printf "%-24s %8s %9s %9.2f %9.2f %5s%-3s %7s\n", "H=" h " " pp " " cl " block" (cl > 1 ? "s" : ""), GG[4], \
+            (a < 0 ? "-" : sprintf("%.2f", a)), b, c, "<= ", GG[5], (b <= GG[5] ? (c <= GG[5] ? "met" : "met (CPI+1: not)") : "not met")
+    }
+    printf "(f32 H=32 run 3: not measured; the first run measured the old kernel at 17.6)\n"
+
+    printf "\nPREDICTED whole training step F=128 B=128 head 64 bf16 with the 8-row kernels, ms: the last measured step less\n"
+    printf "what the model says the changes save (the rest: host code V 0 -> 1; the recurrence: the launch of the run, %s, ->\n", NEW
+    printf "%s at the blocks a tile megabatch.h chooses (its span: the 5 encoders of a launch share the GPU, see launch()))\n", R8
+    printf "%-5s %9s %4s %9s %3s %5s %6s %7s %7s %9s %9s %6s %6s %8s %10s\n", "H", "measured", "run", "rest", "cl", "span", "shared", \
+        "rec.", "rec. 8", "predicted", "PyTorch", "speed", "CPI+1", "goal", ""
+    split("2.45 3.40 4.81 6.69", ms, " "); split("11.52 11.29 12.73 15.11", mt, " "); split("3 3 4 4", mr, " "); split("4 3 3 3", gx, " ")
+    for (j = 1; j <= 4; j++) {
+        h = 16 * 2 ^ j; cl0 = h == 128 ? 2 : h == 256 ? 4 : 1; cl = libchoice(h)
+        V = 0; r0 = rest_ms(128, h, 1); V = 1; r1 = rest_ms(128, h, 1); V = 0
+        a = rec_ms(NEW, h, "bf16", cl0); b = rec_ms(R8, h, "bf16", cl); sp = SPAN; xs = XSTEPS
+        pr = ms[j] - (r0 - r1) - (a - b)
+        CPI += 1; pc = ms[j] - (r0 - r1) - (a - b) + (rec_ms(R8, h, "bf16", cl) - b); CPI -= 1
+        printf "%-5d %9.2f %4s %9.2f %3d %5d %6d %7.2f %7.2f %9.2f %9.2f %5.2fx %5.2fx %4dx: %s\n", h, ms[j], mr[j], r1 - r0, cl, sp, xs, \
+            a, b, pr, mt[j], mt[j] / pr, mt[j] / pc, gx[j], (mt[j] / pr >= gx[j] ? (mt[j] / pc >= gx[j] ? "met" : "met (CPI+1: not)") : "not met")
+    }
+    printf "(rest: its change; rec., rec. 8: the recurrence of the run and of the 8-row kernels, ms; span: timesteps at one block\n"
+    printf " an SM, shared: those a block of the longest encoder shares its SM; CPI+1: the speed with the 8-row recurrence at CPI+1)\n"
+
+    # ---- the cost model of megabatch.h (mb__lstm_step_us) against this one ----
+    printf "\nmegabatch.h mb__lstm_step_us (MB__US_STEP %s K %s CROWD %s CLUSTER %s PERSTEP %s, read from megabatch.h) and this model\n", \
         US["STEP"], US["K"], US["CROWD"], US["CLUSTER"], US["PERSTEP"]
+    printf "(%s; run 3: %s, measured):\n", R8, NEW
     printf "one layer F=128 bf16 fwd+bwd, us a timestep, of the paths whose shared memory fits (%d bytes a block)\n", SMEM
     printf "%-5s %-10s %9s %9s %9s\n", "H", "path", "library", "model", "run 3"
     split("32 48 64 96 128 160 192 256", hs, " ")
@@ -500,11 +647,8 @@ BEGIN {
     for (j = 1; j <= 8; j++) {
         h = hs[j]; bl = 1e9; bm = 1e9
         for (cl = 0; cl <= 4; cl = cl ? cl * 2 : 1) {
-            if (cl && !fits(h, cl)) continue
-            if (cl) { Hp = ceil(h / (16 * cl)) * 16 * cl; wn = Hp / cl / 16
-                lu = US["STEP"] + US["K"] * Hp + US["CROWD"] * (wn > 4 ? wn - 4 : 0) * Hp / 16 + (cl > 1 ? US["CLUSTER"] : 0)
-                mu = layer_us(NEW, h, "bf16", cl) }
-            else { lu = US["PERSTEP"] + 0.025 * h; mu = perstep_us(128, h, "bf16", NODE_S, 0) }
+            if (cl && !fits_k(R8, h, "bf16", cl)) continue
+            lu = lib_us(h, cl); mu = cl ? layer_us(R8, h, "bf16", cl) : perstep_us(128, h, "bf16", NODE_S, 0)
             ms3 = h == 32 && cl == 1 ? "4.2" : h == 64 && cl == 1 ? "6.0" : h == 128 && cl == 1 ? "11.4" : h == 128 && cl == 2 ? "10.1" : \
                 h == 256 && cl == 4 ? "14.1" : h == 256 && cl == 0 ? "44.7" : ""
             printf "%-5d %-10s %9.2f %9.2f %9s\n", h, (cl ? cl " block" (cl > 1 ? "s" : "") : "per-step"), lu, mu, ms3
