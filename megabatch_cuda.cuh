@@ -684,9 +684,9 @@ template <class T> __device__ inline void mb__mma(mb__gtile &d, const unsigned a
 // both row-major, wld and tld elements apart. Tensor cores: ldmatrix and mma.m16n8k16 with f32
 // accumulation; FMA: each sum in k order.
 
-/* The address this lane gives ldmatrix for the A fragment of rows m0..m0+15 at column k0 of a
- * row-major array (rows ld apart), and for 2 (x2) or 4 consecutive k-steps' B fragments of the
- * 8 rows of an operand tile. */
+/* The address this lane gives ldmatrix (add the k-step's first column k) for the A fragment of
+ * rows m0..m0+15 of a row-major array (rows ld apart), and for the B fragment of the 8 rows of
+ * an operand tile: one k-step's (x4 0: ldmatrix.x2) or two consecutive k-steps' (x4 1: .x4). */
 template <class T> __device__ inline const T *mb__afrag(const T *a, int ld, int m0) {
     return a + (size_t)(m0 + (mb__lane() & 7) + 8 * ((mb__lane() >> 3) & 1)) * ld + 8 * (mb__lane() >> 4);
 }
