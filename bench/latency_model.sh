@@ -305,7 +305,7 @@ function libchoice(H,    cl, best) {
 # time), the span of the launch a list schedule in launch order over SMS/cl cluster slots. Sets
 # SPAN (timesteps at one block an SM) and XSTEPS (timesteps a first-wave block of the longest
 # encoder shares its SM).
-function launch(k, H, p, cl,    R, nb, N, per, i, j, n, slot, best, tt, fin, T5, d) {
+function launch(k, H, p, cl,    R, nb, N, per, i, j, c, n, slot, best, fin, T5, d) {
     split("480 288 192 96 48", T5, " ")
     R = k == R8 ? 8 : 16; nb = ceil(B / R) * cl; N = S * nb
     per = int(SMEM_SM / smem_of(k, H, p, cl)); if (per < 1) per = 1

@@ -4,7 +4,7 @@
  * against the CPU in the same precision, which rounds at the same points); several LSTMs of
  * different T, H and layers in one mb_lstm_*_many (one launch per layer) bitwise equal to
  * single calls and to a repeated run; odd shapes (H not a multiple of 16, B not a multiple
- * of the 16-row tile, T = 1) and whole tiles (B and H multiples of 16); the gradient of h_last
+ * of the 8-row tile, T = 1) and whole tiles (B a multiple of 8, H of 16); the gradient of h_last
  * alone (dout_seq NULL, in f32) or of every output; a second backward of a forward gives the same
  * gradients. Under the simulator, the launch count of a step does not grow with T. Without a
  * GPU every test skips cleanly. */
@@ -214,10 +214,10 @@ static void test_fused_matches_cpu(void **state) {
     (void)state;
     mb_device *gpu = tu_open_cuda_or_skip(0), *cpu;
     tu_ok(mb_device_open(&cpu, NULL));
-    /* fixed odd shapes: H 17, 33, 8 (not multiples of 16), B 17 (one full tile and one row), T = 1,
+    /* fixed odd shapes: H 17, 33, 8 (not multiples of 16), B 17 (two full tiles and one row), T = 1,
      * the gradient of h_last only */
     net odd = {3, 17, 5, {1, 23, 9}, {17, 33, 8}, {2, 1, 3}, 1};
-    /* whole tiles: B 32, H 32 and 48 (the kernels' outputs straight from tensor-core fragments) */
+    /* whole tiles: B 32, H 32 and 48 (the kernels' loops without bounds) */
     net whole = {2, 32, 7, {6, 3}, {32, 48}, {1, 2}, 0};
     for (int i = 0; small() && i < 3; i++) { /* the sanitizers: 4 steps at most (the loops' code is the same) */
         if (odd.T[i] > 4) odd.T[i] = 4;

@@ -20,6 +20,7 @@
 
 namespace cudasim {
 void ldmatrix(unsigned *r, int n, const void *p);
+/* Element hi (0: the low half) of register w, as f32. */
 inline float mma_elem(uint32_t w, int hi, int f16) {
     uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
     if (f16) {
@@ -27,10 +28,9 @@ inline float mma_elem(uint32_t w, int hi, int f16) {
         r.x = h;
         return __half2float(__half(r));
     }
-    uint32_t u = (uint32_t)h << 16;
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
+    __nv_bfloat16_raw r;
+    r.x = h;
+    return __bfloat162float(__nv_bfloat16(r));
 }
 /* f16: 1 for f16 operands, 0 for bf16. */
 inline void mma_m16n8k16(float d[4], const unsigned a[4], const unsigned b[2], int f16) {

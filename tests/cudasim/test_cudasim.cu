@@ -72,10 +72,11 @@ __global__ void k_wmma(const __half *a, const __half *b, float *c) {
 }
 
 /* ldmatrix and mma.m16n8k16 (cudasim_mma.h) as the PTX ISA lays them out: A (16 x 16 bf16,
- * row-major) and B (8 columns of 16 k, each contiguous) staged in shared memory, loaded by
- * ldmatrix with the addresses the ISA names (lane l: row l%8 of matrix l/8), multiplied onto
- * D = 1 (the simulator's ldmatrix takes dynamic shared memory only, as the kernels use it); out: D by its documented positions (lane l: rows l/4, l/4+8, columns 2(l%4), +1),
- * and each lane's A registers as loaded. */
+ * row-major) and B (8 columns of 16 k, each contiguous) staged in dynamic shared memory (the
+ * only kind the simulator's ldmatrix takes, as the kernels use), loaded by ldmatrix with the
+ * addresses the ISA names (lane l: row l%8 of matrix l/8), multiplied onto D = 1; out: D by its
+ * documented positions (lane l: rows l/4, l/4+8, columns 2(l%4), +1), and each lane's A
+ * registers as loaded. */
 __global__ void k_mma(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *d, unsigned *regs) {
     MB_DYNAMIC_SHARED(__nv_bfloat16, sa); /* A, then B: 768 bytes */
     __nv_bfloat16 *sb = sa + 256;
