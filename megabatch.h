@@ -2323,7 +2323,7 @@ static void mb__rk_tile_c(int mr, const mb__rk_a *A, int64_t r, const float *p, 
 /* A tile's R rows of C (nc columns) into cache before its products run: the forward writes
  * each step's gates to memory no step has touched yet (full storage), and a store that
  * misses stalls the tile; the fetch overlaps the misses with the products (measured on a
- * Zen 3: the F=32 H=64 forward 221 -> 149 us a step, docs/BENCHMARKS.md). The bits are unchanged. */
+ * Zen 3: the F=32 H=64 forward 221 -> 149 us a step, docs/BENCHMARKS.md). Same bits. */
 #define MB__RK_PREFETCH_C(R)                                                                                     \
     for (int i_ = 0; i_ < (R); i_++) {                                                                           \
         for (int j_ = 0; j_ < nc; j_ += 16) __builtin_prefetch(c + i_ * ldc + j_, 1, 3);                         \

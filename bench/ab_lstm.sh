@@ -36,7 +36,7 @@ function med(s, fmt,   n, a, i, j, t) { n = split(s, a, " ");
     return sprintf(fmt " (" fmt "-" fmt ")", n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2, a[1], a[n]) }
 { for (i = 1; i <= NF; i++) { if ($i ~ /^checkpoint=/) ck = ($i == "checkpoint=-1") ? "full" : "ckpt";
       if ($i == "fwd") f = $(i + 1); if ($i == "fwd+bwd") b = $(i + 1) }
-  k = $3 SUBSEP ck; F[k] = F[k] " " f; FB[k] = FB[k] " " b; seen[$3] = 1; V[$3, ck, $2] = b }
+  k = $3 SUBSEP ck; F[k] = F[k] " " f; FB[k] = FB[k] " " b; V[$3, ck, $2] = b }
 END { nb = split(bins, order, " ");
     for (ck = 0; ck < 2; ck++) { m = ck ? "ckpt" : "full";
         for (o = 1; o <= nb; o++) { bin = order[o]; k = bin SUBSEP m; rs = "";
