@@ -55,18 +55,6 @@ static int fail(const char *what) {
 
 static int keep_denormals;
 
-/* MB_LSTM_KERNEL: the CPU LSTM's kernel variant (mb_device_config.cpu_kernel) into *out. */
-static int cpu_kernel(mb_cpu_kernel *out) {
-    static const char *const names[] = {"auto", "avx512", "avx2", "c"}; /* mb_cpu_kernel's order */
-    const char *want = getenv("MB_LSTM_KERNEL");
-    *out = MB_CPU_KERNEL_AUTO;
-    if (!want || !*want) return 0;
-    for (int v = 0; v < 4; v++)
-        if (!strcmp(want, names[v])) { *out = (mb_cpu_kernel)v; return 0; }
-    fprintf(stderr, "error: MB_LSTM_KERNEL=%s: expected auto, avx512, avx2 or c\n", want);
-    return 1;
-}
-
 static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb_dtype prec, int threads) {
     mb_device *dev;
     mb_params *p;
@@ -74,7 +62,7 @@ static int run(int64_t B, int64_t T, int64_t F, int64_t H, int ck, int iters, mb
     mb_device_config dc;
     memset(&dc, 0, sizeof dc);
     dc.backend = BACKEND; dc.threads = threads; dc.keep_denormals = keep_denormals;
-    if (BACKEND == MB_CPU && cpu_kernel(&dc.cpu_kernel)) return 1;
+    if (BACKEND == MB_CPU && mba_cpu_kernel(&dc.cpu_kernel)) return 1;
     mb_lstm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.input_size = F; cfg.hidden_size = H; cfg.layers = 1; cfg.checkpoint = ck;

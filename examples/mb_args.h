@@ -1,6 +1,6 @@
 /* mb_args.h - what the programs (examples/ and bench/) share so that they answer alike:
- * the command line, the check of output paths, the one way to open a user's data file, and
- * the clock (mba_now).
+ * the command line, the check of output paths, the one way to open a user's data file, the
+ * clock (mba_now), and the benches' choice of CPU kernel (MB_LSTM_KERNEL).
  *   tool --help, tool -h       the usage text on stdout, exit 0
  *   a flag without its value   error: --epochs needs a value (see --help)      exit 2
  *   an unknown flag            error: unknown flag '--bogus' (see --help)      exit 2
@@ -222,6 +222,20 @@ static inline mb_result mba_open_data(const char *path, int probe, mb_dataset **
     memset(&dc, 0, sizeof dc);
     if (!mba_number(getenv("MB_PROBE_TIMEOUT"), 0.1, 3600, &to)) dc.probe_timeout_s = to;
     return probe ? mb_dataset_open_untrusted(ds, path, &dc) : mb_dataset_open_file(ds, path, &dc);
+}
+
+/* MB_LSTM_KERNEL=auto|avx512|avx2|c from the environment (the benches): the CPU LSTM's kernel
+ * variant (mb_device_config.cpu_kernel) into *out; unset or empty: auto. Returns 0, or
+ * prints an error and returns 1 for any other value. */
+static inline int mba_cpu_kernel(mb_cpu_kernel *out) {
+    static const char *const names[] = {"auto", "avx512", "avx2", "c"}; /* mb_cpu_kernel's order */
+    const char *want = getenv("MB_LSTM_KERNEL");
+    *out = MB_CPU_KERNEL_AUTO;
+    if (!want || !*want) return 0;
+    for (int v = 0; v < 4; v++)
+        if (!strcmp(want, names[v])) { *out = (mb_cpu_kernel)v; return 0; }
+    fprintf(stderr, "error: MB_LSTM_KERNEL=%s: expected auto, avx512, avx2 or c\n", want);
+    return 1;
 }
 
 #endif /* MB_ARGS_H */

@@ -43,6 +43,7 @@ static const tool tools[] = {
     {"build/bench/bench_dist", {NULL}, {NULL}},
     {"build/bench/bench_lstm_launches", {NULL}, {NULL}},
     {"build/bench/peak_fma", {NULL}, {NULL}},
+    {"build/bench/bench_rk", {NULL}, {NULL}},
 };
 enum { NTOOLS = sizeof tools / sizeof *tools };
 static const char *const variants[] = {"", "_cuda", "_mpi", "_cuda_mpi"};
