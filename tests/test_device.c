@@ -1,5 +1,5 @@
-/* device (CPU backend): open/close, name, memory, streams, allocation counters,
- * failure injection, CUDA requested from a build without it. */
+/* device (CPU backend): open/close, name, memory, streams, allocation counters and
+ * alignment, failure injection, CUDA requested from a build without it. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
@@ -84,6 +84,28 @@ static void test_alloc_counters(void **state) {
     mb_device_close(dev);
 }
 
+/* Every kind of CPU memory starts on a 64-byte cache line, whatever its size (malloc's
+ * large blocks start 16 bytes past one), and all of it is writable up to its last byte. */
+static void test_alloc_on_a_cache_line(void **state) {
+    (void)state;
+    mb_device *dev;
+    tu_ok(mb_device_open(&dev, NULL));
+    const size_t sizes[] = {0, 1, 15, 64, 1000, 4096, 100003, (size_t)1 << 20, ((size_t)4 << 20) + 4};
+    for (int k = 0; k < MB_MEM_KINDS; k++)
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            unsigned char *p = NULL;
+            tu_ok(mb_alloc(dev, (mb_mem_kind)k, sizes[i], (void **)&p));
+            assert_non_null(p);
+            assert_int_equal((uintptr_t)p % 64, 0);
+            memset(p, 0xa5, sizes[i]);
+            if (sizes[i]) assert_int_equal(p[sizes[i] - 1], 0xa5);
+            mb_free(dev, p);
+        }
+    mb_mem_stats s = mb_device_mem_stats(dev);
+    for (int k = 0; k < MB_MEM_KINDS; k++) assert_int_equal(s.live[k], 0);
+    mb_device_close(dev);
+}
+
 static void test_alloc_failure_injection(void **state) {
     (void)state;
     mb_device *dev;
@@ -158,6 +180,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_cpu_defaults),  cmocka_unit_test(test_cuda_not_built),
         cmocka_unit_test(test_alloc_counters),     cmocka_unit_test(test_alloc_failure_injection),
+        cmocka_unit_test(test_alloc_on_a_cache_line),
         cmocka_unit_test(test_close_reports_and_frees_leaks), cmocka_unit_test(test_convert),
         cmocka_unit_test(test_backend_table),
     };
