@@ -32,7 +32,7 @@ static void test_scheduled_adamw(void **state) {
     mb_device *dev = tu_open_cpu();
     size_t n;
     for (int k = MB_LR_CONSTANT; k <= MB_LR_ONE_CYCLE; k++) {
-        float *out = tu_alloc_f32(40 * 51 + 64); /* + the params' alignment padding, as the CUDA test */
+        float *out = tu_alloc_f32(SC_SCHEDULED_MAX_FLOATS);
         sc_scheduled_adamw(dev, tu_next(), (mb_lr_kind)k, out, &n);
         free(out);
     }

@@ -63,7 +63,7 @@ static void test_cuda_scheduled_adamw(void **state) {
     mb_device *g = tu_open_cuda_or_skip(0), *c;
     tu_ok(mb_device_open(&c, NULL));
     for (int k = MB_LR_CONSTANT; k <= MB_LR_ONE_CYCLE; k++) {
-        float *hg = tu_alloc_f32(40 * 51 + 64), *hc = tu_alloc_f32(40 * 51 + 64);
+        float *hg = tu_alloc_f32(SC_SCHEDULED_MAX_FLOATS), *hc = tu_alloc_f32(SC_SCHEDULED_MAX_FLOATS);
         size_t ng = 0, nc = 0;
         uint64_t seed = tu_next(), rs = tu_rng_state;
         sc_scheduled_adamw(g, seed, (mb_lr_kind)k, hg, &ng);
