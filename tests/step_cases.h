@@ -191,12 +191,14 @@ static void sc_meter_lagged(mb_device *dev) {
     mb_meter_destroy(m);
 }
 
-/* mb_adamw_step_scheduled against mb_adamw_step(mb_lr_at(s, i)) on twin parameters: the same bits
- * for every schedule, through a skipped step (an inf gradient) and past total_steps. Leaves the
- * scheduled twin's final parameters in out (mb_params_total floats, host). */
 /* Floats sc_scheduled_adamw may write to out: its parameters at their largest (w 40 x 50,
  * b 40), each padded to 64 floats as mb_params lays them out. */
 #define SC_SCHEDULED_MAX_FLOATS ((40 * 50 + 63) / 64 * 64 + (40 + 63) / 64 * 64)
+
+/* mb_adamw_step_scheduled against mb_adamw_step(mb_lr_at(s, i)) on twin parameters: the same bits
+ * for every schedule, through a skipped step (an inf gradient) and past total_steps. Leaves the
+ * scheduled twin's final parameters in out (mb_params_total floats, host; at most
+ * SC_SCHEDULED_MAX_FLOATS). */
 static void sc_scheduled_adamw(mb_device *dev, uint64_t seed, mb_lr_kind kind, float *out, size_t *np) {
     mb_params *p[2];
     int64_t ws[2] = {tu_int(1, 40), tu_int(1, 50)}, bs[1] = {ws[0]};
