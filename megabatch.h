@@ -5572,17 +5572,18 @@ typedef struct mb__rec_job {
     int64_t ldin;
 } mb__rec_job;
 
-/* Rows of a chunk: its product's input rows in about MB__REC_CACHE bytes of L2 (the
- * packed weights then stream once a chunk), a multiple of the kernel's rows, at most B. */
-static int64_t mb__rec_chunk(const mb_lstm *l, int64_t width) {
-    int64_t mr = l->rk->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
+/* Rows of a chunk: its product's input rows (width floats each) in about MB__REC_CACHE
+ * bytes of L2 (the packed weights then stream once a chunk), a multiple of kernel k's rows,
+ * at most B. */
+static int64_t mb__rec_chunk(const mb__rk *k, int64_t B, int64_t width) {
+    int64_t mr = k->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
     if (mc < mr) mc = mr;
-    return mc < l->B ? mc : l->B;
+    return mc < B ? mc : B;
 }
 
 static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
     mb_lstm *l = j->l;
-    int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(l, in + H);
+    int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(l->rk, B, in + H);
     mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
@@ -5595,7 +5596,7 @@ static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
 
 static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
     mb_lstm *l = j->l;
-    int64_t H = l->H, mc = mb__rec_chunk(l, 4 * H);
+    int64_t H = l->H, mc = mb__rec_chunk(l->rk, l->B, 4 * H);
     mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;

@@ -71,10 +71,7 @@ static int product_init(product *p, mb_device *dev, const mb__rk *k, int64_t B) 
         if (p->K2) memcpy(p->a + r * K + p->K1, p->a2 + r * p->K2, (size_t)p->K2 * sizeof(float));
     }
     mb__rk_pack(k->nr, p->N, K, p->w, p->trans, K, 0, p->packed);
-    /* rows a chunk: as mb__rec_chunk, the chunk's input rows in about MB__REC_CACHE bytes */
-    p->chunk = MB__REC_CACHE / (4 * K) / k->mr * k->mr;
-    if (p->chunk < k->mr) p->chunk = k->mr;
-    if (p->chunk > B) p->chunk = B;
+    p->chunk = mb__rec_chunk(k, B, K); /* the layer's rows a chunk */
     return 1;
 }
 
