@@ -1,13 +1,13 @@
-/* The fused LSTM recurrence (megabatch_cuda.cuh, section "fused LSTM"): full storage on the
- * GPU runs it. Against the CPU backend on fresh random inputs, in f32 (relative norm error
- * < 1e-4, as test_cuda_lstm.cu states) and bf16/f16 (< 2e-2 against the CPU in f32, and < 1e-3
- * against the CPU in the same precision, which rounds at the same points); several LSTMs of
- * different T, H and layers in one mb_lstm_*_many (one launch per layer) bitwise equal to
- * single calls and to a repeated run; odd shapes (H not a multiple of 16, B not a multiple
- * of the 8-row tile, T = 1) and whole tiles (B a multiple of 8, H of 16); the gradient of h_last
- * alone (dout_seq NULL, in f32) or of every output; a second backward of a forward gives the same
- * gradients. Under the simulator, the launch count of a step does not grow with T. Without a
- * GPU every test skips cleanly. */
+/* The fused LSTM recurrence (megabatch_cuda.cuh, section "fused LSTM"): full storage on the GPU
+ * runs it. Against the CPU backend on fresh random inputs, in f32 (relative norm error < 1e-4,
+ * as test_cuda_lstm.cu states) and bf16/f16 (< 2e-2 against the CPU in f32, and < 2.5e-3 bf16 /
+ * 1e-3 f16 against the CPU in the same precision, which rounds at the same points); several
+ * LSTMs of different T, H and layers in one mb_lstm_*_many (one launch per layer) bitwise equal
+ * to single calls and to a repeated run; odd shapes (H not a multiple of 16, B not a multiple
+ * of the 8-row tile, T = 1) and whole tiles (B a multiple of 8, H of 16); the gradient of
+ * h_last alone (dout_seq NULL, in f32) or of every output; a second backward of a forward gives
+ * the same gradients. Under the simulator, the launch count of a step does not grow with T.
+ * Without a GPU every test skips cleanly. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
@@ -185,9 +185,15 @@ static void check_net(mb_device *gpu, mb_device *cpu, const net *net_in, mb_dtyp
     double e = worst_err(s, got, ref, n, "vs cpu f32"), tol = prec == MB_F32 ? 1e-4 : 2e-2;
     if (!(e < tol)) fail_msg("%s: relative norm error %g >= %g against the CPU in f32", mb_dtype_name(prec), e, tol);
     if (refp) {
-        double e2 = worst_err(s, got, refp, n, "vs cpu same precision");
-        if (!(e2 < 1e-3)) fail_msg("%s: relative norm error %g >= 1e-3 against the CPU in %s", mb_dtype_name(prec), e2,
-                                  mb_dtype_name(prec));
+        /* bf16 2.5e-3, f16 1e-3 (bf16's unit roundoff is 2^-8, f16's 2^-11): where the sums'
+         * order differs a rounding to 16 bits can flip, by a unit of the precision, so bf16's
+         * errors run about 7x f16's. MB_TEST_SMALL, seeds 1-450: worst 1.35e-3 in bf16 (dx of
+         * the H=8 3-layer LSTM; 1e-3 failed 3 seeds), 2.1e-4 in f16; bf16 against the CPU in
+         * f32 is never closer than 3.46e-3, so a GPU that rounds elsewhere still fails. */
+        double e2 = worst_err(s, got, refp, n, "vs cpu same precision"), tol2 = prec == MB_BF16 ? 2.5e-3 : 1e-3;
+        if (!(e2 < tol2))
+            fail_msg("%s: relative norm error %g >= %g against the CPU in %s", mb_dtype_name(prec), e2, tol2,
+                     mb_dtype_name(prec));
     }
     /* a repeat of the same run: the plain build (the sanitizers' small shapes skip it: TSan sees
      * the same accesses again) */
