@@ -101,16 +101,25 @@ static inline double tu_assert_close(const float *got, const float *ref, size_t 
     return worst;
 }
 
-/* ||got - ref|| / ||ref|| (fails on any non-finite value). */
-static inline double tu_rel_norm_err(const float *got, const float *ref, size_t n) {
-    double num = 0, den = 0;
+/* ||got - ref|| / max(||ref||, rms_min * sqrt(n)): the reference's rms counted as at least
+ * rms_min (0: as it is), for outputs that may cancel to near zero, whose rounding error is
+ * set by their terms, not by themselves. An all-zero reference with rms_min 0 gives the
+ * absolute ||got - ref||. Fails on any non-finite value. */
+static inline double tu_rel_norm_err_floor(const float *got, const float *ref, size_t n, double rms_min) {
+    double num = 0, den = 0, den_min = rms_min * rms_min * (double)n;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(got[i]) || !isfinite(ref[i])) fail_msg("element %zu non-finite: got %g ref %g", i, got[i], ref[i]);
         double d = (double)got[i] - ref[i];
         num += d * d;
         den += (double)ref[i] * ref[i];
     }
+    if (den < den_min) den = den_min;
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ||got - ref|| / ||ref|| (fails on any non-finite value). */
+static inline double tu_rel_norm_err(const float *got, const float *ref, size_t n) {
+    return tu_rel_norm_err_floor(got, ref, n, 0);
 }
 
 /* Assert a call failed with `code` and its message contains `needle`. */

@@ -136,22 +136,11 @@ static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int fb, i
     return o;
 }
 
-/* An output's relative norm error, its reference's norm taken as at least 1e-2 an element: a
- * value that cancels to near zero has a rounding error set by its terms, not by itself
- * (MB_TEST_SMALL, seed 568: a one-element dx of -4.84e-4, from terms of 1e-2 to 1e-1, 1.1e-5
- * off in f16: 2.3e-2 of itself). Every element must be finite (tu_rel_norm_err's check). */
-static double rel_err(const float *got, const float *ref, size_t m) {
-    (void)tu_rel_norm_err(got, ref, m);
-    double num = 0, den = 0, floor2 = 1e-4 * (double)m;
-    for (size_t i = 0; i < m; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return m ? sqrt(num / (den > floor2 ? den : floor2)) : 0.0;
-}
-
-/* Relative norm error of every output of every LSTM and of the gradient (rel_err); the worst. */
+/* Relative norm error of every output of every LSTM and of the gradient; the worst. Each
+ * output's reference rms counts as at least 1e-2 (tu_rel_norm_err_floor): a value that
+ * cancels to near zero has a rounding error set by its terms, not by itself (MB_TEST_SMALL,
+ * seed 568: a one-element dx of -4.84e-4, from terms of 1e-2 to 1e-1, 1.1e-5 off in f16:
+ * 2.3e-2 of itself). */
 static double worst_err(const net *s, const float *got, const float *ref, size_t n_all, const char *what) {
     double worst = 0;
     size_t off = 0, n[O_N];
@@ -159,7 +148,7 @@ static double worst_err(const net *s, const float *got, const float *ref, size_t
         if (i < s->n) sizes(s, i, 1, n);
         for (int k = 0; k < (i < s->n ? O_N : 1); k++) {
             size_t m = i < s->n ? n[k] : n_all - off;
-            double e = rel_err(got + off, ref + off, m);
+            double e = tu_rel_norm_err_floor(got + off, ref + off, m, 1e-2);
             if (e > 0.0 && (i == s->n || getenv("MB_TEST_VERBOSE")))
                 printf("  %s %s %d: rel err %.3g\n", what, onames[i < s->n ? k : O_N], i, e);
             worst = e > worst ? e : worst;
