@@ -902,6 +902,39 @@ typedef struct mb_lr_schedule {
 /* The learning rate at a step (validates the schedule and the step). */
 MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr);
 
+/* Weight averaging over the flat parameter buffer: torch.optim.swa_utils.AveragedModel, its
+ * n_averaged, its default (SWA) average and get_ema_multi_avg_fn, with the averaged weights on
+ * the device (one more flat buffer of mb_params_total floats; torch's recipe keeps a second
+ * whole model, deepcopy'd) and a device counter n_averaged. Each mb_avg_update is one pass over
+ * the weights on MB_STREAM_COMPUTE, with no host sync, so it can sit inside a captured step:
+ *   n_averaged == 0:  avg = params                            (the first update copies, as torch)
+ *   MB_AVG_EMA:       avg = lerp(avg, params, 1 - decay)      (get_ema_multi_avg_fn(decay))
+ *   MB_AVG_SWA:       avg = avg + (params - avg) / (n_averaged + 1)   (the equal-weight mean)
+ * then n_averaged += 1. With `after` (the optimizer whose step this update follows) the update
+ * is skipped on the device when that step was (a skipped f16 step changes neither the average
+ * nor n_averaged); NULL: always (e.g. SWA at each epoch's end, as torch's recipe).
+ *   mb_avg_swap(a); evaluate or export params; mb_avg_swap(a);   // the averaged weights, no host copy
+ * Differences from torch: no buffers (the LSTM has none; no update_bn needed), float32 state
+ * always, and n_averaged is an int64 on the device. docs/TRADING.md, "Choosing the model". */
+typedef enum mb_avg_kind { MB_AVG_EMA = 0, MB_AVG_SWA = 1 } mb_avg_kind;
+typedef struct mb_avg_config {
+    mb_avg_kind kind; /* MB_AVG_EMA (default) */
+    double decay;     /* EMA: in (0, 1); 0 = 0.999 (get_ema_multi_avg_fn's default) */
+} mb_avg_config;
+typedef struct mb_avg mb_avg;
+/* An average over p (finalized) with n_averaged = 0 (cfg NULL: EMA 0.999); destroy: NULL is fine. */
+MBDEF mb_result mb_avg_create(mb_avg **out, mb_params *p, const mb_avg_config *cfg);
+MBDEF void mb_avg_destroy(mb_avg *a);
+/* One update (above). MB_ERR_STATE while swapped. */
+MBDEF mb_result mb_avg_update(mb_avg *a, const mb_adamw *after);
+/* Exchange the averaged and the live weights, one pass on the device; again to swap back. */
+MBDEF mb_result mb_avg_swap(mb_avg *a);
+MBDEF int mb_avg_swapped(const mb_avg *a);                 /* 1 between two swaps */
+MBDEF mb_result mb_avg_count(mb_avg *a, int64_t *n);       /* n_averaged (synchronises) */
+MBDEF mb_result mb_avg_set_count(mb_avg *a, int64_t n);    /* (synchronises; n >= 0) */
+MBDEF float *mb_avg_data(mb_avg *a); /* the averaged weights (device memory; the live ones while swapped) */
+MBDEF mb_avg_config mb_avg_get_config(const mb_avg *a); /* with the defaults filled in */
+
 // ---- accum ----
 
 /* Gradient accumulation over n micro-batches: a plain struct (save its fields to resume
@@ -1059,6 +1092,12 @@ MBDEF mb_result mb_ckpt_add_adamw(mb_ckpt_writer *w, mb_adamw *o);
 MBDEF mb_result mb_ckpt_load_adamw(mb_ckpt_reader *r, mb_adamw *o);
 MBDEF mb_result mb_ckpt_add_scaler(mb_ckpt_writer *w, mb_scaler *s);
 MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s);
+/* A weight average: "avg" (flat f32) and "avg.state" (int64 n_averaged, int64 kind, f64 decay).
+ * The loader checks the section's size (its layout is params.layout's: load the params too) and
+ * that the file's kind and decay are the average's, before changing anything; both refuse
+ * while the average is swapped in (MB_ERR_STATE). */
+MBDEF mb_result mb_ckpt_add_avg(mb_ckpt_writer *w, mb_avg *a);
+MBDEF mb_result mb_ckpt_load_avg(mb_ckpt_reader *r, mb_avg *a);
 
 /* A compatibility key: the named values a resume must match (the options that shape a
  * run), one text section of "name=value\n" lines in the caller's order (integers in
@@ -6825,14 +6864,28 @@ typedef struct mb__adamw_dev {
     int32_t skipped;     /* the last call skipped its step */
 } mb__adamw_dev;
 
+/* Device-side state of a weight average (mb_avg), written by its one-thread finalize and read
+ * by its pass. */
+typedef struct mb__avg_dev {
+    int64_t n;       /* n_averaged */
+    int32_t go;      /* this update runs (the optimizer's step was taken, or no optimizer) */
+    int32_t copy;    /* this update copies (n_averaged was 0) */
+    float denom;     /* SWA: n_averaged + 1, as torch divides (a float) */
+} mb__avg_dev;
+
 /* The backend's optim group, on the compute stream: the gradients' global norm, the clip, the
  * skip on found_inf and the AdamW update of n parameters (mb__adamw_finalize, mb__adamw_elem);
- * scratch: the backend's caps.adamw_scratch bytes of device memory. */
+ * scratch: the backend's caps.adamw_scratch bytes of device memory. avg: a weight average's
+ * update (mb__avg_finalize, then mb__avg_elem over n; `after` NULL or the optimizer's device
+ * state); avg_swap: exchange a[i] and b[i] over n. */
 typedef struct mb__optim_ops {
     mb_result (*adamw)(mb_device *dev, const mb__adamw_hp *hp, mb__adamw_dev *dv, int32_t *found_inf, float *param,
                        const float *grad, float *m, float *v, const uint8_t *decay, size_t n, double *scratch);
+    mb_result (*avg)(mb_device *dev, mb__avg_dev *st, const mb__adamw_dev *after, int swa, float w, float *avg,
+                     const float *param, size_t n);
+    mb_result (*avg_swap)(mb_device *dev, float *a, float *b, size_t n);
 } mb__optim_ops;
-MB__OPS_CHECK(mb__optim_ops, 1);
+MB__OPS_CHECK(mb__optim_ops, 3);
 
 #define MB__NORM_BLOCKS 1024 /* CUDA: the most blocks of the sum-of-squares pass (its grid: a function of n) */
 
@@ -6986,8 +7039,41 @@ static mb_result mb__cpu_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adamw
     return MB_OK;
 }
 
+/* A weight average's update, before its pass (one thread on a GPU): whether it runs, whether it
+ * copies, and n_averaged counted. */
+static inline MB__HD void mb__avg_finalize(mb__avg_dev *st, const mb__adamw_dev *after) {
+    st->go = !(after && after->skipped);
+    if (!st->go) return;
+    st->copy = st->n == 0;
+    st->denom = (float)(st->n + 1);
+    st->n++;
+}
+
+/* One element of the average: torch's copy, lerp (EMA, w = 1 - decay) or default SWA average. */
+static inline MB__HD float mb__avg_elem(const mb__avg_dev *st, int swa, float w, float avg, float cur) {
+    if (st->copy) return cur;
+    if (swa) return avg + (cur - avg) / st->denom;
+    return w < 0.5f ? avg + w * (cur - avg) : cur - (cur - avg) * (1.0f - w); /* torch's lerp */
+}
+
+static mb_result mb__cpu_avg(mb_device *dev, mb__avg_dev *st, const mb__adamw_dev *after, int swa, float w,
+                             float *avg, const float *param, size_t n) {
+    mb__fpenv fe = mb__fp_enter(dev);
+    mb__avg_finalize(st, after);
+    if (st->go)
+        for (size_t i = 0; i < n; i++) avg[i] = mb__avg_elem(st, swa, w, avg[i], param[i]);
+    mb__fp_leave(fe);
+    return MB_OK;
+}
+
+static mb_result mb__cpu_avg_swap(mb_device *dev, float *a, float *b, size_t n) {
+    (void)dev;
+    for (size_t i = 0; i < n; i++) { float t = a[i]; a[i] = b[i]; b[i] = t; }
+    return MB_OK;
+}
+
 MB__OPS_BEGIN
-static const mb__optim_ops mb__cpu_optim_ops = {.adamw = mb__cpu_adamw};
+static const mb__optim_ops mb__cpu_optim_ops = {.adamw = mb__cpu_adamw, .avg = mb__cpu_avg, .avg_swap = mb__cpu_avg_swap};
 MB__OPS_END
 
 MBDEF mb_result mb_adamw_step(mb_adamw *o, float lr, mb_scaler *scaler) {
@@ -7064,6 +7150,100 @@ MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr) {
     MB_TRY(mb__lr_check(s, step));
     *lr = mb__lr_value(s, step);
     return MB_OK;
+}
+
+// -- averaging --
+
+struct mb_avg {
+    mb_params *params;
+    mb_avg_config cfg;    /* defaults filled in */
+    float w;              /* EMA: (float)(1 - decay), as torch passes the lerp weight */
+    float *avg;           /* (total) the averaged weights, device */
+    mb__avg_dev *st;      /* device */
+    int swapped;
+};
+
+MBDEF mb_result mb_avg_create(mb_avg **out, mb_params *p, const mb_avg_config *cfg) {
+    if (!out) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_avg_create: NULL out");
+    *out = NULL;
+    MB_TRY(mb__params_ready(p, "mb_avg_create"));
+    mb_avg_config c;
+    memset(&c, 0, sizeof c);
+    if (cfg) c = *cfg;
+    if (c.kind != MB_AVG_EMA && c.kind != MB_AVG_SWA)
+        return MB_FAIL(&p->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_avg_create: unknown kind %d", (int)c.kind);
+    if (c.kind == MB_AVG_EMA && c.decay == 0.0) c.decay = 0.999;
+    if (c.kind == MB_AVG_EMA && !(c.decay > 0.0 && c.decay < 1.0))
+        return MB_FAIL(&p->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_avg_create: EMA decay %g must be in (0, 1)", c.decay);
+    if (c.kind == MB_AVG_SWA) c.decay = 0.0;
+    mb_avg *a = (mb_avg *)mb__host_calloc(1, sizeof *a);
+    if (!a) return MB_FAIL(&p->dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_avg_create: no host memory");
+    a->params = p;
+    a->cfg = c;
+    a->w = (float)(1.0 - c.decay);
+    mb__avg_dev st;
+    memset(&st, 0, sizeof st);
+    mb_result r = mb_alloc(p->dev, MB_MEM_DEVICE, p->total * sizeof(float), (void **)&a->avg);
+    if (r == MB_OK) r = mb_alloc(p->dev, MB_MEM_DEVICE, sizeof st, (void **)&a->st);
+    if (r == MB_OK) r = mb_zero(p->dev, MB_STREAM_COMPUTE, a->avg, p->total * sizeof(float));
+    if (r == MB_OK) r = mb_copy(p->dev, MB_STREAM_COMPUTE, a->st, &st, sizeof st);
+    if (r == MB_OK) r = mb_sync(p->dev, MB_STREAM_COMPUTE); /* st: a stack copy */
+    if (r != MB_OK) { mb_avg_destroy(a); return r; }
+    *out = a;
+    return MB_OK;
+}
+
+MBDEF void mb_avg_destroy(mb_avg *a) {
+    if (!a) return;
+    mb_free(a->params->dev, a->avg);
+    mb_free(a->params->dev, a->st);
+    MB_FREE(a);
+}
+
+MBDEF mb_result mb_avg_update(mb_avg *a, const mb_adamw *after) {
+    if (!a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_avg_update: NULL average");
+    mb_device *dev = a->params->dev;
+    if (a->swapped)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_STATE, "mb_avg_update: the averaged weights are swapped in (swap back first)");
+    if (after && after->params != a->params)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "mb_avg_update: the optimizer is over other parameters");
+    return dev->be->optim->avg(dev, a->st, after ? after->dv : NULL, a->cfg.kind == MB_AVG_SWA, a->w, a->avg,
+                               a->params->data, a->params->total);
+}
+
+MBDEF mb_result mb_avg_swap(mb_avg *a) {
+    if (!a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_avg_swap: NULL average");
+    mb_device *dev = a->params->dev;
+    MB_TRY(dev->be->optim->avg_swap(dev, a->avg, a->params->data, a->params->total));
+    a->swapped = !a->swapped;
+    return MB_OK;
+}
+
+MBDEF int mb_avg_swapped(const mb_avg *a) { return a ? a->swapped : 0; }
+MBDEF float *mb_avg_data(mb_avg *a) { return a ? a->avg : NULL; }
+MBDEF mb_avg_config mb_avg_get_config(const mb_avg *a) {
+    mb_avg_config c;
+    memset(&c, 0, sizeof c);
+    return a ? a->cfg : c;
+}
+
+MBDEF mb_result mb_avg_count(mb_avg *a, int64_t *n) {
+    mb__avg_dev st;
+    if (!a || !n) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_avg_count: NULL argument");
+    MB_TRY(mb_copy(a->params->dev, MB_STREAM_COMPUTE, &st, a->st, sizeof st));
+    MB_TRY(mb_sync(a->params->dev, MB_STREAM_COMPUTE));
+    *n = st.n;
+    return MB_OK;
+}
+
+MBDEF mb_result mb_avg_set_count(mb_avg *a, int64_t n) {
+    mb__avg_dev st;
+    if (!a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_avg_set_count: NULL average");
+    if (n < 0) return MB_FAIL(&a->params->dev->cfg.log, MB_ERR_INVALID_ARG, "mb_avg_set_count: %lld < 0", (long long)n);
+    memset(&st, 0, sizeof st);
+    st.n = n;
+    MB_TRY(mb_copy(a->params->dev, MB_STREAM_COMPUTE, a->st, &st, sizeof st));
+    return mb_sync(a->params->dev, MB_STREAM_COMPUTE);
 }
 
 // ---- accum ----
@@ -7803,6 +7983,38 @@ MBDEF mb_result mb_ckpt_load_scaler(mb_ckpt_reader *r, mb_scaler *s) {
     memcpy(&st.scale, &v[0], 4);
     st.growth_tracker = v[1]; st.found_inf = v[2]; st.last_found_inf = v[3];
     return mb_scaler_set(s, &st);
+}
+
+MBDEF mb_result mb_ckpt_add_avg(mb_ckpt_writer *w, mb_avg *a) {
+    if (!w || !a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_add_avg: NULL argument");
+    if (a->swapped)
+        return MB_FAIL(&a->params->dev->cfg.log, MB_ERR_STATE, "mb_ckpt_add_avg: the averaged weights are swapped in");
+    int64_t st[3];
+    double decay = a->cfg.decay;
+    MB_TRY(mb_avg_count(a, &st[0]));
+    st[1] = (int64_t)a->cfg.kind;
+    memcpy(&st[2], &decay, sizeof decay);
+    MB_TRY(mb_ckpt_add(w, "avg", a->avg, mb_params_total(a->params) * sizeof(float)));
+    return mb_ckpt_add(w, "avg.state", st, sizeof st);
+}
+
+MBDEF mb_result mb_ckpt_load_avg(mb_ckpt_reader *r, mb_avg *a) {
+    if (!r || !a) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_ckpt_load_avg: NULL argument");
+    if (a->swapped)
+        return MB_FAIL(&a->params->dev->cfg.log, MB_ERR_STATE, "mb_ckpt_load_avg: the averaged weights are swapped in");
+    const mb__ckpt_blob *s;
+    MB_TRY(mb__ckpt_section(r, "avg", mb_params_total(a->params) * sizeof(float), &s)); /* checked first */
+    MB_TRY(mb__ckpt_section(r, "avg.state", 3 * sizeof(int64_t), &s));
+    int64_t st[3];
+    double decay;
+    memcpy(st, s->data, sizeof st);
+    memcpy(&decay, &st[2], sizeof decay);
+    if (st[0] < 0 || st[1] != (int64_t)a->cfg.kind || decay != a->cfg.decay)
+        return MB_FAIL(mb__ckpt_log(r->dev), MB_ERR_FORMAT, "mb_ckpt_load_avg: '%s' holds another average (%s, decay "
+                       "%g, %lld averaged) than this one (%s, decay %g)", r->path, st[1] == MB_AVG_SWA ? "SWA" : "EMA",
+                       decay, (long long)st[0], a->cfg.kind == MB_AVG_SWA ? "SWA" : "EMA", a->cfg.decay);
+    MB_TRY(mb_ckpt_get(r, "avg", a->avg, mb_params_total(a->params) * sizeof(float)));
+    return mb_avg_set_count(a, st[0]);
 }
 
 /* -- compatibility keys: "name=value\n" lines -- */

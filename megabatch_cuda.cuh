@@ -1260,7 +1260,37 @@ static mb_result mb__cuda_adamw(mb_device *dev, const mb__adamw_hp *hp, mb__adam
     return MB__RUN_N(dev, C, mb__k_adamw, n, *hp, dv, param, grad, m, v, decay, n);
 }
 
-static const mb__optim_ops mb__cuda_optim_ops = {.adamw = mb__cuda_adamw};
+/* A weight average: the one-thread finalize (whether it runs, n_averaged), then the pass. */
+__global__ void mb__k_avg_finalize(mb__avg_dev *st, const mb__adamw_dev *after) { mb__avg_finalize(st, after); }
+
+__global__ void mb__k_avg(const mb__avg_dev *stp, int swa, float w, float *avg, const float *param, size_t n) {
+    if (!stp->go) return;
+    mb__avg_dev st = *stp;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        avg[i] = mb__avg_elem(&st, swa, w, avg[i], param[i]);
+}
+
+static mb_result mb__cuda_avg(mb_device *dev, mb__avg_dev *st, const mb__adamw_dev *after, int swa, float w,
+                              float *avg, const float *param, size_t n) {
+    MB_TRY(MB__RUN(dev, MB_STREAM_COMPUTE, mb__k_avg_finalize, 1, 1, st, after));
+    return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_avg, n, st, swa, w, avg, param, n);
+}
+
+__global__ void mb__k_swap(float *a, float *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float t = a[i];
+        a[i] = b[i];
+        b[i] = t;
+    }
+}
+
+static mb_result mb__cuda_avg_swap(mb_device *dev, float *a, float *b, size_t n) {
+    return MB__RUN_N(dev, MB_STREAM_COMPUTE, mb__k_swap, n, a, b, n);
+}
+
+static const mb__optim_ops mb__cuda_optim_ops = {
+    .adamw = mb__cuda_adamw, .avg = mb__cuda_avg, .avg_swap = mb__cuda_avg_swap,
+};
 
 // ---- cuda end optim ----
 

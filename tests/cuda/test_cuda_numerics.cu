@@ -1,10 +1,14 @@
 /* CUDA numerics tests: every numerics kernel against the CPU path on fresh random
  * inputs (linear, activations, concat, dropout, losses, unscale + found_inf, scaler
- * update, the AdamW norm/finalize/update passes, skipped steps). Without a GPU every
+ * update, the AdamW norm/finalize/update passes, skipped steps), and weight averaging
+ * (mb_avg: torch's AveragedModel golden, random updates bitwise against the CPU's formulas,
+ * skipped steps, swapping, a resume: tests/avg_case.h, the CPU's test_avg cases). Without a GPU every
  * test checks the clear MB_ERR_NO_DEVICE and skips itself. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch_cuda.cuh"
 #include "testutil.h"
+#include "avg_case.h"
+#include <unistd.h>
 
 /* MB_TEST_SMALL (set under the sanitizers): the unscale and AdamW passes on at most ~20,000
  * elements, the same code (the plain build's sizes reach the grids' block caps). */
@@ -261,6 +265,21 @@ static void test_cuda_adamw(void **state) {
     tu_device_close(g); tu_device_close(c);
 }
 
+static void test_cuda_avg(void **state) {
+    (void)state;
+    mb_device *g = tu_open_cuda_or_skip(0);
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/mb_cuda_avg_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    avg_case_torch_golden(g);
+    avg_case_skip_and_swap(g);
+    for (int i = 0; i < (small() ? 3 : 10); i++) avg_case_random(g);
+    avg_case_resume(g, dir);
+    unlink(tu_path(dir, "avg.ckpt"));
+    rmdir(dir);
+    tu_device_close(g);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -269,6 +288,7 @@ int main(void) {
         tu_cuda_test(test_cuda_losses),
         tu_cuda_test(test_cuda_unscale_and_update),
         tu_cuda_test(test_cuda_adamw),
+        tu_cuda_test(test_cuda_avg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
