@@ -312,16 +312,18 @@ MBT_API mb_result mbt_ckpt_load(const mbt_ckpt *c, mbt_run *rs) {
 
 // ---- report ----
 
-/* The epoch's line, the f16 loss scale, and the seeds' leak check: a warning when the
- * library's live device memory grew by more than 100 MB since *live0 (then updated). */
+/* The epoch's line (extra: appended after the losses, "" for none), the f16 loss scale, and
+ * the seeds' leak check: a warning when the library's live device memory grew by more than
+ * 100 MB since *live0 (then updated). */
 MBT_API void mbt_epoch_report(mb_device *dev, mb_scaler *scaler, const mbt_run *rs, double samples_per_s,
-                              size_t *live0) {
+                              size_t *live0, const char *extra) {
     size_t live = mb_device_mem_stats(dev).live[MB_MEM_DEVICE];
     char mem[96];
     mb_scaler_state sst;
     mbt_memory_text(dev, mem, sizeof mem);
-    printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f  %.0f samples/s  device memory %s\n",
-           (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, mem);
+    printf("epoch %lld: steps %lld train_loss %.5f val_loss %.5f baseline %.5f%s  %.0f samples/s  device memory %s\n",
+           (long long)rs->epoch, (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, extra, samples_per_s,
+           mem);
     if (scaler && mb_scaler_get(scaler, &sst) == MB_OK) printf("  f16 loss scale %g\n", (double)sst.scale);
     if (live > *live0 + (size_t)100e6)
         printf("warning: device memory grew by %.0f MB this epoch (leak?)\n", (double)(live - *live0) / 1e6);

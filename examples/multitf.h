@@ -32,6 +32,7 @@ typedef struct mtf_spec {
     int has_norm;                            /* feature_mean/std present */
     float mean[MTF_MAX_SEG * MTF_MAX_F], std[MTF_MAX_SEG * MTF_MAX_F];
     float target_scale;                      /* 0 when absent */
+    char weights[160];                       /* which weights a file holds (metadata "weights"), "" unsaid */
 } mtf_spec;
 
 /* ---- the model ----
@@ -357,6 +358,7 @@ MTF_API mb_result mtf_meta_of(const mtf_spec *s, mtf_meta_text *t) {
         snprintf(t->buf[k], sizeof t->buf[k], "%.9g", (double)s->target_scale);
         mtf_meta_add(t, "target_scale", t->buf[k++]);
     }
+    if (s->weights[0]) mtf_meta_add(t, "weights", s->weights); /* e.g. "EMA decay 0.999 over 464 steps" */
     if (s->has_norm) {
         t->mean = mtf_list_text(s->mean, s->nseg * (int)s->F);
         t->std = mtf_list_text(s->std, s->nseg * (int)s->F);

@@ -31,6 +31,7 @@
 #include "mb_train.h" /* progress, metrics, picture, checkpoints, report; mb_args.h */
 #include "multitf.h"  /* the model; its weights file: --export, --init */
 #include "mtf_onnx.h" /* --export-onnx */
+#include "mb_select.h" /* --ema, --swa-start, --keep-best, --patience */
 
 // ---- options ----
 
@@ -42,6 +43,8 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
     int64_t batch, hidden, head, max_batches;
     float lr, clip, weight_decay, chunk_fraction;
     int warmup;
+    float ema;          /* --ema DECAY; 0: off */
+    int swa_start, keep_best, patience; /* --swa-start EPOCH, --keep-best, --patience N (mb_select.h) */
     mb_lr_kind schedule;
     mb_loss_kind loss;
     mb_dtype precision;
@@ -55,7 +58,7 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
  * must match them (mb_ckpt_key; not the paths, --quiet, --resume, --threads, --cpu-kernel,
  * --epochs, --ckpt-every). A new option that shapes a run is one more entry, with the value that files
  * written before it hold as its `before`. */
-enum { OPTION_KEYS = 19 };
+enum { OPTION_KEYS = 23, OPTION_KEYS_V1 = 19 };
 static void options_key(const options *o, mb_ckpt_key *out) {
     const mb_ckpt_key key[OPTION_KEYS] = {
         MB_CKPT_INT("layers", o->layers), MB_CKPT_INT("accum", o->accum), MB_CKPT_INT("carry", o->carry),
@@ -64,7 +67,9 @@ static void options_key(const options *o, mb_ckpt_key *out) {
         MB_CKPT_F32("clip", o->clip), MB_CKPT_F32("weight-decay", o->weight_decay),
         MB_CKPT_F32("chunk-fraction", o->chunk_fraction), MB_CKPT_INT("warmup", o->warmup),
         MB_CKPT_INT("schedule", o->schedule), MB_CKPT_INT("loss", o->loss), MB_CKPT_INT("precision", o->precision),
-        MB_CKPT_UINT("seed", o->seed), MB_CKPT_INT("world", o->world), MB_CKPT_INT("no-ftz", o->no_ftz)};
+        MB_CKPT_UINT("seed", o->seed), MB_CKPT_INT("world", o->world), MB_CKPT_INT("no-ftz", o->no_ftz),
+        {"ema", MB_CKPT_KIND_F32, 0, 0, (double)o->ema, "0"}, {"swa-start", MB_CKPT_KIND_INT, o->swa_start, 0, 0, "0"},
+        {"keep-best", MB_CKPT_KIND_INT, o->keep_best, 0, 0, "0"}, {"patience", MB_CKPT_KIND_INT, o->patience, 0, 0, "0"}};
     memcpy(out, key, sizeof key);
 }
 
@@ -72,7 +77,7 @@ static void options_key(const options *o, mb_ckpt_key *out) {
  * clang lay it out on x86-64 and aarch64 (176 bytes; the paths and run-only fields zero):
  * where each lay, so that such a file still resumes (mb_ckpt_check_key_bytes). Any other
  * size or a stray byte is refused with what to do. Frozen: never edit for a new option. */
-static const mb_ckpt_field options_v1[OPTION_KEYS] = {
+static const mb_ckpt_field options_v1[OPTION_KEYS_V1] = {
     {"layers", MB_CKPT_KIND_INT, 60, 4},        {"accum", MB_CKPT_KIND_INT, 64, 4},
     {"carry", MB_CKPT_KIND_INT, 72, 4},         {"checkpoint-k", MB_CKPT_KIND_INT, 80, 4},
     {"batch", MB_CKPT_KIND_INT, 96, 8},         {"hidden", MB_CKPT_KIND_INT, 104, 8},
@@ -97,6 +102,8 @@ static const char usage[] =
     "machine:    --threads N [0: the cores]  --chunk-fraction X [0.75]  --checkpoint-k K [0: auto]\n"
     "            --no-ftz (the CPU keeps denormals; default: flushed to zero, FTZ+DAZ; no effect on the GPU)\n"
     "            --cpu-kernel auto|avx512|avx2|c [auto: the widest the CPU runs; the same results; no effect on the GPU]\n"
+    "selection:  --ema DECAY (an EMA of the weights, each step)  --swa-start EPOCH (SWA: their mean from that\n"
+    "            epoch's end on)  --keep-best (export the best epoch)  --patience N (stop after N epochs without a better one)\n"
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
@@ -153,10 +160,18 @@ static int parse_options(int argc, char **argv, options *o, const char **onnx) {
         {"--chunk-fraction", MBA_F32, &o->chunk_fraction, 0.01, 0.95, NULL},
         {"--schedule", MBA_CHOICE, &o->schedule, 0, 0, schedules}, {"--loss", MBA_CHOICE, &o->loss, 0, 0, losses},
         {"--precision", MBA_CHOICE, &o->precision, 0, 0, precisions},
-        {"--cpu-kernel", MBA_CHOICE, &o->cpu_kernel, 0, 0, kernels}};
+        {"--cpu-kernel", MBA_CHOICE, &o->cpu_kernel, 0, 0, kernels},
+        {"--ema", MBA_F32, &o->ema, 1e-6, 0.999999, NULL}, {"--swa-start", MBA_INT, &o->swa_start, 1, 1e6, NULL},
+        {"--keep-best", MBA_SET, &o->keep_best, 0, 0, NULL}, {"--patience", MBA_INT, &o->patience, 1, 1e6, NULL}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return mba_bad("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
+    if (o->ema > 0 && o->swa_start) return mba_bad("--ema/--swa-start", "", "choose one average, EMA or SWA");
+    if (o->swa_start > o->epochs) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", o->swa_start);
+        return mba_bad("--swa-start", v, "is past the last epoch (--epochs)");
+    }
     return outputs_writable(o, *onnx);
 }
 
@@ -173,6 +188,7 @@ typedef struct model {
     mb_scaler *scaler;   /* f16: the dynamic loss scaler, else NULL */
     float *zeros, *loss; /* (B, K) zeros; one device float */
     mb_dist *dist;       /* data parallel: a world of one without MPI */
+    mbs_select *sel;     /* the weight average's update follows each optimizer step (mb_select.h) */
     mb_meter *meter;     /* device sums: 0 training loss, 1 validation loss, 2 baseline */
     mbt_step_row rows[METER_DEPTH]; /* the metrics row of meter read id, at id % METER_DEPTH */
     double last_loss;    /* the loss of the last step whose read landed */
@@ -287,12 +303,14 @@ typedef struct trainer {
     mb_loader *tr, *va;
     model m;
     mb_adamw *opt;
+    mbs_select sel;        /* --ema/--swa-start, --keep-best, --patience (mb_select.h) */
     mb_lr_schedule sched;
     mbt_run rs;
     mbt_ckpt ckpt;
     FILE *csv;             /* --metrics */
     char plot[1024];       /* the picture's path, "" for none */
     const char *onnx;      /* --export-onnx */
+    double avg_val_loss;   /* the last epoch's averaged weights' validation loss (0: no average) */
 } trainer;
 
 static mb_result open_loader(trainer *t, mb_dataset *ds, mb_dist *shard, mb_loader **ld) {
@@ -319,8 +337,18 @@ static void schedule_init(trainer *t) {
     s->warmup_steps = o->warmup < s->total_steps ? o->warmup : s->total_steps / 2;
 }
 
-static mb_result save_carry(mb_ckpt_writer *w, void *net) { return mtf_model_save_carry(w, (mtf_model *)net); }
-static mb_result load_carry(mb_ckpt_reader *rd, void *net) { return mtf_model_load_carry(rd, (mtf_model *)net); }
+/* A checkpoint's own state of this program: the carried (h, c) with --carry, and the average,
+ * the best weights and their epoch (mb_select.h). */
+static mb_result save_state(mb_ckpt_writer *w, void *user) {
+    trainer *t = (trainer *)user;
+    if (t->o.carry) MB_TRY(mtf_model_save_carry(w, &t->m.net));
+    return mbs_save(w, &t->sel);
+}
+static mb_result load_state(mb_ckpt_reader *rd, void *user) {
+    trainer *t = (trainer *)user;
+    if (t->o.carry) MB_TRY(mtf_model_load_carry(rd, &t->m.net));
+    return mbs_load(rd, &t->sel);
+}
 
 /* --ckpt: what a checkpoint holds (mb_train.h) and the options a resume must match. */
 static void checkpoint_init(trainer *t) {
@@ -328,8 +356,8 @@ static void checkpoint_init(trainer *t) {
     options_key(&t->o, t->key);
     c->dev = t->dev; c->path = t->o.ckpt; c->params = t->m.net.params; c->opt = t->opt; c->scaler = t->m.scaler;
     c->key = t->key; c->key_n = OPTION_KEYS;
-    c->legacy = options_v1; c->legacy_n = OPTION_KEYS; c->legacy_bytes = 176;
-    if (t->o.carry) { c->save_state = save_carry; c->load_state = load_carry; c->ctx = &t->m.net; }
+    c->legacy = options_v1; c->legacy_n = OPTION_KEYS_V1; c->legacy_bytes = 176;
+    c->save_state = save_state; c->load_state = load_state; c->ctx = t;
 }
 
 static mb_result trainer_open(trainer *t, const options *opts) {
@@ -364,6 +392,9 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     mb_adamw_config ac = mb_adamw_config_default();
     ac.weight_decay = o->weight_decay; ac.max_grad_norm = o->clip;
     MB_TRY(mb_adamw_create(&t->opt, t->m.net.params, &ac));
+    mbs_config sc = {o->ema, o->swa_start, o->keep_best, o->patience};
+    MB_TRY(mbs_open(&t->sel, t->m.net.params, &sc));
+    t->m.sel = &t->sel;
     if (!o->quiet && t->lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
     if (!o->quiet && t->lead)
         printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
@@ -388,13 +419,14 @@ static mb_result trainer_open(trainer *t, const options *opts) {
 // ---- the training loop ----
 
 /* One optimizer step. f16: unscale the gradients, AdamW (skipped on the device when any
- * gradient is inf/NaN), then the scaler backs off or grows. No host sync, and nothing that
- * changes from step to step: the schedule's learning rate is computed on the device. */
+ * gradient is inf/NaN), then the scaler backs off or grows; --ema: the average's update. No
+ * host sync, and nothing that changes from step to step: the schedule's learning rate is
+ * computed on the device. */
 static mb_result optimizer_step(model *m, mb_adamw *opt, const mb_lr_schedule *sched) {
-    if (!m->scaler) return mb_adamw_step_scheduled(opt, sched, NULL); /* f32 and bf16: no loss scaling */
-    MB_TRY(mb_scaler_unscale(m->scaler, mb_params_grad(m->net.params), mb_params_total(m->net.params)));
-    MB_TRY(mb_adamw_step_scheduled(opt, sched, m->scaler));
-    return mb_scaler_update(m->scaler);
+    if (m->scaler) MB_TRY(mb_scaler_unscale(m->scaler, mb_params_grad(m->net.params), mb_params_total(m->net.params)));
+    MB_TRY(mb_adamw_step_scheduled(opt, sched, m->scaler)); /* scaler NULL: f32 and bf16, no loss scaling */
+    if (m->scaler) MB_TRY(mb_scaler_update(m->scaler));
+    return mbs_after_step(m->sel, opt); /* --ema: the average follows the step (not a skipped one) */
 }
 
 // ---- the training step ----
@@ -572,7 +604,28 @@ static mb_result train_epoch(trainer *t, mbt_progress *pb) {
     return MB_OK;
 }
 
-/* Epochs up to --epochs, each: train, validate, report, checkpoint (at the next epoch's start). */
+/* The epoch's end for model selection (mb_select.h): SWA's update, the averaged weights
+ * validated (swapped in and back: no host copy), the selected weights' loss considered for the
+ * best epoch and --patience. *avg_text: the epoch line's part ("" without an average). */
+static mb_result select_epoch(trainer *t, double *avg_loss, char *avg_text, size_t cap) {
+    mbs_select *s = &t->sel;
+    int64_t e = t->rs.epoch;
+    double base;
+    *avg_loss = 0;
+    avg_text[0] = 0;
+    MB_TRY(mbs_epoch_end(s, e));
+    if (mbs_averaging(s, e)) {
+        MB_TRY(mbs_swap(s));
+        mb_result r = evaluate(&t->m, t->va, avg_loss, &base);
+        MB_TRY(mbs_swap(s)); /* back, whatever the evaluation gave */
+        MB_TRY(r);
+        snprintf(avg_text, cap, " avg_val_loss %.5f", *avg_loss);
+    }
+    return mbs_consider(s, e, mbs_selected_loss(s, e, t->rs.val_loss, *avg_loss));
+}
+
+/* Epochs up to --epochs (or until --patience runs out), each: train, validate, report,
+ * checkpoint (at the next epoch's start). */
 static mb_result train(trainer *t) {
     const options *o = &t->o;
     mbt_run *rs = &t->rs;
@@ -580,20 +633,25 @@ static mb_result train(trainer *t) {
     mbt_progress pb = {!o->quiet && t->lead && isatty(STDERR_FILENO), 0, 0, 0};
     int64_t samples0 = rs->samples;
     graphs_choose(&t->m, o);
-    while (rs->epoch <= o->epochs) {
+    while (rs->epoch <= o->epochs && !t->sel.stop) {
+        char avg_text[64];
         MB_TRY(train_epoch(t, &pb));
         MB_TRY(evaluate(&t->m, t->va, &rs->val_loss, &rs->baseline));
+        MB_TRY(select_epoch(t, &t->avg_val_loss, avg_text, sizeof avg_text));
         MB_TRY(data_parallel_in_sync(&t->m));
         double sps = mbt_rate(rs->samples - samples0, rs->seconds);
         mb_scaler_state st; /* the scale the progress bar shows next epoch (read here: the epoch's end) */
         if (t->m.scaler && mb_scaler_get(t->m.scaler, &st) == MB_OK) pb.scale = st.scale;
-        if (t->lead) mbt_epoch_report(t->dev, t->m.scaler, rs, sps, &live0);
+        if (t->lead) mbt_epoch_report(t->dev, t->m.scaler, rs, sps, &live0, avg_text);
         mbt_metrics_epoch(t->csv, rs, sps, mb_device_mem_stats(t->dev).live[MB_MEM_DEVICE]);
         mbt_run_new_epoch(rs);
         rs->epoch++;
         rs->pos = mb_loader_position(t->tr);
         if (o->ckpt && t->lead) MB_TRY(mbt_ckpt_save(&t->ckpt, rs, t->csv));
     }
+    if (t->sel.stop && t->lead && !o->quiet)
+        printf("early stop: %d epochs without a lower validation loss (the best: epoch %lld)\n", o->patience,
+               (long long)t->sel.st.best_epoch);
     rs->epoch--; /* the last epoch trained */
     rs->samples_run = rs->samples - samples0;
     return MB_OK;
@@ -613,6 +671,10 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
              mb_dtype_name(o->precision), (unsigned long long)o->seed);
     if (t->plot[0]) MB_TRY(mbt_plot_write(t->plot, o->metrics, title)); /* t->plot: rank 0 only */
     if (t->plot[0] && !o->quiet) printf("loss curves: %s\n", t->plot);
+    if ((o->export_path || t->onnx) && t->lead) { /* the selected weights made live: training is over */
+        MB_TRY(mbs_final_weights(&t->sel, t->rs.epoch, t->m.net.spec.weights, sizeof t->m.net.spec.weights));
+        if (!o->quiet) printf("exported weights: %s\n", t->m.net.spec.weights);
+    }
     if (o->export_path && t->lead) MB_TRY(mtf_model_export(&t->m.net, o->export_path));
     if (o->export_path && t->lead && !o->quiet) printf("weights: %s\n", o->export_path);
     if (t->onnx && t->lead) MB_TRY(mtf_onnx_export(&t->m.net, t->onnx));
@@ -622,6 +684,7 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
 
 static void trainer_close(trainer *t) { /* not the dist: main ends it */
     if (t->csv) fclose(t->csv);
+    mbs_close(&t->sel);
     mb_adamw_destroy(t->opt);
     mb_loader_close(t->tr); mb_loader_close(t->va);
     mb_dataset_close(t->dtr); mb_dataset_close(t->dva);
@@ -637,6 +700,8 @@ int main(int argc, char **argv) {
     mb_result r = trainer_open(&t, &o);
     if (r == MB_OK) r = train(&t);
     r = trainer_finish(&t, r);
+    mbs_state best = t.sel.st; /* for the summary: trainer_close clears it */
+    int averaged = t.sel.avg != NULL;
     trainer_close(&t);
     if (r != MB_OK) {
         fprintf(stderr, "error: %s\n", mb_last_error());
@@ -644,7 +709,14 @@ int main(int argc, char **argv) {
         mb_dist_close(t.dist);
         return 2;
     }
-    if (t.lead) mbt_summary(&t.rs, t.o.world, mbt_sim_count_text()); /* samples: over all ranks */
+    if (t.lead) { /* samples: over all ranks */
+        char extra[256];
+        int n = snprintf(extra, sizeof extra, " best_epoch=%lld best_val_loss=%.5f", (long long)best.best_epoch,
+                         best.best_loss);
+        if (averaged) n += snprintf(extra + n, sizeof extra - (size_t)n, " avg_val_loss=%.5f", t.avg_val_loss);
+        snprintf(extra + n, sizeof extra - (size_t)n, "%s", mbt_sim_count_text());
+        mbt_summary(&t.rs, t.o.world, extra);
+    }
     mb_dist_close(t.dist);
     return 0;
 }
