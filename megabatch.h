@@ -927,13 +927,16 @@ MBDEF mb_result mb_avg_create(mb_avg **out, mb_params *p, const mb_avg_config *c
 MBDEF void mb_avg_destroy(mb_avg *a);
 /* One update (above). MB_ERR_STATE while swapped. */
 MBDEF mb_result mb_avg_update(mb_avg *a, const mb_adamw *after);
-/* Exchange the averaged and the live weights, one pass on the device; again to swap back. */
+/* Exchange the averaged and the live weights, one pass on the device; again to swap back.
+ * mb_avg_swapped: 1 between two swaps. */
 MBDEF mb_result mb_avg_swap(mb_avg *a);
-MBDEF int mb_avg_swapped(const mb_avg *a);                 /* 1 between two swaps */
-MBDEF mb_result mb_avg_count(mb_avg *a, int64_t *n);       /* n_averaged (synchronises) */
-MBDEF mb_result mb_avg_set_count(mb_avg *a, int64_t n);    /* (synchronises; n >= 0) */
-MBDEF float *mb_avg_data(mb_avg *a); /* the averaged weights (device memory; the live ones while swapped) */
-MBDEF mb_avg_config mb_avg_get_config(const mb_avg *a); /* with the defaults filled in */
+MBDEF int mb_avg_swapped(const mb_avg *a);
+/* n_averaged, read or set (synchronise; n >= 0); the averaged weights (device memory, the live
+ * ones while swapped); the config with its defaults filled in. */
+MBDEF mb_result mb_avg_count(mb_avg *a, int64_t *n);
+MBDEF mb_result mb_avg_set_count(mb_avg *a, int64_t n);
+MBDEF float *mb_avg_data(mb_avg *a);
+MBDEF mb_avg_config mb_avg_get_config(const mb_avg *a);
 
 // ---- accum ----
 
