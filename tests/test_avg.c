@@ -90,6 +90,38 @@ static void test_avg_bad_input(void **state) {
     mb_device_close(dev);
 }
 
+/* docs/NUMERICS.md's example, as written there, run on a small model. */
+static void test_avg_doc_example(void **state) {
+    (void)state;
+    mb_device *dev = tu_open_cpu();
+    mb_params *params = avg_case_wb(dev);
+    mb_adamw *opt;
+    mb_scaler *scaler = NULL;
+    float lr = 1e-2f;
+    tu_ok(mb_params_init(params, 3));
+    tu_ok(mb_adamw_create(&opt, params, NULL));
+    tu_fill(mb_params_grad(params), mb_params_total(params), -1, 1);
+    // snippet: avg-usage
+    mb_avg *avg;
+    mb_avg_config ac = {MB_AVG_EMA, 0.999};      /* or {MB_AVG_SWA}: the equal-weight mean */
+    mb_avg_create(&avg, params, &ac);
+    /* each step, after the optimizer (inside a captured step too): skipped with a skipped step */
+    mb_adamw_step(opt, lr, scaler);
+    mb_avg_update(avg, opt);
+    /* evaluate or export the averaged weights: swap them in, and back */
+    mb_avg_swap(avg); /* ... validate, mb_st_save_params ... */ mb_avg_swap(avg);
+    // end snippet
+    int64_t n = 0;
+    tu_ok(mb_avg_count(avg, &n));
+    assert_int_equal(n, 1); /* the first update: a copy of the weights after the step */
+    assert_memory_equal(mb_avg_data(avg), mb_params_data(params), mb_params_total(params) * sizeof(float));
+    assert_int_equal(mb_avg_swapped(avg), 0);
+    mb_avg_destroy(avg);
+    mb_adamw_destroy(opt);
+    mb_params_destroy(params);
+    tu_close_checked(dev);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -98,6 +130,7 @@ int main(void) {
         cmocka_unit_test(test_avg_random),
         cmocka_unit_test(test_avg_resume),
         cmocka_unit_test(test_avg_bad_input),
+        cmocka_unit_test(test_avg_doc_example),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
