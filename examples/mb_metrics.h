@@ -18,6 +18,7 @@
  *   mbm_compute(&a, per, &mean)                          per[K] and the means over horizons
  *   mbm_reset(&a) (next epoch, memory kept), mbm_free(&a)
  *   mbm_csv_header(f, K, prefix), mbm_csv_row(f, K, per, &mean)   every horizon, one CSV row
+ *   mbm_csv_empty(f, K)                                  the same columns, empty (rows without)
  *   mbm_text(buf, cap, &mean)                            "hit=0.5312 ic=0.0421 rank_ic=0.0380"
  * Rules a quant should know:
  * - a row whose prediction or target is NaN or Inf is left out of that horizon and counted
@@ -291,6 +292,12 @@ MBM_API void mbm_csv_row(FILE *f, int64_t k, const mbm_horizon *per, const mbm_m
         fputc(',', f); mbm__num(f, h->rank_ic);
         fprintf(f, ",%lld,%lld,%lld", (long long)h->n, (long long)h->zeros, (long long)h->nonfinite);
     }
+}
+
+/* As many empty fields as mbm_csv_header names (for the rows of a CSV that have no
+ * metrics, e.g. the training steps' rows): 6 + 6K - 1 commas. */
+MBM_API void mbm_csv_empty(FILE *f, int64_t k) {
+    for (int64_t i = 1; i < 6 + 6 * k; i++) fputc(',', f);
 }
 
 /* The means for an epoch line: "hit=0.5312 ic=0.0421 rank_ic=0.0380" (NaN: "nan"). Returns

@@ -16,7 +16,7 @@
 static void assert_metric(double got, double want, const char *what, const char *name, int64_t j) {
     if (isnan(want) && isnan(got)) return;
     if (isnan(want) || isnan(got) || !(fabs(got - want) <= 1e-6))
-        fail_msg("%s: horizon %lld: %s = %.17g, numpy/scipy %.17g", name, (long long)j + 1, what, got, want);
+        fail_msg("%s: horizon %lld: %s = %.17g, want %.17g", name, (long long)j + 1, what, got, want);
 }
 
 static void read_floats(FILE *f, float *x, int64_t n) {
@@ -247,6 +247,8 @@ static void test_writers_and_errors(void **state) {
     mbm_csv_header(f, 2, "val_");
     fputs("\n7,", f);
     mbm_csv_row(f, 2, per, &m);
+    fputs("\n8,", f);
+    mbm_csv_empty(f, 2);
     fputc('\n', f);
     fclose(f);
     const char *want_head = "epoch,val_hit,val_ic,val_rank_ic,val_rows,val_zeros,val_nonfinite,"
@@ -258,6 +260,10 @@ static void test_writers_and_errors(void **state) {
     for (const char *s = buf; s < row; s++) commas_head += *s == ',';
     for (const char *s = row; *s && *s != '\n'; s++) commas_row += *s == ',';
     assert_int_equal(commas_head, commas_row);
+    const char *empty = strchr(row, '\n') + 1;
+    assert_int_equal(strncmp(empty, "8,", 2), 0);
+    assert_int_equal((int)strspn(empty + 2, ","), commas_head - 1);
+    assert_int_equal(empty[2 + commas_head - 1], '\n');
     assert_int_equal(strncmp(row, "7,0.75,", 7), 0);       /* (1 + 0.5) / 2 */
     assert_non_null(strstr(row, ",3,2,0,1,"));             /* rows, zeros, nonfinite, then hit_1 = 1 */
     char text[128];
