@@ -11,8 +11,14 @@
  *   together; the gap between
  *   the last validation loss and the baseline is marked and labelled in percent;
  * - a small panel below: every batch's loss (class "step") and its running mean, y over
- *   the batch losses up to 3 interquartile ranges beyond the quartiles (spikes clipped).
- * x: batches trained, shared. Non-finite losses are left out.
+ *   the batch losses up to 3 interquartile ranges beyond the quartiles (spikes clipped);
+ * - when the header has the validation metrics' columns (val_hit, val_ic, val_rank_ic: the
+ *   means over horizons of examples/mb_metrics.h) and an epoch row has a value in one, a
+ *   third panel at the bottom: each epoch's edge, the hit rate less 0.5, the IC and the rank
+ *   IC on one axis around a zero line (no edge), labelled with their last values; a file
+ *   without those columns draws as before (the picture is 600 px high, 772 with the panel).
+ * x: batches trained, shared. Non-finite values are left out; columns are found by their
+ * names in the header (any order, any further columns), lines of any length.
  *   mb_plot_svg("data/metrics.csv", "data/metrics.svg", "a title") -> 0, or -1 (errno) */
 #ifndef MB_PLOT_H
 #define MB_PLOT_H
@@ -23,15 +29,20 @@
 #include <string.h>
 
 enum { MBP_W = 760, MBP_H = 600, MBP_L = 64, MBP_R = 150, MBP_TOP = 64, MBP_TOP_H = 330, MBP_BOT = 440, MBP_BOT_H = 100 };
+enum { MBP_MET = 612, MBP_MET_H = 110, MBP_MET_END = 772 }; /* the metrics panel, when drawn: the picture's height */
 #define MBP_STEP "stroke=\"#b0b0b0\" stroke-width=\"0.8\""
 #define MBP_MEAN "stroke=\"#1f77b4\" stroke-width=\"1.5\""
 #define MBP_BASE "stroke=\"#444\" stroke-width=\"1.5\" stroke-dasharray=\"7 4\""
 #define MBP_TRAIN "#1f77b4"
 #define MBP_VAL "#d62728"
+#define MBP_HIT "#2ca02c"
+#define MBP_IC "#9467bd"
+#define MBP_RIC "#ff7f0e"
 
 typedef struct mbp_series { double *xy; int64_t n, cap; } mbp_series; /* x0 y0 x1 y1 ... */
 typedef struct mbp_curves {
     mbp_series step, mean, train, val;
+    mbp_series hit, ic, rank_ic; /* epochs' validation metrics (means over horizons); hit: the rate less 0.5 */
     double base;      /* the last epoch row's baseline validation loss */
     int epochs;       /* epoch rows */
     double x1;        /* x from 0 to x1 */
@@ -51,31 +62,87 @@ static inline int mbp_add(mbp_series *s, double x, double y) { /* 0: out of memo
     return 1;
 }
 
-static inline void mbp_free(mbp_curves *c) { free(c->step.xy); free(c->mean.xy); free(c->train.xy); free(c->val.xy); }
+static inline void mbp_free(mbp_curves *c) {
+    free(c->step.xy); free(c->mean.xy); free(c->train.xy); free(c->val.xy);
+    free(c->hit.xy); free(c->ic.xy); free(c->rank_ic.xy);
+}
+
+/* One line of any length into *buf (grown; *cap its size): NULL at the end of the file or
+ * when out of memory (*oom set). */
+static inline char *mbp_getline(FILE *f, char **buf, size_t *cap, int *oom) {
+    size_t n = 0;
+    for (;;) {
+        if (*cap - n < 2) {
+            size_t want = *cap ? 2 * *cap : 1024;
+            char *b = (char *)realloc(*buf, want);
+            if (!b) { *oom = 1; return NULL; }
+            *buf = b;
+            *cap = want;
+        }
+        if (!fgets(*buf + n, (int)(*cap - n > INT32_MAX ? INT32_MAX : *cap - n), f)) return n ? *buf : NULL;
+        n += strlen(*buf + n);
+        if (n && (*buf)[n - 1] == '\n') return *buf;
+    }
+}
+
+/* The index of the column named `name` in a header line (-1: none). */
+static inline int mbp_column(const char *header, const char *name) {
+    size_t len = strlen(name);
+    int i = 0;
+    for (const char *p = header;; i++) {
+        const char *end = p + strcspn(p, ",\r\n");
+        if ((size_t)(end - p) == len && !strncmp(p, name, len)) return i;
+        if (*end != ',') return -1;
+        p = end + 1;
+    }
+}
+
+/* Field i of a row as a number: NAN when absent, empty or not one. */
+static inline double mbp_field(const char *line, int i) {
+    if (i < 0) return NAN;
+    for (; i > 0; i--) {
+        line = strchr(line, ',');
+        if (!line) return NAN;
+        line++;
+    }
+    char *end;
+    double v = strtod(line, &end);
+    return end != line && (*end == ',' || *end == '\n' || *end == '\r' || !*end) ? v : NAN;
+}
 
 /* The step and epoch rows and the running mean (trailing window of a 25th of the steps). */
 static inline int mbp_read(FILE *f, mbp_curves *c) {
-    char line[512];
+    char *line = NULL;
+    size_t cap = 0;
     long long e, b, s;
     double loss, val, base;
-    int ok = 1;
+    int ok = 1, oom = 0, col[3] = {-1, -1, -1};
     c->base = NAN;
-    while (ok && fgets(line, sizeof line, f)) {
+    while (ok && mbp_getline(f, &line, &cap, &oom)) {
         if (sscanf(line, "step,%lld,%lld,%lld,%lf", &e, &b, &s, &loss) == 4) ok = mbp_add(&c->step, (double)b, loss);
         else if (sscanf(line, "epoch,%lld,%lld,%lld,%lf,%lf,%lf", &e, &b, &s, &loss, &val, &base) == 6) {
-            ok = mbp_add(&c->train, (double)b, loss) && mbp_add(&c->val, (double)b, val);
+            ok = mbp_add(&c->train, (double)b, loss) && mbp_add(&c->val, (double)b, val) &&
+                 mbp_add(&c->hit, (double)b, mbp_field(line, col[0]) - 0.5) &&
+                 mbp_add(&c->ic, (double)b, mbp_field(line, col[1])) &&
+                 mbp_add(&c->rank_ic, (double)b, mbp_field(line, col[2]));
             c->base = base;
             c->epochs++;
+        } else if (!strncmp(line, "kind,", 5)) {
+            col[0] = mbp_column(line, "val_hit");
+            col[1] = mbp_column(line, "val_ic");
+            col[2] = mbp_column(line, "val_rank_ic");
         }
     }
+    free(line);
+    ok = ok && !oom;
     int64_t w = c->step.n / 25 > 1 ? c->step.n / 25 : 1;
     double sum = 0;
     for (int64_t i = 0; ok && i < c->step.n; i++) {
         sum += c->step.xy[2 * i + 1] - (i >= w ? c->step.xy[2 * (i - w) + 1] : 0);
         ok = mbp_add(&c->mean, c->step.xy[2 * i], sum / (double)(i < w ? i + 1 : w));
     }
-    mbp_series *all[] = {&c->step, &c->train, &c->val};
-    for (int k = 0; k < 3; k++)
+    mbp_series *all[] = {&c->step, &c->train, &c->val, &c->hit, &c->ic, &c->rank_ic};
+    for (int k = 0; k < 6; k++)
         for (int64_t i = 0; i < all[k]->n; i++) c->x1 = fmax(c->x1, all[k]->xy[2 * i]);
     if (!(c->x1 > 0)) c->x1 = 1;
     return ok;
@@ -225,6 +292,49 @@ static inline void mbp_bottom(FILE *f, const mbp_curves *c, const mbp_panel *p) 
                "spikes clipped)</text>\n", MBP_L + (MBP_W - MBP_L - MBP_R) / 2, MBP_H - 14);
 }
 
+/* The metrics panel: each epoch's edge (hit rate less 0.5, IC, rank IC) around zero. */
+static inline int mbp_has_metrics(const mbp_curves *c) { return c->hit.n || c->ic.n || c->rank_ic.n; }
+
+static inline void mbp_metrics(FILE *f, const mbp_curves *c, mbp_panel *p) {
+    double lo = 0, hi = 0; /* zero, no edge, always in view */
+    const mbp_series *all[3] = {&c->hit, &c->ic, &c->rank_ic};
+    for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < all[k]->n; i++) { lo = fmin(lo, all[k]->xy[2 * i + 1]); hi = fmax(hi, all[k]->xy[2 * i + 1]); }
+    mbp_range(p, lo, hi, 0.12);
+    mbp_axes(f, c, p, "edge (epochs)", 1);
+    fprintf(f, "<line class=\"zero\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" %s/>\n", MBP_L, mbp_sy(p, 0),
+            MBP_W - MBP_R, mbp_sy(p, 0), MBP_BASE);
+    const char *cls[3] = {"val-hit", "val-ic", "val-rank-ic"}, *color[3] = {MBP_HIT, MBP_IC, MBP_RIC};
+    double ly[3];
+    int order[3], nl = 0;
+    for (int k = 0; k < 3; k++) {
+        char style[64];
+        snprintf(style, sizeof style, "stroke=\"%s\" stroke-width=\"1.5\"", color[k]);
+        mbp_polyline(f, c, p, cls[k], style, all[k]);
+        for (int64_t i = 0; i < all[k]->n; i++)
+            fprintf(f, "<circle class=\"%s\" clip-path=\"url(#%s)\" cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
+                    cls[k], p->clip, mbp_sx(c, all[k]->xy[2 * i]), mbp_sy(p, all[k]->xy[2 * i + 1]), color[k]);
+        if (all[k]->n) ly[k] = mbp_sy(p, all[k]->xy[2 * (all[k]->n - 1) + 1]) + 4, order[nl++] = k;
+    }
+    /* the last values' labels at the right, top to bottom as their values, 13 px apart at least */
+    for (int i = 1; i < nl; i++)
+        for (int j = i; j > 0 && ly[order[j]] < ly[order[j - 1]]; j--) { int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t; }
+    for (int i = 1; i < nl; i++) ly[order[i]] = fmax(ly[order[i]], ly[order[i - 1]] + 13);
+    double over = nl ? ly[order[nl - 1]] - (p->top + p->h + 4) : 0;
+    for (int i = 0; i < nl && over > 0; i++) ly[order[i]] -= over;
+    for (int i = 0; i < nl; i++) {
+        int k = order[i];
+        double v = all[k]->xy[2 * (all[k]->n - 1) + 1];
+        char text[96];
+        if (k == 0) snprintf(text, sizeof text, "hit %.1f%%", 100 * (v + 0.5));
+        else snprintf(text, sizeof text, "%s %.3f", k == 1 ? "IC" : "rank IC", v);
+        fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"%s\">%s</text>\n", MBP_W - MBP_R + 8, ly[k], color[k], text);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#777\">validation, mean over horizons: <tspan fill=\"" MBP_HIT
+               "\">&#9679; hit rate - 0.5</tspan>  <tspan fill=\"" MBP_IC "\">&#9679; IC</tspan>  <tspan fill=\"" MBP_RIC
+               "\">&#9679; rank IC</tspan>   - - - 0: no edge</text>\n", MBP_L, MBP_MET_END - 14);
+}
+
 /* The line under the title: did it learn, and by how much. */
 static inline void mbp_verdict(FILE *f, const mbp_curves *c) {
     if (!c->val.n || !isfinite(c->base) || !(c->base > 0)) {
@@ -251,13 +361,18 @@ static inline int mb_plot_svg(const char *metrics, const char *svg, const char *
         double q1 = mbp_quantile(&c.step, 0.25), q3 = mbp_quantile(&c.step, 0.75); /* spikes: beyond 3 IQR */
         mbp_range(&bot, fmax(mbp_quantile(&c.step, 0), q1 - 3 * (q3 - q1)), fmin(mbp_quantile(&c.step, 1), q3 + 3 * (q3 - q1)),
                   0.05);
+        int h = mbp_has_metrics(&c) ? MBP_MET_END : MBP_H;
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                    "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n",
-                MBP_W, MBP_H, MBP_W, MBP_H, MBP_W, MBP_H);
+                MBP_W, h, MBP_W, h, MBP_W, h);
         fprintf(f, "<text x=\"%d\" y=\"20\" text-anchor=\"middle\" font-size=\"12\">%s</text>\n", MBP_W / 2, title);
         mbp_verdict(f, &c);
         mbp_top(f, &c, &top);
         mbp_bottom(f, &c, &bot);
+        if (mbp_has_metrics(&c)) {
+            mbp_panel met = {MBP_MET, MBP_MET_H, 0, 1, "metrics"};
+            mbp_metrics(f, &c, &met);
+        }
         fputs("</svg>\n", f);
         ok = !ferror(f);
         ok = !fclose(f) && ok;

@@ -2,7 +2,10 @@
  * spikes do not squeeze the epochs' losses together (the validation loss stands clear of
  * the baseline), the gap is given in percent both ways (below / above), and edge cases
  * (no epoch yet, one epoch, all losses equal, NaN and Inf) give a well-formed picture
- * without NaN or Inf in it. Random noise: the seed is printed (MB_TEST_SEED replays). */
+ * without NaN or Inf in it. The validation metrics' panel (val_hit, val_ic, val_rank_ic) is
+ * drawn when those columns have values, its points where their values say, and not at all
+ * for a file without them (or with them empty). Random noise: the seed is printed
+ * (MB_TEST_SEED replays). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include "megabatch.h"
 #include "testutil.h"
@@ -120,12 +123,93 @@ static void test_edge_cases(void **state) {
     assert_int_equal(mb_plot_svg(csv, "/nonexistent/dir/m.svg", "t"), -1);
 }
 
+/* Every y of the circles of class cls, in order (returns how many). */
+static int circles(const char *cls, double *y, int cap) {
+    char key[64];
+    snprintf(key, sizeof key, "<circle class=\"%s\"", cls);
+    int n = 0;
+    for (const char *p = pic; (p = strstr(p, key)) != NULL && n < cap; p++)
+        assert_int_equal(sscanf(strstr(p, " cy=\""), " cy=\"%lf", &y[n++]), 1);
+    return n;
+}
+
+/* A file with the metrics' columns among others (per-horizon ones, whose names start alike,
+ * 60 horizons: a line of some 2,400 bytes), in another order than mb_metrics.h writes them. */
+static void write_with_metrics(int epochs, const double *hit, const double *ic, const double *ric, int empty) {
+    FILE *f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes,val_rank_ic,val_ic,val_hit", f);
+    for (int k = 1; k <= 60; k++) fprintf(f, ",val_hit_%d,val_ic_%d,val_rank_ic_%d,val_n_%d", k, k, k, k);
+    fputc('\n', f);
+    for (int e = 1; e <= epochs; e++) {
+        for (int i = 0; i < 10; i++) fprintf(f, "step,%d,%d,%d,%.6g,,,0.001,100.0,,,,\n", e, 10 * e - 9 + i, 10 * e - 9 + i, 1.0 - 0.01 * e);
+        if (empty) fprintf(f, "epoch,%d,%d,%d,0.9,0.8,0.85,,100.0,0,,,", e, 10 * e, 10 * e);
+        else fprintf(f, "epoch,%d,%d,%d,0.9,0.8,0.85,,100.0,0,%.6g,%.6g,%.6g", e, 10 * e, 10 * e, ric[e - 1], ic[e - 1], hit[e - 1]);
+        for (int k = 1; k <= 60; k++) fprintf(f, ",%.6g,%.6g,%.6g,1000", 0.9, -0.9, 0.7); /* far from the means */
+        fputc('\n', f);
+    }
+    fclose(f);
+}
+
+static void test_metrics_panel(void **state) {
+    (void)state;
+    double hit[4] = {0.50, 0.512, 0.524, 0.531}, ic[4] = {0.0, 0.021, 0.035, 0.042}, ric[4] = {-0.01, 0.015, 0.03, 0.038};
+    write_with_metrics(4, hit, ic, ric, 0);
+    draw();
+    assert_non_null(strstr(pic, "height=\"772\""));
+    double yh[8], yi[8], yr[8], zero;
+    assert_int_equal(circles("val-hit", yh, 8), 4);
+    assert_int_equal(circles("val-ic", yi, 8), 4);
+    assert_int_equal(circles("val-rank-ic", yr, 8), 4);
+    const char *z = strstr(pic, "<line class=\"zero\"");
+    assert_non_null(z);
+    assert_int_equal(sscanf(strstr(z, "y1=\""), "y1=\"%lf", &zero), 1);
+    /* hit 0.5 and ic 0: on the zero line; rank ic -0.01 below it; the edges grow upwards, at
+     * the end ic 0.042 above rank ic 0.038 above the hit's 0.031; all inside the panel */
+    assert_true(fabs(yh[0] - zero) < 0.06 && fabs(yi[0] - zero) < 0.06);
+    assert_true(yr[0] > zero && yi[3] < yr[3] && yr[3] < yh[3] && yh[3] < zero);
+    for (int i = 0; i < 4; i++) assert_true(yh[i] >= MBP_MET && yh[i] <= MBP_MET + MBP_MET_H);
+    for (int i = 1; i < 4; i++) assert_true(yh[i] < yh[i - 1] && yi[i] < yi[i - 1] && yr[i] < yr[i - 1]);
+    assert_non_null(strstr(pic, ">hit 53.1%</text>"));
+    assert_non_null(strstr(pic, ">IC 0.042</text>"));
+    assert_non_null(strstr(pic, ">rank IC 0.038</text>"));
+    assert_non_null(strstr(pic, "validation loss 0.8000"));  /* the losses still read from the same rows */
+    /* the three labels (their values 0.011 apart at most) do not overlap */
+    const char *lab[3] = {">hit 53.1%</text>", ">IC 0.042</text>", ">rank IC 0.038</text>"};
+    double ly[3];
+    for (int i = 0; i < 3; i++) {
+        const char *e = strstr(pic, lab[i]), *t = e;
+        while (t > pic && strncmp(t, "<text ", 6)) t--;
+        assert_int_equal(sscanf(strstr(t, " y=\""), " y=\"%lf", &ly[i]), 1);
+    }
+    for (int i = 0; i < 3; i++) assert_true(fabs(ly[i] - ly[(i + 1) % 3]) >= 13 - 1e-9);
+    /* the columns present but empty (metrics off): no panel */
+    write_with_metrics(3, hit, ic, ric, 1);
+    draw();
+    assert_non_null(strstr(pic, "height=\"600\""));
+    assert_null(strstr(pic, "val-hit"));
+    assert_null(strstr(pic, "class=\"zero\""));
+    /* an old file, without the columns: as before */
+    double train[2] = {1.2, 1.1}, val[2] = {1.05, 1.02};
+    write_metrics(2, 30, 1.0, train, val, 1.0);
+    draw();
+    assert_non_null(strstr(pic, "height=\"600\""));
+    assert_null(strstr(pic, "val-ic"));
+    /* one metric NaN in an epoch: that point left out, the others drawn */
+    ic[2] = NAN;
+    write_with_metrics(4, hit, ic, ric, 0);
+    draw();
+    assert_int_equal(circles("val-ic", yi, 8), 3);
+    assert_int_equal(circles("val-hit", yh, 8), 4);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spikes_do_not_hide_the_gap),
         cmocka_unit_test(test_above_baseline),
         cmocka_unit_test(test_edge_cases),
+        cmocka_unit_test(test_metrics_panel),
     };
     return cmocka_run_group_tests_name("plot", tests, setup, teardown);
 }
