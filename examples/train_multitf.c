@@ -32,6 +32,7 @@
 #include "multitf.h"  /* the model; its weights file: --export, --init */
 #include "mtf_onnx.h" /* --export-onnx */
 #include "mb_select.h" /* --ema, --swa-start, --keep-best, --patience */
+#include "mb_metrics.h" /* hit rate, IC, rank IC of the validation predictions */
 
 // ---- options ----
 
@@ -200,6 +201,10 @@ typedef struct model {
     int graphs, warm;    /* the step runs as CUDA graphs; a step of this process ran (the warm-up) */
     mb_graph *graph[8];  /* by (window start, optimizer step, short batch) */
     float *xb, *yb;      /* the batch copied into fixed device buffers, which the graphs read */
+    float *hpred, *htarg; /* a validation batch's predictions and targets on the host, for */
+    mbm_acc macc;         /* the trading metrics of the validated weights (mb_metrics.h): */
+    mbm_horizon *per;     /* per horizon, */
+    mbm_mean mean;        /* and their means over the horizons */
 } model;
 
 /* The model of spec (the training file's shape and normalisation: trainer_open). */
@@ -220,6 +225,11 @@ static mb_result model_create(model *m, mb_device *dev, const mtf_spec *spec, co
     MB_TRY(mb_meter_create(&m->meter, dev, 3, METER_DEPTH));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->t * meta->f) * sizeof(float), (void **)&m->xb));
     MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, (size_t)(o->batch * meta->k) * sizeof(float), (void **)&m->yb));
+    MB_TRY(mb_alloc(dev, MB_MEM_HOST, zeros, (void **)&m->hpred));
+    MB_TRY(mb_alloc(dev, MB_MEM_HOST, zeros, (void **)&m->htarg));
+    m->per = (mbm_horizon *)calloc((size_t)meta->k, sizeof *m->per);
+    if (!m->per) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for the metrics");
+    MB_TRY(mbm_init(&m->macc, meta->k, 0));
     return mb_zero(dev, MB_STREAM_COMPUTE, m->zeros, zeros);
 }
 
@@ -228,6 +238,10 @@ static void model_destroy(model *m) {
     mb_meter_destroy(m->meter);
     mb_free(m->net.dev, m->xb);
     mb_free(m->net.dev, m->yb);
+    mb_free(m->net.dev, m->hpred);
+    mb_free(m->net.dev, m->htarg);
+    mbm_free(&m->macc);
+    free(m->per);
     mb_scaler_destroy(m->scaler);
     mb_free(m->net.dev, m->zeros);
     mb_free(m->net.dev, m->loss);
@@ -245,9 +259,20 @@ static mb_result model_loss(model *m, const float *pred, const float *y, int64_t
                    grad_scale > 0 ? m->net.dpred : NULL);
 }
 
+/* A validation batch's predictions and targets to the host, into the metrics (a host sync a
+ * batch: validation is outside the training step). */
+static mb_result metrics_add(model *m, const float *pred, const float *y, int64_t B) {
+    size_t bytes = (size_t)(B * m->net.spec.K) * sizeof(float);
+    MB_TRY(mb_copy(m->net.dev, MB_STREAM_COMPUTE, m->hpred, pred, bytes));
+    MB_TRY(mb_copy(m->net.dev, MB_STREAM_COMPUTE, m->htarg, y, bytes));
+    MB_TRY(mb_sync(m->net.dev, MB_STREAM_COMPUTE));
+    return mbm_add(&m->macc, m->hpred, m->htarg, B);
+}
+
 /* Mean validation loss of the model and of the naive baseline (predict 0 return), summed on
- * the device (meter slots 1, 2) and read once, at the end. */
-static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline) {
+ * the device (meter slots 1, 2) and read once, at the end; with metrics, the trading metrics
+ * of the predictions into m->per and m->mean. */
+static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline, int metrics) {
     mb_batch b;
     const float *pred;
     mb_loss_config base = m->loss_cfg;
@@ -260,7 +285,10 @@ static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseli
         MB_TRY(model_loss(m, pred, (const float *)b.targets, b.count, 0.0f, 1));
         MB_TRY(mb_loss(m->net.dev, MB_STREAM_COMPUTE, &base, m->zeros, (const float *)b.targets, b.count,
                        m->net.spec.K, 0.0f, NULL, NULL, NULL));
+        if (metrics) MB_TRY(metrics_add(m, pred, (const float *)b.targets, b.count));
     }
+    if (metrics) MB_TRY(mbm_compute(&m->macc, m->per, &m->mean));
+    mbm_reset(&m->macc);
     for (int s = 0; s < m->net.spec.nseg; s++) mb_lstm_reset_state(m->net.enc[s]);
     double v[2][2];
     MB_TRY(mb_meter_fold(m->meter, MB_STREAM_COMPUTE, NULL, NULL)); /* no step read in flight: the epoch folded */
@@ -616,11 +644,14 @@ static mb_result select_epoch(trainer *t, double *avg_loss, char *avg_text, size
     MB_TRY(mbs_epoch_end(s, e));
     if (mbs_averaging(s, e)) {
         MB_TRY(mbs_swap(s));
-        mb_result r = evaluate(&t->m, t->va, avg_loss, &base);
+        mb_result r = evaluate(&t->m, t->va, avg_loss, &base, 1); /* the metrics: of the selected weights */
         MB_TRY(mbs_swap(s)); /* back, whatever the evaluation gave */
         MB_TRY(r);
         snprintf(avg_text, cap, " avg_val_loss %.5f", *avg_loss);
     }
+    size_t n = strlen(avg_text);
+    avg_text[n] = ' ';
+    mbm_text(avg_text + n + 1, cap - n - 1, &t->m.mean);
     return mbs_consider(s, e, mbs_selected_loss(s, e, t->rs.val_loss, *avg_loss));
 }
 
@@ -634,9 +665,9 @@ static mb_result train(trainer *t) {
     int64_t samples0 = rs->samples;
     graphs_choose(&t->m, o);
     while (rs->epoch <= o->epochs && !t->sel.stop) {
-        char avg_text[64];
+        char avg_text[160];
         MB_TRY(train_epoch(t, &pb));
-        MB_TRY(evaluate(&t->m, t->va, &rs->val_loss, &rs->baseline));
+        MB_TRY(evaluate(&t->m, t->va, &rs->val_loss, &rs->baseline, !mbs_averaging(&t->sel, rs->epoch)));
         MB_TRY(select_epoch(t, &t->avg_val_loss, avg_text, sizeof avg_text));
         MB_TRY(data_parallel_in_sync(&t->m));
         double sps = mbt_rate(rs->samples - samples0, rs->seconds);
