@@ -222,8 +222,13 @@ MBM_API void mbm__horizon(mbm_horizon *h, double *x, double *y, uint64_t *pair, 
     h->rank_ic = mbm_pearson(x, y, n);
 }
 
-/* The metrics of the rows added: per[0..k) (k = a->k) and their means (mean may be NULL). */
+/* The metrics of the rows added: per[0..k) (k = a->k) and their means (mean may be NULL; on
+ * an error its metrics are NaN and its counts 0). */
 MBM_API mb_result mbm_compute(const mbm_acc *a, mbm_horizon *per, mbm_mean *mean) {
+    if (mean) {
+        memset(mean, 0, sizeof *mean);
+        mean->hit = mean->ic = mean->rank_ic = NAN;
+    }
     if (!a || a->k < 1 || !per) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mbm_compute: bad arguments");
     int64_t n = a->n;
     size_t each = (size_t)(n ? n : 1);
