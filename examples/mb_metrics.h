@@ -121,6 +121,7 @@ MBM_API void mbm_reset(mbm_acc *a) { a->n = 0; }
 MBM_API mb_result mbm_add(mbm_acc *a, const float *pred, const float *target, int64_t rows) {
     if (!a || a->k < 1 || rows < 0 || (rows && (!pred || !target)))
         return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mbm_add: bad arguments (rows = %lld)", (long long)rows);
+    if (rows == 0) return MB_OK;
     if (rows > MBM_MAX_ROWS - a->n)
         return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mbm_add: more than %lld rows", (long long)MBM_MAX_ROWS);
     if (a->n + rows > a->cap) {
@@ -222,8 +223,13 @@ MBM_API void mbm__horizon(mbm_horizon *h, double *x, double *y, uint64_t *pair, 
     h->rank_ic = mbm_pearson(x, y, n);
 }
 
-/* The metrics of the rows added: per[0..k) (k = a->k) and their means (mean may be NULL). */
+/* The metrics of the rows added: per[0..k) (k = a->k) and their means (mean may be NULL; on
+ * an error its metrics are NaN and its counts 0). */
 MBM_API mb_result mbm_compute(const mbm_acc *a, mbm_horizon *per, mbm_mean *mean) {
+    if (mean) {
+        memset(mean, 0, sizeof *mean);
+        mean->hit = mean->ic = mean->rank_ic = NAN;
+    }
     if (!a || a->k < 1 || !per) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mbm_compute: bad arguments");
     int64_t n = a->n;
     size_t each = (size_t)(n ? n : 1);
@@ -237,7 +243,7 @@ MBM_API mb_result mbm_compute(const mbm_acc *a, mbm_horizon *per, mbm_mean *mean
     mbm_mean m = {0, 0, 0, n, 0, 0};
     int defined[3] = {0, 0, 0};
     for (int64_t j = 0; j < a->k; j++) {
-        const float *p = a->col + j * a->cap, *t = a->col + (a->k + j) * a->cap;
+        const float *p = n ? a->col + j * a->cap : NULL, *t = n ? a->col + (a->k + j) * a->cap : NULL;
         mbm_horizon *h = &per[j];
         memset(h, 0, sizeof *h);
         for (int64_t i = 0; i < n; i++) {

@@ -361,7 +361,7 @@ static inline int mb_plot_svg(const char *metrics, const char *svg, const char *
         double q1 = mbp_quantile(&c.step, 0.25), q3 = mbp_quantile(&c.step, 0.75); /* spikes: beyond 3 IQR */
         mbp_range(&bot, fmax(mbp_quantile(&c.step, 0), q1 - 3 * (q3 - q1)), fmin(mbp_quantile(&c.step, 1), q3 + 3 * (q3 - q1)),
                   0.05);
-        int h = mbp_has_metrics(&c) ? MBP_MET_END : MBP_H;
+        int h = mbp_has_metrics(&c) ? (int)MBP_MET_END : (int)MBP_H;
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                    "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n",
                 MBP_W, h, MBP_W, h, MBP_W, h);
