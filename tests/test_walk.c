@@ -148,6 +148,53 @@ static void test_purge_and_order(void **state) {
     }
 }
 
+/* Markets' gaps where they hurt: a weekend or missing minutes right before each validation
+ * block, so the time rule passes samples that the bar rule must purge (sample i is at M1 bar
+ * i S; a gap widens the time between samples, never the bars). Random sizes, strides, gaps. */
+static void test_purge_across_gaps(void **state) {
+    (void)state;
+    int planned = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        int K = tu_int(2, 6), S = tu_int(1, 40), targets = tu_int(1, 40);
+        int64_t n = tu_int(60, 600), H = 5 * targets, *t = (int64_t *)malloc((size_t)n * sizeof *t);
+        t[0] = 1704067200 + 60 * tu_int(0, 1000);
+        for (int64_t i = 1; i < n; i++) {
+            int64_t gap = 0, u = (int64_t)(tu_next() % 100);
+            if (u < 3) gap = 2 * 86400;               /* a weekend */
+            else if (u < 10) gap = 60 * tu_int(1, 90); /* missing minutes */
+            for (int k = 1; k <= K; k++)
+                if (i == (int64_t)k * n / (K + 1)) gap = tu_int(0, 1) ? 2 * 86400 : 60 * tu_int(1, 5 * targets);
+            t[i] = t[i - 1] + 60 * S + gap;
+        }
+        t[1] = t[0] + 60 * S; /* one pair without a gap: the stride is inferred exactly */
+        mbw_plan p;
+        mbw_config c;
+        memset(&c, 0, sizeof c);
+        c.folds = K; c.targets = targets; c.min_samples = 1; c.window = tu_int(0, 1) ? tu_int(1, (int)n) : 0;
+        mb_result r = mbw_plan_make(&p, t, n, &c);
+        if (r != MB_OK) { /* only for want of samples */
+            assert_non_null(strstr(mb_last_error(), "--walk-forward"));
+            free(t);
+            continue;
+        }
+        assert_int_equal(p.stride, S);
+        planned++;
+        for (int k = 0; k < K; k++) {
+            const mbw_fold *f = &p.fold[k];
+            int64_t q = f->val_begin;
+            for (int64_t i = f->train_begin; i < f->train_end; i++)
+                if (!(i * S + H < q * S) || !(t[i] + 60 * H < t[q]))
+                    fail_msg("rep %d: K %d S %d H %lld fold %d: sample %lld trains for a block at %lld", rep, K, S,
+                             (long long)H, k, (long long)i, (long long)q);
+            if (f->train_end < q) /* the first sample left out breaks a rule */
+                assert_true(f->train_end * S + H >= q * S || t[f->train_end] + 60 * H >= t[q]);
+        }
+        free(t);
+    }
+    printf("gaps: %d of 200 random files planned (the others too short for their purge)\n", planned);
+    assert_true(planned >= 100);
+}
+
 /* The whole file in memory, as an in-memory dataset with its segments (what the fold reads). */
 typedef struct whole { float *x, *y; int64_t n, row, k; mb_dataset *ds; mb_dataset_meta meta; } whole;
 
@@ -513,7 +560,8 @@ static void test_series_layout(void **state) {
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_purge_and_order),       cmocka_unit_test(test_no_statistic_from_the_future),
+        cmocka_unit_test(test_purge_and_order),       cmocka_unit_test(test_purge_across_gaps),
+        cmocka_unit_test(test_no_statistic_from_the_future),
         cmocka_unit_test(test_fold_normalisation),    cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_determinism_and_table), cmocka_unit_test(test_series_layout),
     };
