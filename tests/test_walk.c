@@ -191,6 +191,22 @@ static void test_purge_across_gaps(void **state) {
         }
         free(t);
     }
+    /* a stride given too large (a smaller bar-rule purge): without gaps the time rule alone
+     * still purges what the true stride would */
+    for (int rep = 0; rep < 50; rep++) {
+        int S = tu_int(1, 20), targets = tu_int(1, 8 * S); /* purge <= 40 samples of 100-sample blocks */
+        int64_t n = 400, H = 5 * targets, t[400];
+        for (int64_t i = 0; i < n; i++) t[i] = 1704067200 + 60 * S * i;
+        mbw_plan p;
+        mbw_config c;
+        memset(&c, 0, sizeof c);
+        c.folds = 3; c.targets = targets; c.min_samples = 1; c.stride = S * tu_int(2, 5);
+        assert_int_equal(mbw_plan_make(&p, t, n, &c), MB_OK);
+        for (int k = 0; k < 3; k++) {
+            assert_true((p.fold[k].train_end - 1) * S + H < p.fold[k].val_begin * S);
+            assert_true(p.fold[k].train_end * S + H >= p.fold[k].val_begin * S);
+        }
+    }
     printf("gaps: %d of 200 random files planned (the others too short for their purge)\n", planned);
     assert_true(planned >= 100);
 }
