@@ -16,6 +16,16 @@
  * run any subset of them, e.g. one list of folds per rank (mbw_scores holds doubles only, so
  * the ranks' rows sum into rank 0's table as one array of doubles).
  *
+ * Use (one file, K folds; errors: MB_TRY):
+ *   mba_open_data(path, 1, &ds);                       the file, probed (mb_args.h)
+ *   mbw_read_times(path, mb_dataset_info(ds)->n, &times); before threads, MPI and loaders
+ *   mbw_plan_make(&plan, times, n, &cfg);              cfg: folds, window, min_samples = batch, targets = K
+ *   for each fold k (any subset, any order):
+ *       mbw_fold_load(&fd, ds, &plan, k);              fd.train, fd.val: datasets for the loaders
+ *       spec = mtf_spec_of_data(mb_dataset_info(fd.train), ...); mbw_fold_spec(&fd, &spec);
+ *       train, evaluate, export; mbw_print_fold(...); mbw_fold_free(&fd);
+ *   mbw_print_table(stdout, &plan, scores, names, n_metrics);
+ *
  * Include after megabatch.h, in the file with MEGABATCH_IMPLEMENTATION (MB_FAIL), and after
  * multitf.h for mbw_fold_spec. All names are mbw_* (static: each including file gets its own
  * copy). C11 and C++ (nvcc compiles the example as C++).
@@ -201,8 +211,8 @@ MBW_API mb_result mbw_read_times(const char *path, int64_t n, int64_t **out) {
 }
 
 // ---- plan ----
-// The file's N samples (in time order) are cut into K + 1 contiguous blocks of N / (K + 1)
-// samples (the first ones one shorter when it does not divide). Block 0 only ever trains;
+// The file's N samples (in time order) are cut into K + 1 contiguous blocks, block j starting
+// at sample j N / (K + 1) (their sizes differ by at most one). Block 0 only ever trains;
 // fold k (1..K) validates on block k and trains on the samples before it, all of them
 // (expanding) or the last W (rolling), minus the purge:
 //   the bar rule (exact): sample p trains for a block starting at sample q only when
