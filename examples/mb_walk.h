@@ -13,8 +13,8 @@
  *   table       mbw_print_plan, mbw_print_fold, mbw_print_table: a line per fold, then each
  *               fold's losses and metrics with their mean, spread and range
  * Every fold is independent of the others (its plan entry and its file ranges): a program may
- * run any subset of them, e.g. one list of folds per rank (mbw_scores holds doubles only, so
- * the ranks' rows sum into rank 0's table as one array of doubles).
+ * run any subset of them, e.g. one list of folds per rank (mbw_fold_on_rank), the ranks' rows
+ * then summed into every rank's table (mbw_scores_gather).
  *
  * Use (one file, K folds; errors: MB_TRY):
  *   mba_open_data(path, 1, &ds);                       the file, probed (mb_args.h)
@@ -532,7 +532,7 @@ MBW_API void mbw_fold_spec(const mbw_fold_data *d, mtf_spec *s) {
 // each fold ends, mbw_print_table at the end. Fixed formats (%.6f), so the same numbers print
 // the same text. Spread: the sample standard deviation over the folds (n - 1) and the range.
 
-typedef struct mbw_scores {  /* doubles only: rows of several ranks sum as one array */
+typedef struct mbw_scores {
     double train_loss, val_loss, baseline;
     double metric[MBW_MAX_METRICS]; /* the caller's, named in the calls below */
 } mbw_scores;
@@ -558,6 +558,25 @@ MBW_API mbw_spread mbw_spread_of(const double *v, int n) {
 /* Column i of a fold's scores: train_loss, val_loss, baseline, then the metrics. */
 static double mbw__column(const mbw_scores *s, int i) {
     return i == 0 ? s->train_loss : i == 1 ? s->val_loss : i == 2 ? s->baseline : s->metric[i - 3];
+}
+
+/* Folds over ranks (mb_dist; a world of one without MPI): fold k runs on rank k mod size. */
+MBW_API int mbw_fold_on_rank(int k, int rank, int size) { return size <= 1 || k % size == rank; }
+
+/* Each rank filled the rows of its folds in s[0 .. folds - 1] and left the others zero: every
+ * rank gets every row (mb_dist_sum adds in rank order: x + 0 is x, the rows' bits unchanged). */
+MBW_API mb_result mbw_scores_gather(mb_dist *d, mbw_scores *s, int folds) {
+    enum { COLS = 3 + MBW_MAX_METRICS };
+    double v[MBW_MAX_FOLDS * COLS];
+    if (folds < 1 || folds > MBW_MAX_FOLDS) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mbw_scores_gather: %d folds", folds);
+    for (int k = 0; k < folds; k++)
+        for (int i = 0; i < COLS; i++) v[k * COLS + i] = mbw__column(&s[k], i);
+    MB_TRY(mb_dist_sum(d, v, folds * COLS));
+    for (int k = 0; k < folds; k++) {
+        s[k].train_loss = v[k * COLS]; s[k].val_loss = v[k * COLS + 1]; s[k].baseline = v[k * COLS + 2];
+        for (int i = 0; i < MBW_MAX_METRICS; i++) s[k].metric[i] = v[k * COLS + 3 + i];
+    }
+    return MB_OK;
 }
 
 /* "YYYY-MM-DD HH:MM" (UTC) of t seconds, without the C library's time zones. */

@@ -547,6 +547,21 @@ static void test_determinism_and_table(void **state) {
     assert_non_null(strstr(l1, "val_loss=4.000000 baseline_val_loss=2.000000 hit_rate=0.530000"));
     assert_non_null(strstr(l1, "walk-forward: "));
     free(t1); free(t2); free(l1); free(l2);
+    /* folds over ranks: each fold on exactly one rank; a world of one gathers the rows unchanged */
+    for (int size = 1; size <= 5; size++)
+        for (int k = 0; k < 9; k++) {
+            int on = 0;
+            for (int r = 0; r < size; r++) on += mbw_fold_on_rank(k, r, size);
+            assert_int_equal(on, 1);
+        }
+    mb_dist *dist = NULL;
+    assert_int_equal(mb_dist_open(&dist, NULL), MB_OK);
+    mbw_scores g[4];
+    memcpy(g, s, sizeof g);
+    assert_int_equal(mbw_scores_gather(dist, g, 4), MB_OK);
+    assert_memory_equal(g, s, sizeof g);
+    expect_refused(mbw_scores_gather(dist, g, 0), MB_ERR_INVALID_ARG, "0 folds");
+    mb_dist_close(dist);
 }
 
 /* The series layout reads the same samples: the same folds, bit for bit. */
