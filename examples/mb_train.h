@@ -16,6 +16,7 @@
 #define MB_TRAIN_H
 #include "mb_args.h"
 #include "mb_plot.h"
+#include "mb_metrics.h" /* the validation metrics' columns */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +121,9 @@ MBT_API void mbt_progress_draw(mbt_progress *p, mb_device *dev, const mbt_run *r
 // ---- metrics ----
 // --metrics FILE: one CSV, a row per training batch (kind `step`) and one per epoch (kind
 // `epoch`), in the order they happen:
-//   kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes
+//   kind,epoch,batch,step,loss,val_loss,baseline_val_loss,lr,samples_per_s,device_bytes,val_hit,...
+// then the validation metrics of the epoch's selected weights (mb_metrics.h's columns with the
+// prefix val_: the means over horizons, then every horizon's; empty in step rows).
 // batch and step: batches and optimizer steps of the run so far (equal with --accum 1);
 // loss: the batch's loss (step rows) or the epoch's mean training loss (epoch rows); lr: the
 // step's learning rate (step rows); samples_per_s: this epoch so far; device_bytes: live
@@ -151,12 +154,16 @@ MBT_API char *mbt_read_text(const char *path) {
     return s;
 }
 
-/* Open the metrics file: new, or on --resume rewritten to the rows rs covers (a last line
- * cut short by a kill has no newline and goes too). */
-MBT_API mb_result mbt_metrics_open(FILE **out, const char *path, int resume, const mbt_run *rs) {
+/* Open the metrics file (k: the horizons): new, or on --resume rewritten to the rows rs
+ * covers (a last line cut short by a kill has no newline and goes too). */
+MBT_API mb_result mbt_metrics_open(FILE **out, const char *path, int resume, const mbt_run *rs, int64_t k) {
     char *old = resume ? mbt_read_text(path) : NULL;
     FILE *f = fopen(path, "w");
-    if (f) fputs(mbt_metrics_header, f);
+    if (f) {
+        fprintf(f, "%.*s,", (int)strlen(mbt_metrics_header) - 1, mbt_metrics_header);
+        mbm_csv_header(f, k, "val_");
+        fputc('\n', f);
+    }
     for (char *line = old, *end; f && line && (end = strchr(line, '\n')); line = end + 1) {
         *end = 0;
         if (mbt_metrics_row_kept(line, rs)) fprintf(f, "%s\n", line);
@@ -179,14 +186,22 @@ MBT_API mbt_step_row mbt_step_row_of(const mbt_run *rs, float lr, double samples
     return row;
 }
 
-MBT_API void mbt_metrics_step(FILE *f, const mbt_step_row *row, float loss) {
-    if (f) fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,\n", (long long)row->epoch, (long long)row->batch,
-                   (long long)row->step, (double)loss, (double)row->lr, row->samples_per_s);
+MBT_API void mbt_metrics_step(FILE *f, const mbt_step_row *row, float loss, int64_t k) {
+    if (!f) return;
+    fprintf(f, "step,%lld,%lld,%lld,%.6g,,,%.6g,%.1f,,", (long long)row->epoch, (long long)row->batch,
+            (long long)row->step, (double)loss, (double)row->lr, row->samples_per_s);
+    mbm_csv_empty(f, k);
+    fputc('\n', f);
 }
 
-MBT_API void mbt_metrics_epoch(FILE *f, const mbt_run *rs, double samples_per_s, size_t device_bytes) {
-    if (f) fprintf(f, "epoch,%lld,%lld,%lld,%.6g,%.6g,%.6g,,%.1f,%zu\n", (long long)rs->epoch, (long long)rs->batches,
-                   (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, device_bytes);
+/* An epoch's row: its losses, and the validation metrics (per: k horizons, and their means). */
+MBT_API void mbt_metrics_epoch(FILE *f, const mbt_run *rs, double samples_per_s, size_t device_bytes, int64_t k,
+                               const mbm_horizon *per, const mbm_mean *mean) {
+    if (!f) return;
+    fprintf(f, "epoch,%lld,%lld,%lld,%.6g,%.6g,%.6g,,%.1f,%zu,", (long long)rs->epoch, (long long)rs->batches,
+            (long long)rs->step, rs->train_loss, rs->val_loss, rs->baseline, samples_per_s, device_bytes);
+    mbm_csv_row(f, k, per, mean);
+    fputc('\n', f);
 }
 
 /* Close the metrics file (NULL: none), keeping the first error. */

@@ -439,7 +439,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
             printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
     }
     if (o->metrics && t->lead) MB_TRY(mbt_plot_path(o->metrics, o->plot, t->plot, sizeof t->plot)); /* checked writable */
-    if (o->metrics && t->lead) MB_TRY(mbt_metrics_open(&t->csv, o->metrics, o->resume, &t->rs));
+    if (o->metrics && t->lead) MB_TRY(mbt_metrics_open(&t->csv, o->metrics, o->resume, &t->rs, t->spec.K));
     schedule_init(t);
     return MB_OK;
 }
@@ -533,7 +533,7 @@ static mb_result meter_landed(void *user, const mb_meter *meter, int64_t id) {
     MB_TRY(mb_meter_delta(meter, 0, &sum, &w));
     if (w > 0) m->last_loss = sum / w;
     if (mb_dist_size(m->dist) == 1) {
-        mbt_metrics_step(t->csv, &m->rows[id % METER_DEPTH], (float)m->last_loss);
+        mbt_metrics_step(t->csv, &m->rows[id % METER_DEPTH], (float)m->last_loss, m->net.spec.K);
         return MB_OK;
     }
     m->dp_rows[m->dp_n] = m->rows[id % METER_DEPTH];
@@ -551,7 +551,7 @@ static mb_result meter_fold_ranks(model *m, FILE *csv, double *sum) {
     MB_TRY(mb_dist_sum(m->dist, m->dp_sums, 2 * n + 1));
     for (int i = 0; i < n; i++) {
         m->last_loss = m->dp_sums[2 * i] / m->dp_sums[2 * i + 1];
-        mbt_metrics_step(csv, &m->dp_rows[i], (float)m->last_loss);
+        mbt_metrics_step(csv, &m->dp_rows[i], (float)m->last_loss, m->net.spec.K);
     }
     *sum = m->dp_sums[2 * n];
     m->dp_n = 0;
@@ -674,7 +674,8 @@ static mb_result train(trainer *t) {
         mb_scaler_state st; /* the scale the progress bar shows next epoch (read here: the epoch's end) */
         if (t->m.scaler && mb_scaler_get(t->m.scaler, &st) == MB_OK) pb.scale = st.scale;
         if (t->lead) mbt_epoch_report(t->dev, t->m.scaler, rs, sps, &live0, avg_text);
-        mbt_metrics_epoch(t->csv, rs, sps, mb_device_mem_stats(t->dev).live[MB_MEM_DEVICE]);
+        mbt_metrics_epoch(t->csv, rs, sps, mb_device_mem_stats(t->dev).live[MB_MEM_DEVICE], t->spec.K, t->m.per,
+                          &t->m.mean);
         mbt_run_new_epoch(rs);
         rs->epoch++;
         rs->pos = mb_loader_position(t->tr);
