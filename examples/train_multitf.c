@@ -33,6 +33,7 @@
 #include "mtf_onnx.h" /* --export-onnx */
 #include "mb_select.h" /* --ema, --swa-start, --keep-best, --patience */
 #include "mb_metrics.h" /* hit rate, IC, rank IC of the validation predictions */
+#include "mb_walk.h"    /* --walk-forward K: the folds */
 
 // ---- options ----
 
@@ -46,6 +47,8 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
     int warmup;
     float ema;          /* --ema DECAY; 0: off */
     int swa_start, keep_best, patience; /* --swa-start EPOCH, --keep-best, --patience N (mb_select.h) */
+    int walk_forward;   /* --walk-forward K: K folds of --train (mb_walk.h), 0: off; not in the key (no --ckpt) */
+    int64_t wf_window;  /* --wf-window W: a rolling training window of W samples, 0: expanding */
     mb_lr_kind schedule;
     mb_loss_kind loss;
     mb_dtype precision;
@@ -105,6 +108,8 @@ static const char usage[] =
     "            --cpu-kernel auto|avx512|avx2|c [auto: the widest the CPU runs; the same results; no effect on the GPU]\n"
     "selection:  --ema DECAY (an EMA of the weights, each step)  --swa-start EPOCH (SWA: their mean from that\n"
     "            epoch's end on)  --keep-best (export the best epoch)  --patience N (stop after N epochs without a better one)\n"
+    "walk-forward: --walk-forward K (K folds of --train in time order, each trained on its past only;\n"
+    "            --val unused; --export/--export-onnx write one file a fold, NAME.foldK.EXT)  --wf-window W [0: expanding]\n"
     "output:     --metrics FILE.csv  --plot FILE.svg [the metrics name with .svg]  --quiet\n"
     "checkpoint: --ckpt FILE  --ckpt-every STEPS [0: each epoch only]  --resume\n"
     "weights:    --export FILE.safetensors (at the end)  --init FILE.safetensors (start from it; docs/TRADING.md)\n"
@@ -113,6 +118,15 @@ static const char usage[] =
     "The data files are checked in a child process first (docs/RELIABILITY.md); the output\n"
     "files' places are checked before anything else. Exit 2 with one line `error: ...` on\n"
     "stderr on bad flags, files or data.\n";
+
+/* path, or for fold k >= 1 path with ".fold<k>" before its extension (m.safetensors:
+ * m.fold2.safetensors), into buf. 1, or the error printed and 0. */
+static int fold_path(const char *path, int k, char *buf, size_t cap) {
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - path) : (int)strlen(path);
+    int n = k ? snprintf(buf, cap, "%.*s.fold%d%s", stem, path, k, path + stem) : snprintf(buf, cap, "%s", path);
+    return n >= 0 && (size_t)n < cap ? 1 : mba_bad("--export", path, "path too long");
+}
 
 /* Every file the run will write can be written: checked before the data, the device and
  * training (mb_args.h). 1, or the error printed and 0. */
@@ -123,10 +137,16 @@ static int outputs_writable(const options *o, const char *onnx) {
         return mba_error("%s", mb_last_error()), 0;
     if (o->metrics && !mba_writable("--plot", plot)) return 0;
     if (o->ckpt && !mba_writable("--ckpt", o->ckpt)) return 0;
-    snprintf(tmp, sizeof tmp, "%s.tmp", o->export_path ? o->export_path : ""); /* mb_st_write writes it first */
-    if (o->export_path && !mba_writable("--export", tmp)) return 0;
-    snprintf(tmp, sizeof tmp, "%s.tmp", onnx ? onnx : ""); /* so does mtf_onnx_export */
-    return !onnx || mba_writable("--export-onnx", tmp);
+    for (int k = o->walk_forward ? 1 : 0; k <= o->walk_forward; k++) { /* --walk-forward: each fold's files */
+        char path[1024];
+        if (o->export_path && !fold_path(o->export_path, k, path, sizeof path)) return 0;
+        snprintf(tmp, sizeof tmp, "%s.tmp", o->export_path ? path : ""); /* mb_st_write writes it first */
+        if (o->export_path && !mba_writable("--export", tmp)) return 0;
+        if (onnx && !fold_path(onnx, k, path, sizeof path)) return 0;
+        snprintf(tmp, sizeof tmp, "%s.tmp", onnx ? path : ""); /* so does mtf_onnx_export */
+        if (onnx && !mba_writable("--export-onnx", tmp)) return 0;
+    }
+    return 1;
 }
 
 /* The defaults, then the flags; 1 when they are good, else `error: ...` printed and 0.
@@ -163,11 +183,19 @@ static int parse_options(int argc, char **argv, options *o, const char **onnx) {
         {"--precision", MBA_CHOICE, &o->precision, 0, 0, precisions},
         {"--cpu-kernel", MBA_CHOICE, &o->cpu_kernel, 0, 0, kernels},
         {"--ema", MBA_F32, &o->ema, 1e-6, 0.999999, NULL}, {"--swa-start", MBA_INT, &o->swa_start, 1, 1e6, NULL},
-        {"--keep-best", MBA_SET, &o->keep_best, 0, 0, NULL}, {"--patience", MBA_INT, &o->patience, 1, 1e6, NULL}};
+        {"--keep-best", MBA_SET, &o->keep_best, 0, 0, NULL}, {"--patience", MBA_INT, &o->patience, 1, 1e6, NULL},
+        {"--walk-forward", MBA_INT, &o->walk_forward, 2, MBW_MAX_FOLDS, NULL},
+        {"--wf-window", MBA_I64, &o->wf_window, 1, 1e12, NULL}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
     if (o->plot && !o->metrics) return mba_bad("--plot", o->plot, "needs --metrics FILE (the picture is drawn from it)");
     if (o->ema > 0 && o->swa_start) return mba_bad("--ema/--swa-start", "", "choose one average, EMA or SWA");
+    if (o->wf_window && !o->walk_forward) return mba_bad("--wf-window", "", "needs --walk-forward K");
+    if (o->walk_forward && (o->ckpt || o->metrics))
+        return mba_bad("--walk-forward", "", "takes no --ckpt or --metrics (each fold is a run of its own)");
+#ifdef MEGABATCH_MPI
+    if (o->walk_forward) return mba_bad("--walk-forward", "", "runs in build/train_multitf (one process), not under MPI");
+#endif
     if (o->swa_start > o->epochs) {
         char v[32];
         snprintf(v, sizeof v, "%d", o->swa_start);
@@ -339,6 +367,8 @@ typedef struct trainer {
     char plot[1024];       /* the picture's path, "" for none */
     const char *onnx;      /* --export-onnx */
     double avg_val_loss;   /* the last epoch's averaged weights' validation loss (0: no average) */
+    mbw_fold_data *fold;   /* --walk-forward: this fold's data (in memory, owned by the caller), else NULL */
+    int fold_k;            /* its number, 1-based (the export files' suffix) */
 } trainer;
 
 static mb_result open_loader(trainer *t, mb_dataset *ds, mb_dist *shard, mb_loader **ld) {
@@ -391,13 +421,19 @@ static void checkpoint_init(trainer *t) {
 static mb_result trainer_open(trainer *t, const options *opts) {
     const options *o = &t->o;
     t->o = *opts;
-    MB_TRY(mba_open_data(o->train, 1, &t->dtr)); /* probed in a child: before any thread starts */
-    MB_TRY(mba_open_data(o->val, 1, &t->dva));
+    if (t->fold) { /* --walk-forward: the fold's data, its own normalisation (mb_walk.h) */
+        t->dtr = t->fold->train;
+        t->dva = t->fold->val;
+    } else {
+        MB_TRY(mba_open_data(o->train, 1, &t->dtr)); /* probed in a child: before any thread starts */
+        MB_TRY(mba_open_data(o->val, 1, &t->dva));
+    }
     const mb_dataset_meta *mt = mb_dataset_info(t->dtr), *mv = mb_dataset_info(t->dva);
     if (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
     t->spec = mtf_spec_of_data(mt, o->hidden, o->head, o->layers, o->carry);
-    MB_TRY(mtf_spec_read_norm(&t->spec, t->dtr)); /* for --export; before the loaders read the file */
+    if (t->fold) mbw_fold_spec(t->fold, &t->spec);
+    else MB_TRY(mtf_spec_read_norm(&t->spec, t->dtr)); /* for --export; before the loaders read the file */
     MB_TRY(mb_dist_open(&t->dist, NULL));
     t->o.world = mb_dist_size(t->dist);
     t->lead = mb_dist_rank(t->dist) == 0;
@@ -426,7 +462,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     if (!o->quiet && t->lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
     if (!o->quiet && t->lead)
         printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
-               mb_device_name(t->dev), o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
+               mb_device_name(t->dev), t->fold ? mt->source : o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
                (long long)mt->k, t->m.net.spec.nseg, mb_params_total(t->m.net.params));
     t->rs.epoch = 1;
     MB_TRY(mb_accum_init(&t->rs.acc, o->accum));
@@ -707,10 +743,15 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
         MB_TRY(mbs_final_weights(&t->sel, t->rs.epoch, t->m.net.spec.weights, sizeof t->m.net.spec.weights));
         if (!o->quiet) printf("exported weights: %s\n", t->m.net.spec.weights);
     }
-    if (o->export_path && t->lead) MB_TRY(mtf_model_export(&t->m.net, o->export_path));
-    if (o->export_path && t->lead && !o->quiet) printf("weights: %s\n", o->export_path);
-    if (t->onnx && t->lead) MB_TRY(mtf_onnx_export(&t->m.net, t->onnx));
-    if (t->onnx && t->lead && !o->quiet) printf("onnx: %s\n", t->onnx);
+    char path[1024];
+    if (o->export_path && t->lead && fold_path(o->export_path, t->fold_k, path, sizeof path)) {
+        MB_TRY(mtf_model_export(&t->m.net, path));
+        if (!o->quiet) printf("weights: %s\n", path);
+    }
+    if (t->onnx && t->lead && fold_path(t->onnx, t->fold_k, path, sizeof path)) {
+        MB_TRY(mtf_onnx_export(&t->m.net, path));
+        if (!o->quiet) printf("onnx: %s\n", path);
+    }
     return MB_OK;
 }
 
@@ -719,9 +760,72 @@ static void trainer_close(trainer *t) { /* not the dist: main ends it */
     mbs_close(&t->sel);
     mb_adamw_destroy(t->opt);
     mb_loader_close(t->tr); mb_loader_close(t->va);
-    mb_dataset_close(t->dtr); mb_dataset_close(t->dva);
+    if (!t->fold) { mb_dataset_close(t->dtr); mb_dataset_close(t->dva); } /* a fold's: its caller's */
     if (t->m.net.params) model_destroy(&t->m);
     mb_device_close(t->dev);
+}
+
+// ---- walk-forward ----
+// --walk-forward K (mb_walk.h): the plan from the file's `times` (K folds in time order, each
+// validating on its block and training on the samples before it, purged of those whose target
+// horizon reaches the block), checked before anything is written; then each fold in turn: its
+// samples in memory, normalised with its training part's statistics only, a fresh model from
+// the same --seed, trained and selected as any run (averages, --keep-best, --patience), its
+// exported weights validated once more for the table (the fold's losses and metrics are those
+// of the weights it exports), a line; then the table with the folds' mean, spread and range.
+
+static mb_result walk_fold(trainer *t, const options *o, const char *onnx, mbw_fold_data *fd, int k, mbw_scores *sc) {
+    memset(t, 0, sizeof *t);
+    t->onnx = onnx;
+    t->fold = fd;
+    t->fold_k = k + 1;
+    mb_result r = trainer_open(t, o);
+    if (r == MB_OK) r = train(t);
+    if (r == MB_OK) r = mbs_final_weights(&t->sel, t->rs.epoch, t->m.net.spec.weights, sizeof t->m.net.spec.weights);
+    double base = 0;
+    if (r == MB_OK) r = evaluate(&t->m, t->va, &sc->val_loss, &base, 1);
+    sc->train_loss = t->rs.train_loss;
+    sc->baseline = t->rs.baseline;
+    sc->metric[0] = t->m.mean.hit; sc->metric[1] = t->m.mean.ic; sc->metric[2] = t->m.mean.rank_ic;
+    r = trainer_finish(t, r);
+    trainer_close(t);
+    mb_dist_close(t->dist);
+    return r;
+}
+
+static mb_result walk_forward(const options *o, const char *onnx) {
+    static trainer t; /* static: large */
+    static const char *const names[3] = {"hit", "ic", "rank_ic"};
+    mbw_scores sc[MBW_MAX_FOLDS];
+    mbw_plan plan;
+    mbw_fold_data fd;
+    mb_dataset *file = NULL;
+    int64_t *times = NULL;
+    memset(sc, 0, sizeof sc);
+    memset(&fd, 0, sizeof fd);
+    mb_result r = mba_open_data(o->train, 1, &file);
+    const mb_dataset_meta *mt = r == MB_OK ? mb_dataset_info(file) : NULL;
+    if (r == MB_OK) r = mbw_read_times(o->train, mt->n, &times); /* in a child: before any thread starts */
+    mbw_config wc = {o->walk_forward, o->wf_window, o->batch, mt ? mt->k : 0, 0};
+    if (r == MB_OK) r = mbw_plan_make(&plan, times, mt->n, &wc);
+    if (r == MB_OK && !o->quiet) mbw_print_plan(stdout, &plan);
+    for (int k = 0; r == MB_OK && k < plan.folds; k++) {
+        r = mbw_fold_load(&fd, file, &plan, k);
+        if (r == MB_OK) r = walk_fold(&t, o, onnx, &fd, k, &sc[k]);
+        mbw_fold_free(&fd);
+        if (r == MB_OK) mbw_print_fold(stdout, &plan, k, &sc[k], names, 3);
+    }
+    if (r == MB_OK) {
+        double v[MBW_MAX_FOLDS];
+        for (int k = 0; k < plan.folds; k++) v[k] = sc[k].val_loss;
+        mbw_spread vs = mbw_spread_of(v, plan.folds);
+        mbw_print_table(stdout, &plan, sc, names, 3);
+        printf("summary: folds=%d val_loss_mean=%.5f val_loss_std=%.5f val_loss_min=%.5f val_loss_max=%.5f\n",
+               plan.folds, vs.mean, vs.std, vs.min, vs.max);
+    }
+    free(times);
+    mb_dataset_close(file);
+    return r;
 }
 
 int main(int argc, char **argv) {
@@ -729,6 +833,11 @@ int main(int argc, char **argv) {
     static trainer t; /* static: zeroed, and large */
     options o;
     if (!parse_options(argc, argv, &o, &t.onnx)) return 2;
+    if (o.walk_forward) {
+        mb_result wr = walk_forward(&o, t.onnx);
+        if (wr != MB_OK) fprintf(stderr, "error: %s\n", mb_last_error());
+        return wr == MB_OK ? 0 : 2;
+    }
     mb_result r = trainer_open(&t, &o);
     if (r == MB_OK) r = train(&t);
     r = trainer_finish(&t, r);
