@@ -82,6 +82,8 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
+# model selection through the tools (docs/TRADING.md, "Choosing the model to trade")
+SELECT_TESTS := tests/select_cli.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
 ONNX_TESTS   := tests/onnx/run.sh
 ONNX_BINS    := $(BUILD)/tests/onnx_inputs
@@ -273,7 +275,7 @@ test:
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict \
 	          $(if $(CLANG),$(BUILD)/compile/test_lstm_clang); do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
+	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(SELECT_TESTS) $(if $(NVCC),$(CUDA_BINS)) $(MPI_TESTS)
 
 # The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): not part of make test (nothing
 # there needs Python; tests/test_onnx checks the files without it); .ci/run runs it as a stage

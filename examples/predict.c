@@ -19,6 +19,11 @@
  * `refused: <why>` (out of order, duplicate, bad values: the bar is skipped, nothing
  * changes); a closing line on stderr counts them and gives the latency per bar.
  * --stateful: the O(1)-per-bar mode of a model trained with --carry (mtf_live.h).
+ * --metrics (with --data; --out then optional): the loss of the predictions as train_multitf
+ * computes it (--loss mse|huber, per batch on the device, summed in double: pass training's
+ * --batch for the same bits) and the trading metrics per horizon (examples/mb_metrics.h), on
+ * stdout: one line `metrics: val_loss=.. baseline_val_loss=.. hit=.. ic=.. rank_ic=..`, then
+ * one line per horizon.
  * --to-onnx: writes the model as one ONNX graph (examples/mtf_onnx.h: raw feature window
  * in, predictions in the target's units out) for MetaTrader 5 and onnxruntime, and stops.
  * Exit 2 with `error: ...` on bad flags, a bad model file or data that does not fit it.
@@ -35,6 +40,7 @@
 #include "multitf.h"
 #include "mtf_onnx.h"
 #include "mb_args.h"
+#include "mb_metrics.h" /* --metrics */
 #ifndef __CUDACC__
 #include "mtf_live.h"
 #include "mb_csv.h" /* prepare's CSV parser, for --live: one implementation */
@@ -47,23 +53,27 @@
 typedef struct options {
     const char *model, *data, *out, *csv, *onnx;
     int64_t batch;
-    int threads, quiet, live, stateful;
+    int threads, quiet, live, stateful, metrics;
+    mb_loss_kind loss;
 } options;
 
 static const char predict_usage[] =
     "usage: " MBA_TOOL("predict") " --model FILE.safetensors --data FILE.h5 --out preds.csv [--batch 256] [--threads 0] [--quiet]\n"
     "       " MBA_TOOL("predict") " --model FILE.safetensors --csv BARS.csv --live [--stateful] [--out lines.csv]\n"
+    "       " MBA_TOOL("predict") " --model FILE.safetensors --data FILE.h5 --metrics [--loss mse|huber] [--out preds.csv]\n"
     "       " MBA_TOOL("predict") " --model FILE.safetensors --to-onnx FILE.onnx\n"
     "  The K predictions of a trained multi-timeframe model (docs/TRADING.md): one CSV row per\n"
     "  sample of an HDF5 file written by prepare, or (--live) one line per closed M1 bar of an\n"
     "  MT5/MT4 export replayed through the live predictor; --stateful: the O(1)-per-bar mode of\n"
-    "  a model trained with --carry; --to-onnx: the model as one ONNX graph for MetaTrader 5 and\n"
+    "  a model trained with --carry; --metrics: the loss as train_multitf computes it (val_loss=) and\n"
+    "  the trading metrics per horizon (hit rate, IC, rank IC) of the file's predictions; --to-onnx: the model as one ONNX graph for MetaTrader 5 and\n"
     "  onnxruntime (raw feature window in, forward returns out; docs/TRADING.md), nothing else.\n"
     "  The data file is checked in a child process first (docs/RELIABILITY.md). -h, --help: this text.\n"
     "Exit 2 with one line `error: ...` on stderr on bad flags, files or data.\n";
 
 /* 0 when the options are usable; else the exit status (2), the error printed (mb_args.h). */
 static int parse_options(int argc, char **argv, options *o) {
+    static const char *const losses[] = {"mse", "huber", NULL}; /* mb_loss_kind's order */
     memset(o, 0, sizeof *o);
     o->batch = 256;
     const mba_flag flags[] = {
@@ -71,7 +81,8 @@ static int parse_options(int argc, char **argv, options *o) {
         {"--out", MBA_STR, &o->out, 0, 0, NULL}, {"--csv", MBA_STR, &o->csv, 0, 0, NULL},
         {"--batch", MBA_I64, &o->batch, 1, 1e6, NULL}, {"--threads", MBA_INT, &o->threads, 0, 1024, NULL},
         {"--quiet", MBA_SET, &o->quiet, 0, 0, NULL}, {"--live", MBA_SET, &o->live, 0, 0, NULL},
-        {"--stateful", MBA_SET, &o->stateful, 0, 0, NULL}, {"--to-onnx", MBA_STR, &o->onnx, 0, 0, NULL}};
+        {"--stateful", MBA_SET, &o->stateful, 0, 0, NULL}, {"--to-onnx", MBA_STR, &o->onnx, 0, 0, NULL},
+        {"--metrics", MBA_SET, &o->metrics, 0, 0, NULL}, {"--loss", MBA_CHOICE, &o->loss, 0, 0, losses}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;
     if (!o->model) return mba_error("--model is needed (see --help)");
     if (o->onnx && (o->data || o->out || o->csv || o->live || o->stateful))
@@ -83,7 +94,9 @@ static int parse_options(int argc, char **argv, options *o) {
     }
     if (o->live != !!o->csv || (o->stateful && !o->live))
         return mba_error("--live and --csv go together, and --stateful needs them (see --help)");
-    if (!o->live && (!o->data || !o->out)) return mba_error("--data and --out are needed (see --help)");
+    if ((o->metrics || o->loss) && (o->live || !o->data)) return mba_error("--metrics and --loss go with --data (see --help)");
+    if (!o->live && (!o->data || (!o->out && !o->metrics)))
+        return mba_error("--data and --out (or --metrics) are needed (see --help)");
     if (o->out && !mba_writable("--out", o->out)) return 2;
     return 0;
 }
@@ -111,12 +124,57 @@ static mb_result write_rows(FILE *out, const float *p, int64_t B, int64_t K) {
     return ferror(out) ? MB_FAIL(NULL, MB_ERR_IO, "writing the predictions failed") : MB_OK;
 }
 
-static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, int64_t *n) {
+/* --metrics: what the predictions score against the file's targets. */
+typedef struct scoring {
+    mb_meter *meter;      /* slot 0: the loss, slot 1: the baseline's (predict 0), as train_multitf sums them */
+    float *zeros, *htarg; /* (batch, K) zeros on the device; a batch's targets on the host */
+    mbm_acc acc;
+} scoring;
+
+/* One batch into the loss sums (on the device, as train_multitf's evaluate) and the metrics. */
+static mb_result score_batch(const options *o, mb_device *dev, scoring *sc, const float *pred, const float *host_pred,
+                             const float *targets, int64_t B, int64_t K) {
+    mb_loss_config lc = {0.0f, o->loss, mb_meter_slot(sc->meter, 0)}, base = lc;
+    base.acc = mb_meter_slot(sc->meter, 1);
+    MB_TRY(mb_loss(dev, MB_STREAM_COMPUTE, &lc, pred, targets, B, K, 0.0f, NULL, NULL, NULL));
+    MB_TRY(mb_loss(dev, MB_STREAM_COMPUTE, &base, sc->zeros, targets, B, K, 0.0f, NULL, NULL, NULL));
+    MB_TRY(mb_copy(dev, MB_STREAM_COMPUTE, sc->htarg, targets, (size_t)(B * K) * sizeof(float)));
+    MB_TRY(mb_sync(dev, MB_STREAM_COMPUTE));
+    return mbm_add(&sc->acc, host_pred, sc->htarg, B);
+}
+
+/* The scores' lines on stdout: the losses and the means, then each horizon. */
+static mb_result score_report(scoring *sc, int64_t K) {
+    double v[2][2];
+    mbm_mean mean;
+    mbm_horizon *per = (mbm_horizon *)calloc((size_t)K, sizeof *per);
+    if (!per) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for the metrics");
+    mb_result r = mb_meter_read(sc->meter, MB_STREAM_COMPUTE, 0);
+    if (r == MB_OK) r = mb_meter_wait(sc->meter);
+    for (int i = 0; r == MB_OK && i < 2; i++) r = mb_meter_value(sc->meter, i, &v[i][0], &v[i][1]);
+    if (r == MB_OK) r = mbm_compute(&sc->acc, per, &mean);
+    if (r == MB_OK) {
+        char text[160];
+        mbm_text(text, sizeof text, &mean);
+        printf("metrics: rows=%lld val_loss=%.5f baseline_val_loss=%.5f %s zeros=%lld nonfinite=%lld\n",
+               (long long)mean.rows, v[0][1] > 0 ? v[0][0] / v[0][1] : 0, v[1][1] > 0 ? v[1][0] / v[1][1] : 0, text,
+               (long long)mean.zeros, (long long)mean.nonfinite);
+        for (int64_t k = 0; k < K; k++)
+            printf("horizon %lld: n=%lld hit=%.6f ic=%.6f rank_ic=%.6f zeros=%lld nonfinite=%lld\n", (long long)k + 1,
+                   (long long)per[k].n, per[k].hit, per[k].ic, per[k].rank_ic, (long long)per[k].zeros,
+                   (long long)per[k].nonfinite);
+    }
+    free(per);
+    return r;
+}
+
+static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, scoring *sc,
+                              int64_t *n) {
     int64_t K = m->spec.K;
     float *host = (float *)malloc((size_t)(o->batch * K) * sizeof(float));
     if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for %lld predictions", (long long)(o->batch * K));
     mb_result r = MB_OK;
-    for (int64_t k = 0; k < K; k++) fprintf(out, "pred_%lld%c", (long long)k + 1, k + 1 < K ? ',' : '\n');
+    for (int64_t k = 0; out && k < K; k++) fprintf(out, "pred_%lld%c", (long long)k + 1, k + 1 < K ? ',' : '\n');
     for (;;) {
         mb_batch b;
         const float *pred = NULL;
@@ -124,11 +182,13 @@ static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb
         r = mtf_model_forward(m, (const float *)b.features, b.count, &pred);
         if (r == MB_OK) r = mb_copy(dev, MB_STREAM_COMPUTE, host, pred, (size_t)(b.count * K) * sizeof(float));
         if (r == MB_OK) r = mb_sync(dev, MB_STREAM_COMPUTE);
-        if (r == MB_OK) r = write_rows(out, host, b.count, K);
+        if (r == MB_OK && out) r = write_rows(out, host, b.count, K);
+        if (r == MB_OK && sc) r = score_batch(o, dev, sc, pred, host, (const float *)b.targets, b.count, K);
         if (r != MB_OK) break;
         *n += b.count;
     }
     free(host);
+    if (r == MB_OK && sc) r = score_report(sc, K);
     return r;
 }
 
@@ -152,10 +212,22 @@ static mb_result run(const options *o, int64_t *n) {
     if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, o->batch, 0);
     if (r == MB_OK) r = mtf_model_load(&m, f);
     if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
-    if (r == MB_OK && !(out = fopen(o->out, "w")))
+    scoring sc;
+    memset(&sc, 0, sizeof sc);
+    size_t zb = (size_t)(o->batch * spec.K) * sizeof(float);
+    if (r == MB_OK && o->metrics) r = mb_meter_create(&sc.meter, dev, 2, 1);
+    if (r == MB_OK && o->metrics) r = mb_alloc(dev, MB_MEM_DEVICE, zb, (void **)&sc.zeros);
+    if (r == MB_OK && o->metrics) r = mb_zero(dev, MB_STREAM_COMPUTE, sc.zeros, zb);
+    if (r == MB_OK && o->metrics) r = mb_alloc(dev, MB_MEM_HOST, zb, (void **)&sc.htarg);
+    if (r == MB_OK && o->metrics) r = mbm_init(&sc.acc, spec.K, mb_dataset_info(ds)->n);
+    if (r == MB_OK && o->out && !(out = fopen(o->out, "w")))
         r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
-    if (r == MB_OK) r = predict_file(o, dev, &m, ld, out, n);
+    if (r == MB_OK) r = predict_file(o, dev, &m, ld, out, o->metrics ? &sc : NULL, n);
     if (out && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
+    mb_meter_destroy(sc.meter);
+    mb_free(dev, sc.zeros);
+    mb_free(dev, sc.htarg);
+    mbm_free(&sc.acc);
     mb_loader_close(ld);
     mb_dataset_close(ds);
     if (m.params) mtf_model_destroy(&m);
@@ -286,6 +358,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!o.quiet && o.onnx) printf("onnx: %s\n", o.onnx);
-    if (!o.quiet && !o.live && !o.onnx) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
+    if (!o.quiet && !o.live && !o.onnx && o.out) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
     return 0;
 }

@@ -7,6 +7,8 @@
 #     stopped after 2) exports the same bytes as the uninterrupted run;
 #   - --keep-best exports the best epoch, and build/predict --metrics on the validation file
 #     gives the reported best_val_loss; --patience stops;
+#   - --walk-forward: the same table twice, one file a fold with its own normalisation;
+#     predict --metrics on it;
 #   - bad flags: one `error:` line, exit 2, and nothing written.
 # Usage: tests/select_cli.sh (from the repository root, after make build). Closes with
 # "select-cli: N passed, N failed".
@@ -18,7 +20,7 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 field() { # FILE KEY: the value of KEY= in FILE's summary line
-    sed -n "s/^summary: .*[ ]$2=\([^ ]*\).*/\1/p" "$1"
+    sed -n "s/^summary:.* $2=\([^ ]*\).*/\1/p" "$1"
 }
 
 "$B/prepare" --synthetic --bars 30000 --features 2 --targets 3 --stride 40 --quiet \
@@ -44,17 +46,30 @@ $T --epochs 5 --lr 0.05 --keep-best --export "$tmp/best.safetensors" > "$tmp/bes
 be=$(field "$tmp/best.out" best_epoch) bl=$(field "$tmp/best.out" best_val_loss)
 if [ -n "$be" ] && [ "$be" -ge 1 ] && [ "$be" -le 5 ]; then ok; else bad "best_epoch '$be'"; fi
 if grep -q "\"weights\":\"best epoch $be of 5" "$tmp/best.safetensors"; then ok; else bad "the file does not say best epoch $be"; fi
-"$B/predict" --model "$tmp/best.safetensors" --data "$tmp/v.h5" --out "$tmp/best.csv" --metrics --quiet > "$tmp/pred.out"
-pl=$(sed -n 's/.*val_loss=\([0-9.]*\).*/\1/p' "$tmp/pred.out")
+"$B/predict" --model "$tmp/best.safetensors" --data "$tmp/v.h5" --batch 32 --metrics --quiet > "$tmp/pred.out"
+pl=$(sed -n 's/^metrics: .* val_loss=\([0-9.]*\) .*/\1/p' "$tmp/pred.out")
 if [ -n "$pl" ] && [ "$pl" = "$bl" ]; then ok; else bad "predict --metrics val_loss '$pl', training's best_val_loss '$bl'"; fi
 $T --epochs 30 --lr 0.2 --patience 1 > "$tmp/stop.out"
 ep=$(field "$tmp/stop.out" epochs) be=$(field "$tmp/stop.out" best_epoch)
 if [ -n "$ep" ] && [ "$ep" -lt 30 ] && [ "$ep" = $((be + 1)) ]; then ok
 else bad "--patience 1: stopped after epoch '$ep' with the best at '$be'"; fi
 
+# ---- walk-forward: deterministic, one file a fold with the fold's own normalisation ----
+W="$T --epochs 1 --walk-forward 3"
+$W --export "$tmp/wf.safetensors" > "$tmp/wf1.out"
+$W > "$tmp/wf2.out"
+if grep -q '^summary: folds=3 ' "$tmp/wf1.out" && [ "$(grep '^fold\|^summary' "$tmp/wf1.out")" = "$(grep '^fold\|^summary' "$tmp/wf2.out")" ]
+then ok; else bad "walk-forward: no summary, or two runs differ"; fi
+for k in 1 2 3; do [ -f "$tmp/wf.fold$k.safetensors" ] || bad "walk-forward: no wf.fold$k.safetensors"; done
+m1=$(grep -a -o '"feature_mean":"[^"]*"' "$tmp/wf.fold1.safetensors") m3=$(grep -a -o '"feature_mean":"[^"]*"' "$tmp/wf.fold3.safetensors")
+if [ -n "$m1" ] && [ "$m1" != "$m3" ]; then ok; else bad "walk-forward: the folds' normalisation is not their own"; fi
+"$B/predict" --model "$tmp/wf.fold1.safetensors" --data "$tmp/v.h5" --metrics --quiet > "$tmp/wfp.out"
+if grep -q '^metrics: rows=' "$tmp/wfp.out" && grep -q '^horizon 3: ' "$tmp/wfp.out"; then ok; else bad "predict --metrics on a fold's model"; fi
+
 # ---- bad flags: one error line, exit 2, nothing written ----
 for args in "--ema 1.5" "--ema 0" "--ema 1" "--swa-start 5 --epochs 4" "--swa-start 0" "--patience 0" \
-            "--ema 0.9 --swa-start 1" "--dropout 1"; do
+            "--ema 0.9 --swa-start 1" "--dropout 1" "--walk-forward 1" "--walk-forward 40" "--wf-window 100" \
+            "--walk-forward 2 --metrics $tmp/x.csv" "--walk-forward 2 --ckpt $tmp/x.ckpt"; do
     rc=0
     $T $args --export "$tmp/no.safetensors" --metrics "$tmp/no.csv" > "$tmp/err.out" 2> "$tmp/err.txt" || rc=$?
     lines=$(wc -l < "$tmp/err.txt")
