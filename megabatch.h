@@ -723,7 +723,7 @@ typedef struct mb_lstm_call {
  * bit, those of n single calls in order. CUDA: each LSTM runs on its own stream (its
  * cfg.stream), which first waits for the compute stream; the compute stream then waits
  * for all of them. CPU: up to the device's threads run the LSTMs side by side, longest
- * first, each with single-threaded BLAS (the BLAS thread count is restored after). The
+ * first, each with single-threaded BLAS (one thread from mb_device_open on, process-wide). The
  * log callback may then be called from those threads. An error is the first failing
  * call's (in order); the other calls still ran. */
 MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n);
