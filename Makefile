@@ -91,7 +91,7 @@ BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # issue 45: the plain-cc builds and make install's headers; names, the step walkthrough, one source
-DOC_TESTS    += tests/docs/build_cc.sh tests/docs/walkthrough.sh tests/docs/names.sh
+DOC_TESTS    += tests/docs/build_cc.sh tests/docs/walkthrough.sh tests/docs/names.sh tests/docs/one_source.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
