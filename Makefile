@@ -163,7 +163,7 @@ else
 	@echo "✗ nvcc not found (or NO_CUDA=1): CUDA targets not built"
 endif
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "✓ GPU: $$(nvidia-smi -L | head -n 1)"; \
-	 else echo "✗ no GPU: nvcc builds its compile checks only (make sim-test runs the CUDA tests on the CPU)"; fi
+	 else echo "✗ no GPU: $(if $(GPU),GPU=1: nvcc builds the CUDA programs anyway,nvcc builds its compile checks only (make sim-test runs the CUDA tests on the CPU))"; fi
 
 build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(if $(GPU),$(CUDA_TARGETS),$(CUDA_COMPILE)) \
        $(MPI_TARGETS)
