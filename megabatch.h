@@ -723,7 +723,7 @@ typedef struct mb_lstm_call {
  * bit, those of n single calls in order. CUDA: each LSTM runs on its own stream (its
  * cfg.stream), which first waits for the compute stream; the compute stream then waits
  * for all of them. CPU: up to the device's threads run the LSTMs side by side, longest
- * first, each with single-threaded BLAS (the BLAS thread count is restored after). The
+ * first, each with single-threaded BLAS (one thread from mb_device_open on, process-wide). The
  * log callback may then be called from those threads. An error is the first failing
  * call's (in order); the other calls still ran. */
 MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n);
@@ -2334,6 +2334,8 @@ typedef struct mb__rk_a {
 } mb__rk_a;
 typedef void (*mb__rk_tile_fn)(int mr, const mb__rk_a *A, int64_t r, const float *p, float *c, int64_t ldc, int nc,
                                int add);
+/* mb__rk, "row kernel": one variant of this product (its name, tile shape and tile function);
+ * the mb__rk_* functions below pack W for it, pick it at open and run it over rows. */
 typedef struct mb__rk {
     const char *name;    /* "avx512", "avx2", "c" */
     int nr, mr;          /* panel width (columns), rows of a tile */
@@ -4811,6 +4813,12 @@ MB__OPS_END
 
 // ---- lstm ----
 
+/* Names in this module: H is the hidden size everywhere (mb_lstm_config.hidden_size; the CUDA
+ * kernels' Hp is H padded to their tile); `li` a layer index (layer 0 reads x); `interval` the
+ * checkpoint interval (steps of T a segment recomputes; 0: full storage; mb__lstm_auto_k
+ * picks it), `interval_max` the largest one the buffers hold; `l->rk` / `kern` the CPU's row
+ * kernel (mb__rk, gemm module). */
+
 /* The cell's functions below are declared MB__CELL_FN: always inlined (the row loops
  * vectorize only with the cell inside; Clang's inliner left the call out of line, measured:
  * 100 ns a cell). MB__NO_CONTRACT, at the top of each, keeps a * b + c from becoming an fma
@@ -4904,14 +4912,14 @@ MB__CELL_FN void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float 
 
 /* The backend's lstm group: a step's gates forward (g: the pre-activations in, activated out;
  * need_h 0: h may be left unwritten, a recompute) and backward (dh = dh_rec + dout), strided
- * rows (mb__lstm_copy3: f32 in, dt out), y += x, y = v. On the LSTM's stream. */
+ * rows (mb__lstm_copy_strided: f32 in, dt out), y += x, y = v. On the LSTM's stream. */
 typedef struct mb__lstm_ops {
     mb_result (*fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
                            const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
     mb_result (*bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a, const float *c_prev,
                            const float *c, const float *dh_rec, const float *dout, float *dc, float *dg);
-    mb_result (*copy3)(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src,
-                       int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d);
+    mb_result (*copy_strided)(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                              const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d);
     mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
     mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
 } mb__lstm_ops;
@@ -5063,8 +5071,8 @@ struct mb_lstm;
 static int mb__lstm_fused_on(const struct mb_lstm *l);
 static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
 static void mb__lstm_fused_free(struct mb_lstm *l);
-static mb_result mb__lstm_fused_layer_forward(struct mb_lstm *l, int k);
-static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int k, const float *dout, float *d_in);
+static mb_result mb__lstm_fused_layer_forward(struct mb_lstm *l, int li);
+static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int li, const float *dout, float *d_in);
 static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
 static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
@@ -5083,7 +5091,7 @@ struct mb_lstm {
     mb_device *dev;
     mb_params *params;
     mb_lstm_config cfg;
-    int64_t F, H, maxT, maxB, kmax; /* kmax: largest segment, 0 = full storage */
+    int64_t F, H, maxT, maxB, interval_max; /* interval_max: largest segment, 0 = full storage */
     int L, G;
     mb__lstm_layer *layer;
     const float *x; /* the last forward's input (B, T, F), rows xs floats apart: the caller's */
@@ -5092,15 +5100,15 @@ struct mb_lstm {
     mb_dtype op;    /* gemm operand type (cfg.precision) */
     void *x_lp;     /* low precision: (G, B, F) xblk */
     void *g_lp;     /* low precision: (G, B, 4H) gblk */
-    float *seg_g;   /* checkpoint: (kmax + 2G - 2, B, 4H) gates of one segment's blocks */
-    float *seg_c;   /* checkpoint: (kmax+1, B, H) cells of one segment */
+    float *seg_g;   /* checkpoint: (interval_max + 2G - 2, B, 4H) gates of one segment's blocks */
+    float *seg_c;   /* checkpoint: (interval_max+1, B, H) cells of one segment */
     float *hscr;    /* (B, H) h of a recomputed step (equal to the kept one) */
     float *gblk;    /* (G, B, 4H) gate gradients of one weight-gradient block */
     float *ones;    /* (G * B) ones, for bias gradients as a gemm */
     float *dh, *dc; /* (B, H) recurrent gradients */
     float *dA, *dB; /* (T, B, H) gradients w.r.t. a layer's output, ping-pong */
     float *hn, *cn; /* (L, B, H) final state of the last forward */
-    int64_t B, T, k; /* shape and checkpoint interval of the last forward (k = 0: full) */
+    int64_t B, T, interval; /* shape and checkpoint interval of the last forward (0: full storage) */
     int seg_kept;    /* checkpointing: the layer whose last segment's gates and cells the forward
                         left in seg_g / seg_c (-1: none); its backward needs no recompute there */
     int have_fwd, have_state;
@@ -5218,8 +5226,8 @@ static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, i
     return MB_OK;
 }
 
-static mb_result mb__cpu_copy3(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
-                               const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+static mb_result mb__cpu_copy_strided(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                                      const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
     (void)dev; (void)stream;
     for (int64_t i = 0; i < n0; i++)
         for (int64_t j = 0; j < n1; j++) {
@@ -5260,9 +5268,9 @@ static mb_result mb__lstm_bwd_gates(mb_lstm *l, int64_t B, const float *a, const
  * dst + i*ds0 + j*ds1 (strides in elements), converted to dt (an input's operand copy in
  * one pass). With the strides swapped this is the batch-major <-> time-major transpose, of a
  * whole sequence or of one block of steps. */
-static mb_result mb__lstm_copy3(mb_lstm *l, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src,
-                                int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    return l->dev->be->lstm->copy3(l->dev, l->cfg.stream, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
+static mb_result mb__lstm_copy_strided(mb_lstm *l, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src,
+                                       int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return l->dev->be->lstm->copy_strided(l->dev, l->cfg.stream, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
 static mb_result mb__lstm_add(mb_lstm *l, float *y, const float *x, size_t n) { /* y += x, not overlapping */
@@ -5308,8 +5316,8 @@ static mb_result mb__lstm_round(mb_lstm *l, void *dst, const float *src, size_t 
 }
 
 /* Layer k's operands: its kept outputs hs and its weights, in the operand type. */
-static const void *mb__lstm_hs_op(const mb_lstm *l, int k) {
-    return l->op == MB_F32 ? (const void *)l->layer[k].hs : l->layer[k].hs_lp;
+static const void *mb__lstm_hs_op(const mb_lstm *l, int li) {
+    return l->op == MB_F32 ? (const void *)l->layer[li].hs : l->layer[li].hs_lp;
 }
 
 // -- sizes --
@@ -5319,17 +5327,17 @@ static int64_t mb__lstm_G(const mb_lstm_config *c) { return c->grad_block ? c->g
 /* Auto interval: ceil(sqrt(T)) rounded up to a multiple of the block G, so segments
  * start and end on block boundaries and a recompute projects no step twice. */
 static int64_t mb__lstm_auto_k(int64_t T, int64_t G) {
-    int64_t k = (int64_t)ceil(sqrt((double)T));
-    while (k * k < T) k++;
-    k = (k + G - 1) / G * G;
-    return k < 1 ? 1 : k;
+    int64_t interval = (int64_t)ceil(sqrt((double)T));
+    while (interval * interval < T) interval++;
+    interval = (interval + G - 1) / G * G;
+    return interval < 1 ? 1 : interval;
 }
 
 /* Checkpoint interval at T: 0 = full storage, else 1..T. */
-static int64_t mb__lstm_k(const mb_lstm_config *c, int64_t T) {
+static int64_t mb__lstm_interval(const mb_lstm_config *c, int64_t T) {
     if (c->checkpoint < 0) return 0;
-    int64_t k = c->checkpoint == 0 ? mb__lstm_auto_k(T, mb__lstm_G(c)) : c->checkpoint;
-    return k > T ? T : k;
+    int64_t interval = c->checkpoint == 0 ? mb__lstm_auto_k(T, mb__lstm_G(c)) : c->checkpoint;
+    return interval > T ? T : interval;
 }
 
 static mb_result mb__lstm_check_config(const mb_lstm_config *c, const mb_logger *lg) {
@@ -5358,16 +5366,16 @@ typedef struct mb__lstm_sizes {
     size_t hs, cs_full, cs_ckpt, gates, xblk, seg_g, seg_c, bh, gblk, ones, dbuf, state;
 } mb__lstm_sizes;
 
-static int mb__lstm_sizes_of(const mb_lstm_config *c, int64_t B, int64_t T, int64_t kmax, mb__lstm_sizes *s) {
+static int mb__lstm_sizes_of(const mb_lstm_config *c, int64_t B, int64_t T, int64_t interval_max, mb__lstm_sizes *s) {
     int64_t F = c->input_size, H = c->hidden_size, L = c->layers ? c->layers : 1;
-    int64_t G = mb__lstm_G(c), nseg = kmax ? (T + kmax - 1) / kmax : 0;
+    int64_t G = mb__lstm_G(c), nseg = interval_max ? (T + interval_max - 1) / interval_max : 0;
     /* gate rows of a segment: from the block start of its first step to the block end of
        its last; k rows when segments are block-aligned (k a multiple of G) */
-    int64_t kg = kmax ? kmax + (kmax % G ? 2 * (G - 1) : 0) : 0;
+    int64_t kg = interval_max ? interval_max + (interval_max % G ? 2 * (G - 1) : 0) : 0;
     if (kg > T) kg = T;
     const int64_t lim = INT32_MAX;
     if (B > lim || T > lim || F > lim || H > lim / 4 || G > lim) return 0;
-    int64_t d[][3] = {{T + 1, B, H}, {T, B, 4 * H}, {G, B, F}, {kg, B, 4 * H}, {kmax + 1, B, H},
+    int64_t d[][3] = {{T + 1, B, H}, {T, B, 4 * H}, {G, B, F}, {kg, B, 4 * H}, {interval_max + 1, B, H},
                       {nseg + 1, B, H}, {G, B, 4 * H}, {L, B, H}};
     size_t v[8];
     for (int i = 0; i < 8; i++)
@@ -5397,18 +5405,18 @@ MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, 
         return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "mb_lstm_memory: B=%lld and T=%lld must be >= 1", (long long)B,
                        (long long)T);
     mb__lstm_sizes sf, sc;
-    int64_t k = mb__lstm_k(cfg, T), L = cfg->layers ? cfg->layers : 1;
-    if (!mb__lstm_sizes_of(cfg, B, T, 0, &sf) || !mb__lstm_sizes_of(cfg, B, T, k, &sc))
+    int64_t interval = mb__lstm_interval(cfg, T), L = cfg->layers ? cfg->layers : 1;
+    if (!mb__lstm_sizes_of(cfg, B, T, 0, &sf) || !mb__lstm_sizes_of(cfg, B, T, interval, &sc))
         return MB_FAIL(NULL, MB_ERR_OVERFLOW, "mb_lstm_memory: B=%lld T=%lld F=%lld H=%lld overflows",
                        (long long)B, (long long)T, (long long)cfg->input_size, (long long)cfg->hidden_size);
     if (full_bytes) *full_bytes = mb__lstm_kept(&sf, L, 1, cfg->precision);
-    if (checkpointed_bytes) *checkpointed_bytes = mb__lstm_kept(k ? &sc : &sf, L, k == 0, cfg->precision);
+    if (checkpointed_bytes) *checkpointed_bytes = mb__lstm_kept(interval ? &sc : &sf, L, interval == 0, cfg->precision);
     return MB_OK;
 }
 
 MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T) {
-    int64_t k = mb__lstm_k(&l->cfg, T < 1 ? 1 : T);
-    return k ? k : -1;
+    int64_t interval = mb__lstm_interval(&l->cfg, T < 1 ? 1 : T);
+    return interval ? interval : -1;
 }
 
 MBDEF int mb_lstm_fused_blocks(const mb_lstm *l) { return l ? l->fused : 0; }
@@ -5419,12 +5427,12 @@ static mb_result mb__lstm_register(mb_lstm *l) {
     const char *pre = l->cfg.prefix ? l->cfg.prefix : "";
     const char *names[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
     float bound = 1.0f / sqrtf((float)l->H);
-    for (int k = 0; k < l->L; k++) {
-        int64_t shapes[4][2] = {{4 * l->H, l->layer[k].in}, {4 * l->H, l->H}, {4 * l->H, 0}, {4 * l->H, 0}};
+    for (int li = 0; li < l->L; li++) {
+        int64_t shapes[4][2] = {{4 * l->H, l->layer[li].in}, {4 * l->H, l->H}, {4 * l->H, 0}, {4 * l->H, 0}};
         for (int w = 0; w < 4; w++) {
             char name[MB_MAX_NAME * 2];
-            snprintf(name, sizeof name, "%s%s_l%d", pre, names[w], k);
-            MB_TRY(mb_params_add(l->params, name, w < 2 ? 2 : 1, shapes[w], bound, &l->layer[k].idx[w]));
+            snprintf(name, sizeof name, "%s%s_l%d", pre, names[w], li);
+            MB_TRY(mb_params_add(l->params, name, w < 2 ? 2 : 1, shapes[w], bound, &l->layer[li].idx[w]));
         }
     }
     return MB_OK;
@@ -5436,24 +5444,24 @@ static mb_result mb__lstm_alloc(mb_lstm *l, float **p, size_t n) {
 
 static mb_result mb__lstm_alloc_all(mb_lstm *l) {
     mb__lstm_sizes s;
-    if (!mb__lstm_sizes_of(&l->cfg, l->maxB, l->maxT, l->kmax, &s))
+    if (!mb__lstm_sizes_of(&l->cfg, l->maxB, l->maxT, l->interval_max, &s))
         return MB_FAIL(mb__lstm_log(l), MB_ERR_OVERFLOW, "mb_lstm_create: workspace for max_batch=%lld max_steps=%lld "
                        "F=%lld H=%lld overflows", (long long)l->maxB, (long long)l->maxT, (long long)l->F,
                        (long long)l->H);
-    for (int k = 0; k < l->L; k++) {
-        mb__lstm_layer *y = &l->layer[k];
+    for (int li = 0; li < l->L; li++) {
+        mb__lstm_layer *y = &l->layer[li];
         MB_TRY(mb__lstm_alloc(l, &y->hs, s.hs));
-        MB_TRY(mb__lstm_alloc(l, &y->cs, l->kmax ? s.cs_ckpt : s.cs_full));
-        if (!l->kmax) MB_TRY(mb__lstm_alloc(l, &y->gates, s.gates));
+        MB_TRY(mb__lstm_alloc(l, &y->cs, l->interval_max ? s.cs_ckpt : s.cs_full));
+        if (!l->interval_max) MB_TRY(mb__lstm_alloc(l, &y->gates, s.gates));
     }
-    if (l->kmax) {
+    if (l->interval_max) {
         MB_TRY(mb__lstm_alloc(l, &l->seg_g, s.seg_g));
         MB_TRY(mb__lstm_alloc(l, &l->seg_c, s.seg_c));
     }
     MB_TRY(mb__lstm_alloc(l, &l->xblk, s.xblk));
     if (l->op != MB_F32) { /* 2-byte operand copies */
-        for (int k = 0; k < l->L; k++) {
-            mb__lstm_layer *y = &l->layer[k];
+        for (int li = 0; li < l->L; li++) {
+            mb__lstm_layer *y = &l->layer[li];
             MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, s.hs * 2, &y->hs_lp));
             MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, (size_t)(4 * l->H * y->in) * 2, &y->wih_lp));
             MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, (size_t)(4 * l->H * l->H) * 2, &y->whh_lp));
@@ -5487,9 +5495,9 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
     if (!l) return;
     mb_device *d = l->dev;
     if (l->layer)
-        for (int k = 0; k < l->L; k++) {
-            mb_free(d, l->layer[k].hs); mb_free(d, l->layer[k].cs); mb_free(d, l->layer[k].gates);
-            mb_free(d, l->layer[k].hs_lp); mb_free(d, l->layer[k].wih_lp); mb_free(d, l->layer[k].whh_lp);
+        for (int li = 0; li < l->L; li++) {
+            mb_free(d, l->layer[li].hs); mb_free(d, l->layer[li].cs); mb_free(d, l->layer[li].gates);
+            mb_free(d, l->layer[li].hs_lp); mb_free(d, l->layer[li].wih_lp); mb_free(d, l->layer[li].whh_lp);
         }
     float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
                      l->cn, l->wpf, l->wpb, l->wpi, l->dbs, l->wgx, l->wgs};
@@ -5535,7 +5543,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     l->op = cfg->precision;
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
     int ck = l->cfg.checkpoint;
-    l->kmax = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
+    l->interval_max = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
     l->fused = mb__lstm_fused_on(l);
     l->rk = l->op == MB_F32 && mb__cpu(dev) ? mb__rk_of(mb__cpu(dev)->kernel) : NULL; /* the CPU's own recurrence */
     if (cfg->fused_blocks > 0 && !l->fused) {
@@ -5548,7 +5556,7 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     }
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
-    for (int k = 0; r == MB_OK && k < l->L; k++) l->layer[k].in = k ? l->H : l->F;
+    for (int li = 0; r == MB_OK && li < l->L; li++) l->layer[li].in = li ? l->H : l->F;
     if (r == MB_OK) r = mb__lstm_alloc_all(l); /* before registering: a failure leaves params untouched */
     if (r == MB_OK) r = mb__lstm_register(l);
     if (r != MB_OK) { mb_lstm_destroy(l); return r; }
@@ -5578,9 +5586,9 @@ MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const
 
 // -- forward --
 
-static mb_result mb__lstm_weights(mb_lstm *l, int k, float **w, int grad, const char *what) {
+static mb_result mb__lstm_weights(mb_lstm *l, int li, float **w, int grad, const char *what) {
     for (int i = 0; i < 4; i++) {
-        w[i] = grad ? mb_params_tensor_grad(l->params, l->layer[k].idx[i]) : mb_params_tensor(l->params, l->layer[k].idx[i]);
+        w[i] = grad ? mb_params_tensor_grad(l->params, l->layer[li].idx[i]) : mb_params_tensor(l->params, l->layer[li].idx[i]);
         if (!w[i]) return MB_FAIL(mb__lstm_log(l), MB_ERR_STATE, "%s: parameters not finalized (mb_params_finalize)", what);
     }
     return MB_OK;
@@ -5617,8 +5625,8 @@ typedef struct mb__rec_job {
 /* Rows of a chunk: its product's input rows (width floats each) in about MB__REC_CACHE
  * bytes of L2 (the packed weights then stream once a chunk), a multiple of kernel k's rows,
  * at most B. */
-static int64_t mb__rec_chunk(const mb__rk *k, int64_t B, int64_t width) {
-    int64_t mr = k->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
+static int64_t mb__rec_chunk(const mb__rk *kern, int64_t B, int64_t width) {
+    int64_t mr = kern->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
     if (mc < mr) mc = mr;
     return mc < B ? mc : B;
 }
@@ -5685,11 +5693,11 @@ static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
 /* Steps [u0, u1) of layer k (within one block of G): x their input rows ((u1-u0)*B, in), g
  * their gate rows, c the cells with slot 0 = c_{u0}, h where h_{u0+1}.. go (NULL: a
  * recompute, not needed). */
-static void mb__lstm_rec_forward(mb_lstm *l, int k, const float *x, const float *bih, const float *bhh, int64_t u0,
+static void mb__lstm_rec_forward(mb_lstm *l, int li, const float *x, const float *bih, const float *bhh, int64_t u0,
                                  int64_t u1, float *g, float *c, float *h) {
     mb__rec_job j;
     memset(&j, 0, sizeof j);
-    j.l = l; j.in = l->layer[k].in; j.x = x; j.a = l->layer[k].hs + u0 * l->B * l->H;
+    j.l = l; j.in = l->layer[li].in; j.x = x; j.a = l->layer[li].hs + u0 * l->B * l->H;
     j.bih = bih; j.bhh = bhh; j.g = g; j.c = c; j.h = h;
     int64_t rows = (u1 - u0) * l->B;
     if (!mb__rec_split(l)) mb__rec_run(&j, 0, rows, 0);
@@ -5699,22 +5707,22 @@ static void mb__lstm_rec_forward(mb_lstm *l, int k, const float *x, const float 
 /* One step backward: dg from the activated gates ga, c_{t-1}, c_t, dh (l->dh) + dout and dc
  * (l->dc, updated); then l->dh = dg W_hh and, when din is not NULL, its rows (ldin apart) =
  * dg W_ih. */
-static void mb__lstm_rec_backward_step(mb_lstm *l, int k, const float *ga, const float *cp, const float *ct,
+static void mb__lstm_rec_backward_step(mb_lstm *l, int li, const float *ga, const float *cp, const float *ct,
                                        const float *dout, float *dg, float *din, int64_t ldin) {
     mb__rec_job j;
     memset(&j, 0, sizeof j);
-    j.l = l; j.backward = 1; j.in = l->layer[k].in; j.ga = ga; j.cp = cp; j.ct = ct; j.dout = dout; j.dg = dg;
+    j.l = l; j.backward = 1; j.in = l->layer[li].in; j.ga = ga; j.cp = cp; j.ct = ct; j.dout = dout; j.dg = dg;
     j.din = din; j.ldin = ldin;
     mb__rec_run(&j, 0, l->B, mb__rec_split(l));
 }
 
 /* Layer k's weights packed: forward (also the backward's recompute, when checkpointing)
  * [W_ih W_hh] for z; backward W_hh for dh and W_ih for d_in. */
-static mb_result mb__lstm_rec_pack(mb_lstm *l, int k, int backward) {
+static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
     float *w[4] = {0};
-    int64_t H = l->H, in = l->layer[k].in, nr = l->rk->nr;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
-    if (!backward || l->k) {
+    int64_t H = l->H, in = l->layer[li].in, nr = l->rk->nr;
+    MB_TRY(mb__lstm_weights(l, li, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
+    if (!backward || l->interval) {
         mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, l->wpf);
         mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, l->wpf);
     }
@@ -5727,17 +5735,17 @@ static mb_result mb__lstm_rec_pack(mb_lstm *l, int k, int backward) {
 
 /* Layer k's input rows of steps [a, a+n), time-major (n*B, in): above layer 0 the kept
  * outputs of the layer below; for layer 0 the caller's x gathered into xblk. */
-static mb_result mb__lstm_block_input(mb_lstm *l, int k, int64_t a, int64_t n, const void **rows) {
+static mb_result mb__lstm_block_input(mb_lstm *l, int li, int64_t a, int64_t n, const void **rows) {
     int64_t B = l->B, F = l->F;
-    if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), (a + 1) * B * l->H); return MB_OK; }
+    if (li) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, li - 1), (a + 1) * B * l->H); return MB_OK; }
     void *dst = l->op == MB_F32 ? (void *)l->xblk : l->x_lp;
     *rows = dst;
-    return mb__lstm_copy3(l, dst, l->op, F, B * F, l->x + a * F, l->xs, F, B, n, F);
+    return mb__lstm_copy_strided(l, dst, l->op, F, B * F, l->x + a * F, l->xs, F, B, n, F);
 }
 
 /* Layer k's weights as gemm operands: the f32 parameters w, or their low-precision copies. */
-static void mb__lstm_w_ops(const mb_lstm *l, int k, float *const *w, const void **wih, const void **whh) {
-    const mb__lstm_layer *y = &l->layer[k];
+static void mb__lstm_w_ops(const mb_lstm *l, int li, float *const *w, const void **wih, const void **whh) {
+    const mb__lstm_layer *y = &l->layer[li];
     *wih = l->op == MB_F32 ? (const void *)w[MB__LSTM_WIH] : y->wih_lp;
     *whh = l->op == MB_F32 ? (const void *)w[MB__LSTM_WHH] : y->whh_lp;
 }
@@ -5751,23 +5759,23 @@ static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->
  * (same shapes, same rows) whatever the segment: bitwise identical gates. h goes to hs
  * (forward) or to a scratch row (recompute: the same bits as kept). On the CPU in f32 the
  * steps of each block in [s0, s1) are one call of the CPU recurrence instead (above). */
-static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
-    int64_t B = l->B, H = l->H, in = l->layer[k].in, a0 = mb__lstm_block0(l, s0);
+static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
+    int64_t B = l->B, H = l->H, in = l->layer[li].in, a0 = mb__lstm_block0(l, s0);
     float *w[4] = {0};
-    const void *wih, *whh, *x, *hop = mb__lstm_hs_op(l, k);
-    float *hs = l->layer[k].hs;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    const void *wih, *whh, *x, *hop = mb__lstm_hs_op(l, li);
+    float *hs = l->layer[li].hs;
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
     for (int64_t a = a0; l->rk && a < s1; a += l->G) {
         int64_t u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1;
-        MB_TRY(mb__lstm_block_input(l, k, u0, u1 - u0, &x));
-        mb__lstm_rec_forward(l, k, (const float *)x, w[MB__LSTM_BIH], w[MB__LSTM_BHH], u0, u1,
+        MB_TRY(mb__lstm_block_input(l, li, u0, u1 - u0, &x));
+        mb__lstm_rec_forward(l, li, (const float *)x, w[MB__LSTM_BIH], w[MB__LSTM_BHH], u0, u1,
                              g + (u0 - a0) * B * 4 * H, c + (u0 - s0) * B * H, keep_h ? hs + (u0 + 1) * B * H : NULL);
     }
     if (l->rk) return MB_OK;
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
-        MB_TRY(mb__lstm_block_input(l, k, a, n, &x));
+        MB_TRY(mb__lstm_block_input(l, li, a, n, &x));
         MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, wih, in, 0.0f, g + (a - a0) * B * 4 * H, 4 * H));
     }
     for (int64_t t = s0; t < s1; t++) {
@@ -5782,25 +5790,25 @@ static mb_result mb__lstm_segment(mb_lstm *l, int k, int64_t s0, int64_t s1, flo
 
 /* Layer k over all T steps: one segment with full storage, else segments of k steps
  * keeping the cell state at each segment start. */
-static mb_result mb__lstm_layer_forward(mb_lstm *l, int k) {
-    mb__lstm_layer *y = &l->layer[k];
+static mb_result mb__lstm_layer_forward(mb_lstm *l, int li) {
+    mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    if (l->fused) return mb__lstm_fused_layer_forward(l, k);
-    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, k, 0));
-    if (!l->k) return mb__lstm_segment(l, k, 0, l->T, y->gates, y->cs, 1);
-    for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->k) {
-        int64_t s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
+    if (l->fused) return mb__lstm_fused_layer_forward(l, li);
+    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, li, 0));
+    if (!l->interval) return mb__lstm_segment(l, li, 0, l->T, y->gates, y->cs, 1);
+    for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->interval) {
+        int64_t s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-        MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 1));
+        MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 1));
         MB_TRY(mb__lstm_copy(l, y->cs + (s + 1) * bh, l->seg_c + (s1 - s0) * bh, bh));
     }
     return MB_OK;
 }
 
 /* c_T of layer k after its forward. */
-static float *mb__lstm_c_last(mb_lstm *l, int k) {
+static float *mb__lstm_c_last(mb_lstm *l, int li) {
     size_t bh = (size_t)(l->B * l->H);
-    return l->layer[k].cs + (size_t)(l->k ? (l->T + l->k - 1) / l->k : l->T) * bh;
+    return l->layer[li].cs + (size_t)(l->interval ? (l->T + l->interval - 1) / l->interval : l->T) * bh;
 }
 
 static mb_result mb__lstm_check_shape(mb_lstm *l, const float *x, int64_t B, int64_t T) {
@@ -5822,13 +5830,13 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
         return MB_FAIL(mb__lstm_log(l), MB_ERR_INVALID_ARG, "mb_lstm_forward: carried state has batch %lld, "
                        "this batch has B=%lld (mb_lstm_reset_state first)", (long long)l->B, (long long)B);
     size_t bh = (size_t)(B * l->H);
-    for (int k = 0; k < l->L; k++) {
-        float *hs = l->layer[k].hs, *cs = l->layer[k].cs;
-        if (h0) MB_TRY(mb__lstm_copy(l, hs, h0 + k * bh, bh));
-        else if (carry) MB_TRY(mb__lstm_copy(l, hs, l->hn + k * bh, bh));
+    for (int li = 0; li < l->L; li++) {
+        float *hs = l->layer[li].hs, *cs = l->layer[li].cs;
+        if (h0) MB_TRY(mb__lstm_copy(l, hs, h0 + li * bh, bh));
+        else if (carry) MB_TRY(mb__lstm_copy(l, hs, l->hn + li * bh, bh));
         else MB_TRY(mb_zero(l->dev, l->cfg.stream, hs, bh * sizeof(float)));
-        if (c0) MB_TRY(mb__lstm_copy(l, cs, c0 + k * bh, bh));
-        else if (carry) MB_TRY(mb__lstm_copy(l, cs, l->cn + k * bh, bh));
+        if (c0) MB_TRY(mb__lstm_copy(l, cs, c0 + li * bh, bh));
+        else if (carry) MB_TRY(mb__lstm_copy(l, cs, l->cn + li * bh, bh));
         else MB_TRY(mb_zero(l->dev, l->cfg.stream, cs, bh * sizeof(float)));
     }
     return MB_OK;
@@ -5838,10 +5846,10 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
  * weights, so after each optimizer step) and of h0. */
 static mb_result mb__lstm_refresh(mb_lstm *l, int64_t B) {
     if (l->op == MB_F32) return MB_OK;
-    for (int k = 0; k < l->L; k++) {
-        mb__lstm_layer *y = &l->layer[k];
+    for (int li = 0; li < l->L; li++) {
+        mb__lstm_layer *y = &l->layer[li];
         float *w[4] = {0};
-        MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
+        MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
         MB_TRY(mb__lstm_round(l, y->wih_lp, w[MB__LSTM_WIH], (size_t)(4 * l->H * y->in)));
         MB_TRY(mb__lstm_round(l, y->whh_lp, w[MB__LSTM_WHH], (size_t)(4 * l->H * l->H)));
         MB_TRY(mb__lstm_round(l, y->hs_lp, y->hs, (size_t)(B * l->H)));
@@ -5862,7 +5870,7 @@ static mb_result mb__lstm_forward_begin(mb_lstm *l, const float *x, int64_t xs, 
     MB_TRY(mb__lstm_init_state(l, B, h0, c0));
     MB_TRY(mb__lstm_refresh(l, B));
     l->have_fwd = 0;
-    l->B = B; l->T = T; l->k = mb__lstm_k(&l->cfg, T);
+    l->B = B; l->T = T; l->interval = mb__lstm_interval(&l->cfg, T);
     l->x = x; l->xs = xs;
     l->seg_kept = -1;
     return MB_OK;
@@ -5870,14 +5878,15 @@ static mb_result mb__lstm_forward_begin(mb_lstm *l, const float *x, int64_t xs, 
 
 static mb_result mb__lstm_forward_end(mb_lstm *l, float *out_seq, float *h_last) {
     int64_t B = l->B, T = l->T;
-    l->seg_kept = l->k ? l->L - 1 : -1;
+    l->seg_kept = l->interval ? l->L - 1 : -1;
     size_t bh = (size_t)(B * l->H);
-    for (int k = 0; k < l->L; k++) {
-        MB_TRY(mb__lstm_copy(l, l->hn + k * bh, l->layer[k].hs + T * bh, bh));
-        MB_TRY(mb__lstm_copy(l, l->cn + k * bh, mb__lstm_c_last(l, k), bh));
+    for (int li = 0; li < l->L; li++) {
+        MB_TRY(mb__lstm_copy(l, l->hn + li * bh, l->layer[li].hs + T * bh, bh));
+        MB_TRY(mb__lstm_copy(l, l->cn + li * bh, mb__lstm_c_last(l, li), bh));
     }
     const float *top = l->layer[l->L - 1].hs;
-    if (out_seq) MB_TRY(mb__lstm_copy3(l, out_seq, MB_F32, l->H, T * l->H, top + bh, (int64_t)bh, l->H, T, B, l->H));
+    if (out_seq)
+        MB_TRY(mb__lstm_copy_strided(l, out_seq, MB_F32, l->H, T * l->H, top + bh, (int64_t)bh, l->H, T, B, l->H));
     if (h_last) MB_TRY(mb__lstm_copy(l, h_last, top + T * bh, bh));
     l->have_fwd = 1;
     l->have_state = 1;
@@ -5887,7 +5896,7 @@ static mb_result mb__lstm_forward_end(mb_lstm *l, float *out_seq, float *h_last)
 static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_t B, int64_t T, const float *h0,
                                   const float *c0, float *out_seq, float *h_last) {
     MB_TRY(mb__lstm_forward_begin(l, x, xs, B, T, h0, c0));
-    for (int k = 0; k < l->L; k++) MB_TRY(mb__lstm_layer_forward(l, k));
+    for (int li = 0; li < l->L; li++) MB_TRY(mb__lstm_layer_forward(l, li));
     return mb__lstm_forward_end(l, out_seq, h_last);
 }
 
@@ -5913,22 +5922,22 @@ MBDEF mb_result mb_lstm_final_state(mb_lstm *l, float *h_n, float *c_n) {
 /* Weight, bias and input gradients of the block of steps [t0, t0+nb) whose gate
  * gradients are in gblk. d_in (NULL: not needed) receives steps t0..: for layer 0 the
  * caller's dx (B, T, F) through xblk, above it the time-major (T, B, H) buffer. */
-static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb, float *d_in) {
-    int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = nb * B;
+static mb_result mb__lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_t nb, float *d_in) {
+    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = nb * B;
     float *w[4] = {0}, *dw[4] = {0};
-    const void *wih, *whh, *x, *hp = mb__lstm_el(l, mb__lstm_hs_op(l, k), t0 * B * H);
+    const void *wih, *whh, *x, *hp = mb__lstm_el(l, mb__lstm_hs_op(l, li), t0 * B * H);
     const void *gb = l->op == MB_F32 ? (const void *)l->gblk : l->g_lp; /* rounded step by step */
-    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
-    MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
-    MB_TRY(mb__lstm_block_input(l, k, t0, nb, &x));
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_backward"));
+    MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    MB_TRY(mb__lstm_block_input(l, li, t0, nb, &x));
     if (l->rk) { /* CPU recurrence (f32): dW_ih and dW_hh as one gemm over [x h] rows into wgs, then
                     added, so BLAS packs the gate gradients once, not twice (perf at H=64: that packing
                     took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows
                     in order (the block fixes the bits) */
         int64_t wd = in + H;
-        MB_TRY(mb__lstm_copy3(l, l->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
-        MB_TRY(mb__lstm_copy3(l, l->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
+        MB_TRY(mb__lstm_copy_strided(l, l->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
+        MB_TRY(mb__lstm_copy_strided(l, l->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
         MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, gb, 4 * H, l->wgx, wd, 0.0f, l->wgs, wd));
         for (int64_t m = 0; m < 4 * H; m++) {
             mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, l->wgs + m * wd, (size_t)in);
@@ -5944,22 +5953,22 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int k, int64_t t0, int64_t nb,
             MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
     }
     if (!d_in) return MB_OK;
-    float *dst = k ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
+    float *dst = li ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
-    if (k) return MB_OK;
-    return mb__lstm_copy3(l, d_in + t0 * in, MB_F32, l->xs, in, l->xblk, in, B * in, B, nb, in);
+    if (li) return MB_OK;
+    return mb__lstm_copy_strided(l, d_in + t0 * in, MB_F32, l->xs, in, l->xblk, in, B * in, B, nb, in);
 }
 
 /* Steps [s0, s1) of layer k backwards, given their gates g (rows from the block start of
  * s0) and cells c (slot 0 = c_{s0}).
  * dout (T, B, H): gradient w.r.t. the layer's outputs. */
-static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_t s1, const float *g,
+static mb_result mb__lstm_segment_backward(mb_lstm *l, int li, int64_t s0, int64_t s1, const float *g,
                                            const float *c, const float *dout, float *d_in) {
     int64_t B = l->B, H = l->H, bh = B * H;
     float *w[4] = {0};
     const void *wih, *whh;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
     (void)wih;
     int64_t a0 = mb__lstm_block0(l, s0);
     for (int64_t t = s1 - 1; t >= s0; t--) {
@@ -5968,43 +5977,43 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int k, int64_t s0, int64_
         const void *dgop = l->op == MB_F32 ? (const void *)dg : mb__lstm_el(l, l->g_lp, (t - t0) * B * 4 * H);
         const float *ct = c + (t - s0) * bh;
         if (l->rk) { /* the CPU recurrence: gate gradients, dh = dg W_hh, d_in = dg W_ih */
-            float *din = !d_in ? NULL : k ? d_in + t * bh : d_in + t * l->F; /* layer 0: dx (B, T, F) */
-            mb__lstm_rec_backward_step(l, k, g + (t - a0) * B * 4 * H, ct, ct + bh, dout + t * bh, dg, din,
-                                       k ? H : l->xs);
+            float *din = !d_in ? NULL : li ? d_in + t * bh : d_in + t * l->F; /* layer 0: dx (B, T, F) */
+            mb__lstm_rec_backward_step(l, li, g + (t - a0) * B * 4 * H, ct, ct + bh, dout + t * bh, dg, din,
+                                       li ? H : l->xs);
         } else {
             MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
             MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
             MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
         }
-        if (t == t0) MB_TRY(mb__lstm_flush_block(l, k, t0, nb, l->rk ? NULL : d_in));
+        if (t == t0) MB_TRY(mb__lstm_flush_block(l, li, t0, nb, l->rk ? NULL : d_in));
     }
     return MB_OK;
 }
 
-static mb_result mb__lstm_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {
-    mb__lstm_layer *y = &l->layer[k];
+static mb_result mb__lstm_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+    mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    if (l->fused) return mb__lstm_fused_layer_backward(l, k, dout, d_in);
-    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, k, 1));
+    if (l->fused) return mb__lstm_fused_layer_backward(l, li, dout, d_in);
+    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, li, 1));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
-    if (!l->k) return mb__lstm_segment_backward(l, k, 0, l->T, y->gates, y->cs, dout, d_in);
-    int64_t nseg = (l->T + l->k - 1) / l->k;
-    int kept = l->seg_kept == k; /* the forward's last segment is still in seg_g / seg_c */
+    if (!l->interval) return mb__lstm_segment_backward(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
+    int64_t nseg = (l->T + l->interval - 1) / l->interval;
+    int kept = l->seg_kept == li; /* the forward's last segment is still in seg_g / seg_c */
     l->seg_kept = -1;            /* overwritten below */
     for (int64_t s = nseg - 1; s >= 0; s--) {
-        int64_t s0 = s * l->k, s1 = s0 + l->k < l->T ? s0 + l->k : l->T;
+        int64_t s0 = s * l->interval, s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         if (!(kept && s == nseg - 1)) {
             MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-            MB_TRY(mb__lstm_segment(l, k, s0, s1, l->seg_g, l->seg_c, 0));
+            MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 0));
         }
-        MB_TRY(mb__lstm_segment_backward(l, k, s0, s1, l->seg_g, l->seg_c, dout, d_in));
+        MB_TRY(mb__lstm_segment_backward(l, li, s0, s1, l->seg_g, l->seg_c, dout, d_in));
     }
     return MB_OK;
 }
 
 /* The gradient w.r.t. layer k's outputs: dA for the top layer, then dB, dA, ... */
-static float *mb__lstm_dout(const mb_lstm *l, int k) { return (l->L - 1 - k) % 2 ? l->dB : l->dA; }
+static float *mb__lstm_dout(const mb_lstm *l, int li) { return (l->L - 1 - li) % 2 ? l->dB : l->dA; }
 
 /* The top layer's output gradients from dout_seq and dh_last. */
 static mb_result mb__lstm_backward_begin(mb_lstm *l, const float *dh_last, const float *dout_seq) {
@@ -6012,26 +6021,26 @@ static mb_result mb__lstm_backward_begin(mb_lstm *l, const float *dh_last, const
     int64_t B = l->B, T = l->T, H = l->H;
     size_t bh = (size_t)(B * H);
     float *dout = mb__lstm_dout(l, l->L - 1);
-    if (dout_seq) MB_TRY(mb__lstm_copy3(l, dout, MB_F32, H, B * H, dout_seq, T * H, H, B, T, H));
+    if (dout_seq) MB_TRY(mb__lstm_copy_strided(l, dout, MB_F32, H, B * H, dout_seq, T * H, H, B, T, H));
     else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
     if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
     return MB_OK;
 }
 
 /* After layer k's backward: its dh0, dc0. */
-static mb_result mb__lstm_backward_tail(mb_lstm *l, int k, float *dh0, float *dc0) {
+static mb_result mb__lstm_backward_tail(mb_lstm *l, int li, float *dh0, float *dc0) {
     size_t bh = (size_t)(l->B * l->H);
-    if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + k * bh, l->dh, bh));
-    if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + k * bh, l->dc, bh));
+    if (dh0) MB_TRY(mb__lstm_copy(l, dh0 + li * bh, l->dh, bh));
+    if (dc0) MB_TRY(mb__lstm_copy(l, dc0 + li * bh, l->dc, bh));
     return MB_OK;
 }
 
 static mb_result mb__lstm_backward(mb_lstm *l, const float *dh_last, const float *dout_seq, float *dx, float *dh0,
                                    float *dc0) {
     MB_TRY(mb__lstm_backward_begin(l, dh_last, dout_seq));
-    for (int k = l->L - 1; k >= 0; k--) {
-        MB_TRY(mb__lstm_layer_backward(l, k, mb__lstm_dout(l, k), k ? mb__lstm_dout(l, k - 1) : dx));
-        MB_TRY(mb__lstm_backward_tail(l, k, dh0, dc0));
+    for (int li = l->L - 1; li >= 0; li--) {
+        MB_TRY(mb__lstm_layer_backward(l, li, mb__lstm_dout(l, li), li ? mb__lstm_dout(l, li - 1) : dx));
+        MB_TRY(mb__lstm_backward_tail(l, li, dh0, dc0));
     }
     return MB_OK;
 }
@@ -6165,7 +6174,7 @@ MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__l
  * kernel chosen (mb__lstm_fused_choice): its blocks a row tile. Else (0) the per-step cuBLAS
  * path runs. */
 static int mb__lstm_fused_on(const mb_lstm *l) {
-    return l->kmax == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
+    return l->interval_max == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
 }
 
 /* All steps' x gathered time-major (T*B, F) with its operand copy, the gate gradients of all
@@ -6189,35 +6198,35 @@ static void mb__lstm_fused_free(mb_lstm *l) {
 /* Layer k's input rows of all T steps (T*B, in) as gemm operands. Layer 0's are the caller's
  * x gathered time-major by the forward; the backward gathers them again only where layer 0's
  * d_in has used xall as its scratch since (f32). */
-static mb_result mb__lstm_fused_input(mb_lstm *l, int k, int backward, const void **rows) {
+static mb_result mb__lstm_fused_input(mb_lstm *l, int li, int backward, const void **rows) {
     int64_t B = l->B, F = l->F;
-    if (k) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, k - 1), B * l->H); return MB_OK; }
+    if (li) { *rows = mb__lstm_el(l, mb__lstm_hs_op(l, li - 1), B * l->H); return MB_OK; }
     void *dst = l->op == MB_F32 ? (void *)l->xall : l->xall_lp;
     *rows = dst;
     if (backward && l->x_kept) return MB_OK;
-    MB_TRY(mb__lstm_copy3(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F));
+    MB_TRY(mb__lstm_copy_strided(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F));
     l->x_kept = 1;
     return MB_OK;
 }
 
 /* The input projection of all steps: gates = x W_ih^T, one gemm. */
-static mb_result mb__lstm_fused_project(mb_lstm *l, int k) {
-    int64_t in = l->layer[k].in;
+static mb_result mb__lstm_fused_project(mb_lstm *l, int li) {
+    int64_t in = l->layer[li].in;
     float *w[4] = {0};
     const void *wih, *whh, *x;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_forward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, k, 0, &x));
-    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[k].gates, 4 * l->H);
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, li, 0, &x));
+    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[li].gates, 4 * l->H);
 }
 
 /* Layer k's descriptor; backward: dout its output gradients, dh0/dc0 into l->dh, l->dc. */
-static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int k, const float *dout, mb__fused_desc *d) {
-    mb__lstm_layer *y = &l->layer[k];
+static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int li, const float *dout, mb__fused_desc *d) {
+    mb__lstm_layer *y = &l->layer[li];
     float *w[4] = {0};
     const void *wih, *whh;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, dout ? "mb_lstm_backward" : "mb_lstm_forward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
+    MB_TRY(mb__lstm_weights(l, li, w, 0, dout ? "mb_lstm_backward" : "mb_lstm_forward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
     memset(d, 0, sizeof *d);
     d->g = y->gates; d->cs = y->cs; d->hs = y->hs; d->hs_op = l->op == MB_F32 ? NULL : y->hs_lp;
     d->whh = whh; d->bih = w[MB__LSTM_BIH]; d->bhh = w[MB__LSTM_BHH];
@@ -6240,7 +6249,7 @@ static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, 
  * in the order given (the longest T first keeps a launch that needs more blocks than the GPU
  * holds at once short). A lone LSTM runs on its stream; several on MB_STREAM_COMPUTE, after
  * their streams and before them again. */
-static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int k, int backward) {
+static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int li, int backward) {
     mb_device *dev = ls[0]->dev;
     int stream = n == 1 ? ls[0]->cfg.stream : MB_STREAM_COMPUTE;
     for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, stream, ls[i]->cfg.stream));
@@ -6251,8 +6260,8 @@ static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *dout
             a.cl = cl;
             unsigned blocks = 0; /* row tiles; the launch has cl blocks each */
             for (int i = 0; i < n; i++) {
-                if (ls[i]->L <= k || (int)ls[i]->op != op || ls[i]->fused != cl) continue;
-                MB_TRY(mb__lstm_fused_desc_of(ls[i], k, backward ? douts[i] : NULL, &a.d[a.n]));
+                if (ls[i]->L <= li || (int)ls[i]->op != op || ls[i]->fused != cl) continue;
+                MB_TRY(mb__lstm_fused_desc_of(ls[i], li, backward ? douts[i] : NULL, &a.d[a.n]));
                 a.d[a.n++].tile0 = (int)blocks;
                 blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
                 if (a.n == MB__FUSED_MAX) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
@@ -6263,36 +6272,36 @@ static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *dout
     return MB_OK;
 }
 
-static mb_result mb__lstm_fused_layer_forward(mb_lstm *l, int k) {
-    MB_TRY(mb__lstm_fused_project(l, k));
-    return mb__lstm_fused_run(&l, NULL, 1, k, 0);
+static mb_result mb__lstm_fused_layer_forward(mb_lstm *l, int li) {
+    MB_TRY(mb__lstm_fused_project(l, li));
+    return mb__lstm_fused_run(&l, NULL, 1, li, 0);
 }
 
 /* After the backward recurrence of layer k: dW_ih, dW_hh and d_in, each one gemm over all T*B
  * rows (d_in NULL: not needed; layer 0: scattered into the caller's dx); the biases' from the
  * recurrence's sums over the steps, one gemm over B rows each. */
-static mb_result mb__lstm_fused_grads(mb_lstm *l, int k, float *d_in) {
-    int64_t B = l->B, H = l->H, in = l->layer[k].in, rows = l->T * B;
+static mb_result mb__lstm_fused_grads(mb_lstm *l, int li, float *d_in) {
+    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = l->T * B;
     float *w[4] = {0}, *dw[4] = {0};
     const void *wih, *whh, *x, *dg = l->op == MB_F32 ? (const void *)l->dgs : l->dgs_lp;
-    MB_TRY(mb__lstm_weights(l, k, w, 0, "mb_lstm_backward"));
-    MB_TRY(mb__lstm_weights(l, k, dw, 1, "mb_lstm_backward"));
-    mb__lstm_w_ops(l, k, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, k, 1, &x));
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_backward"));
+    MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, li, 1, &x));
     MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, k), H, 1.0f, dw[MB__LSTM_WHH], H));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, li), H, 1.0f, dw[MB__LSTM_WHH], H));
     for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
         MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, l->dsum, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
-    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, k ? d_in : l->xall, in));
-    if (k) return MB_OK;
+    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, li ? d_in : l->xall, in));
+    if (li) return MB_OK;
     l->x_kept = l->op != MB_F32; /* f32: the scratch was x's rows */
-    return mb__lstm_copy3(l, d_in, MB_F32, l->xs, in, l->xall, in, B * in, B, l->T, in);
+    return mb__lstm_copy_strided(l, d_in, MB_F32, l->xs, in, l->xall, in, B * in, B, l->T, in);
 }
 
-static mb_result mb__lstm_fused_layer_backward(mb_lstm *l, int k, const float *dout, float *d_in) {
-    MB_TRY(mb__lstm_fused_run(&l, &dout, 1, k, 1));
-    return mb__lstm_fused_grads(l, k, d_in);
+static mb_result mb__lstm_fused_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+    MB_TRY(mb__lstm_fused_run(&l, &dout, 1, li, 1));
+    return mb__lstm_fused_grads(l, li, d_in);
 }
 
 /* mb_lstm_*_many in one launch per layer: every LSTM fused and on the device of the first. */
@@ -6315,16 +6324,16 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
                                            c->h0, c->c0));
     }
     for (int j = 0; j < L; j++) {
-        int k = backward ? L - 1 - j : j;
+        int li = backward ? L - 1 - j : j;
         for (int i = 0; i < n; i++) {
-            douts[i] = mb__lstm_dout(ls[i], k);
-            if (!backward && k < ls[i]->L) MB_TRY(mb__lstm_fused_project(ls[i], k));
+            douts[i] = mb__lstm_dout(ls[i], li);
+            if (!backward && li < ls[i]->L) MB_TRY(mb__lstm_fused_project(ls[i], li));
         }
-        MB_TRY(mb__lstm_fused_run(ls, douts, n, k, backward));
+        MB_TRY(mb__lstm_fused_run(ls, douts, n, li, backward));
         for (int i = 0; backward && i < n; i++)
-            if (k < ls[i]->L) {
-                MB_TRY(mb__lstm_fused_grads(ls[i], k, k ? mb__lstm_dout(ls[i], k - 1) : calls[i].dx));
-                MB_TRY(mb__lstm_backward_tail(ls[i], k, calls[i].dh0, calls[i].dc0));
+            if (li < ls[i]->L) {
+                MB_TRY(mb__lstm_fused_grads(ls[i], li, li ? mb__lstm_dout(ls[i], li - 1) : calls[i].dx));
+                MB_TRY(mb__lstm_backward_tail(ls[i], li, calls[i].dh0, calls[i].dc0));
             }
     }
     for (int i = 0; !backward && i < n; i++) MB_TRY(mb__lstm_forward_end(ls[i], calls[i].out_seq, calls[i].h_last));
@@ -6333,7 +6342,7 @@ static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
 
 MB__OPS_BEGIN
 static const mb__lstm_ops mb__cpu_lstm_ops = {
-    .fwd_gates = mb__cpu_lstm_fwd_gates, .bwd_gates = mb__cpu_lstm_bwd_gates, .copy3 = mb__cpu_copy3,
+    .fwd_gates = mb__cpu_lstm_fwd_gates, .bwd_gates = mb__cpu_lstm_bwd_gates, .copy_strided = mb__cpu_copy_strided,
     .add = mb__cpu_add, .fill = mb__cpu_fill,
 }; /* no fused recurrence: the CPU backend's fused group is NULL */
 MB__OPS_END

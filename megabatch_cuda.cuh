@@ -401,8 +401,8 @@ __global__ void mb__k_lstm_bwd_gates(int64_t B, int64_t H, const float *a, const
     }
 }
 
-__global__ void mb__k_lstm_copy3(void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
-                                 int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+__global__ void mb__k_lstm_copy_strided(void *dst, mb_dtype dt, int64_t ds0, int64_t ds1, const float *src, int64_t ss0,
+                                        int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
     int64_t n = n0 * n1 * d;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t q = e % d, r = e / d, j = r % n1, i = r / n1; /* row (i, j), element q */
@@ -431,9 +431,9 @@ static mb_result mb__cuda_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, 
     return MB__RUN_N(dev, stream, mb__k_lstm_bwd_gates, B * H, B, H, a, c_prev, c, dh_rec, dout, dc, dg);
 }
 
-static mb_result mb__cuda_copy3(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
-                                const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    return MB__RUN_N(dev, stream, mb__k_lstm_copy3, n0 * n1 * d, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
+static mb_result mb__cuda_copy_strided(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                                       const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    return MB__RUN_N(dev, stream, mb__k_lstm_copy_strided, n0 * n1 * d, dst, dt, ds0, ds1, src, ss0, ss1, n0, n1, d);
 }
 
 static mb_result mb__cuda_add(mb_device *dev, int stream, float *y, const float *x, size_t n) {
@@ -696,7 +696,7 @@ template <class T> __device__ inline const T *mb__bfrag(const T *b, int ld, int 
 
 /* Forward: acc[q] += W_q h^T, h the (8, Hp) operand tile. */
 template <class T>
-__device__ void mb__rec_fwd(mb__gtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int Hc, int lu0) {
+__device__ void mb__whh_product_fwd(mb__gtile acc[4], const T *h, int tld, const T *w, int wld, int Hp, int Hc, int lu0) {
     if constexpr (mb__tc<T>::on) {
         const T *bp = mb__bfrag(h, tld, 0), *ap = mb__afrag(w, wld, lu0);
         for (int k = 0; k < Hp; k += 16) {
@@ -731,7 +731,7 @@ __device__ void mb__rec_fwd(mb__gtile acc[4], const T *h, int tld, const T *w, i
 
 /* Backward: acc = W^T dg^T (dh_rec), dg the (8, 4Hp) operand tile; tensor cores: two partial
  * sums (even and odd k-steps, Hp/4 of them, an even number) so that two products are in flight. */
-template <class T> __device__ void mb__rec_bwd(mb__gtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
+template <class T> __device__ void mb__whh_product_bwd(mb__gtile &acc, const T *dg, int tld, const T *w, int wld, int Hp, int lu0) {
     if constexpr (mb__tc<T>::on) {
         const T *bp = mb__bfrag(dg, tld, 1), *ap = mb__afrag(w, wld, lu0);
         mb__gtile part[2];
@@ -930,7 +930,7 @@ template <class T, bool W, bool C> __device__ void mb__fused_fwd(const mb__fbloc
         }
         if (t) mb__fused_wait(cl); /* h_{t-1} in every block's operand tile */
         if (nu > 0) {
-            mb__rec_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, k.Hc, k.lu0);
+            mb__whh_product_fwd(acc, mb__fused_tile(k, t), k.tld, k.w, k.wld, k.Hp, k.Hc, k.lu0);
             for (int e = 0; e < 4; e++) {
                 float z[4] = {acc[0].x[e] + bias[0].x[e], acc[1].x[e] + bias[1].x[e], acc[2].x[e] + bias[2].x[e],
                               acc[3].x[e] + bias[3].x[e]};
@@ -1030,7 +1030,7 @@ template <class T, bool W, bool C> __device__ void mb__fused_bwd(const mb__fbloc
                 else mb__gstore<!W>(d.dg + gt + q * H, (size_t)4 * H, a4[q], nr, nu);
             }
         mb__fused_wait(cl);
-        if (nu > 0) mb__rec_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
+        if (nu > 0) mb__whh_product_bwd(acc, k.tiles, k.tld, k.w, k.wld, k.Hp, k.lu0); /* dh_rec = dg W_hh */
         mb__fused_arrive(cl);
     }
     mb__fused_wait(cl);
@@ -1087,7 +1087,7 @@ static void mb__cuda_fused_limits(mb_device *dev, size_t *smem, int *cluster) {
 }
 
 static const mb__lstm_ops mb__cuda_lstm_ops = {
-    .fwd_gates = mb__cuda_lstm_fwd_gates, .bwd_gates = mb__cuda_lstm_bwd_gates, .copy3 = mb__cuda_copy3,
+    .fwd_gates = mb__cuda_lstm_fwd_gates, .bwd_gates = mb__cuda_lstm_bwd_gates, .copy_strided = mb__cuda_copy_strided,
     .add = mb__cuda_add, .fill = mb__cuda_fill,
 };
 

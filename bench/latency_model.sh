@@ -328,9 +328,9 @@ function rec_ms(k, H, p, cl,    a, b) {
 }
 
 # ---- the per-step cuBLAS path, one timestep (mb__lstm_segment / _segment_backward) ----
-# chain nodes: forward gemm + gates (+ conversion of h in bf16), every 16 steps copy3 (+
+# chain nodes: forward gemm + gates (+ conversion of h in bf16), every 16 steps copy_strided (+
 # conversion) + the input projection; backward gates (+ conversion of dg) + gemm, every 16
-# steps copy3 (+ conversion) + 4 weight-gradient gemms (dW_ih, dW_hh, 2 bias sums).
+# steps copy_strided (+ conversion) + 4 weight-gradient gemms (dW_ih, dW_hh, 2 bias sums).
 # fwd: the forward alone (bench_lstm_cuda prints it too), else forward + backward
 function perstep_nodes(p, fwd) {
     if (fwd) return p == "bf16" ? 3 + 3 / 16 : 2 + 2 / 16
