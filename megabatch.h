@@ -1576,6 +1576,29 @@ static int mb__os_sync_dir(const char *path) {
 }
 #endif
 
+/* fmaf with one rounding, as C99 specifies and the kernels' bitwise equality needs (the
+ * LSTM cell's mb__fexp and the portable C gemm tile). MinGW-w64's libm fmaf is not fused:
+ * it rounds the product first (22% of random operands one ulp off, measured under Wine),
+ * so on Windows the fused result is computed here: the float product is exact in double,
+ * the sum is rounded to odd (TwoSum gives its exact error; of the two doubles around the
+ * exact sum, the odd one), and odd-rounded doubles round to float correctly (53 >= 24 + 2
+ * bits). Branch-light, so it vectorizes; elsewhere libm's fmaf (an FMA instruction where
+ * the target has one). */
+#if defined(_WIN32)
+static inline float mb__fmaf_exact(float a, float b, float c) {
+    double p = (double)a * (double)b, s = p + (double)c;
+    double bv = s - p, e = (p - (s - bv)) + ((double)c - bv); /* s + e == p + c exactly */
+    uint64_t u;
+    memcpy(&u, &s, sizeof u);
+    if ((e < 0 || e > 0) && !(u & 1)) u += (e > 0) == (s > 0) ? 1u : ~(uint64_t)0; /* NaN/inf: e is NaN */
+    memcpy(&s, &u, sizeof s);
+    return (float)s;
+}
+#define MB__FMAF(a, b, c) mb__fmaf_exact(a, b, c)
+#else
+#define MB__FMAF(a, b, c) fmaf(a, b, c)
+#endif
+
 // ---- end platform ----
 
 #ifdef __cplusplus
@@ -2552,7 +2575,7 @@ static void mb__rk_tile_c(int mr, const mb__rk_a *A, int64_t r, const float *p, 
         for (int64_t k = 0; k < K; k++, p += 16)
             for (int i = 0; i < mr; i++) {
                 float av = a[i * lda + k];
-                for (int j = 0; j < 16; j++) acc[i][j] = fmaf(av, p[j], acc[i][j]);
+                for (int j = 0; j < 16; j++) acc[i][j] = MB__FMAF(av, p[j], acc[i][j]);
             }
     }
     for (int i = 0; i < mr; i++)
@@ -5011,15 +5034,15 @@ MB__CELL_FN float mb__fexp(float x) {
     MB__NO_CONTRACT
     x = -87.0f > x ? -87.0f : x; /* the comparisons are false for NaN */
     x = 87.0f < x ? 87.0f : x;
-    float k = fmaf(x, 1.44269504f, 12582912.0f), n = k - 12582912.0f; /* k's low bits: n */
-    float r = fmaf(-n, 0.693145752f, x);
-    r = fmaf(-n, 1.42860677e-6f, r);
-    float p = fmaf(r, 1.38888892e-3f, 8.33333377e-3f);
-    p = fmaf(p, r, 4.16666679e-2f);
-    p = fmaf(p, r, 1.66666672e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    float k = MB__FMAF(x, 1.44269504f, 12582912.0f), n = k - 12582912.0f; /* k's low bits: n */
+    float r = MB__FMAF(-n, 0.693145752f, x);
+    r = MB__FMAF(-n, 1.42860677e-6f, r);
+    float p = MB__FMAF(r, 1.38888892e-3f, 8.33333377e-3f);
+    p = MB__FMAF(p, r, 4.16666679e-2f);
+    p = MB__FMAF(p, r, 1.66666672e-1f);
+    p = MB__FMAF(p, r, 0.5f);
+    p = MB__FMAF(p, r, 1.0f);
+    p = MB__FMAF(p, r, 1.0f);
     union { float f; uint32_t u; } e, nan;
     e.f = k;
     e.u = (e.u + 127u) << 23; /* 2^n: k's bits are 0x4b400000 + n, and 0x4b400000 << 23 wraps to 0 */
