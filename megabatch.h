@@ -123,6 +123,11 @@ extern "C" {
 // ---- core ----
 // Results, the thread-local last error, logging, dtypes, overflow-checked sizes.
 
+/* windows.h defines MB_OK (MessageBox's OK button) as a macro for 0, our MB_OK's value:
+ * included before this header, its macro gives way to the enum; after it, both read 0. */
+#if defined(_WIN32) && defined(MB_OK)
+#undef MB_OK
+#endif
 typedef enum mb_result {
     MB_OK = 0,
     MB_ERR_INVALID_ARG = -1,   /* a bad argument or config field */
