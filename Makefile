@@ -547,8 +547,11 @@ $(CROSS)/linux/%: tests/cross/%.c $(CROSS_DEPS)
 .PHONY: cross cross-test cross-deps cross-bench
 cross: $(CROSS_WIN) $(CROSS_ARM64) $(CROSS_LINUX)
 # bench_live under Wine next to Linux (docs/BENCHMARKS.md): make cross-bench
-cross-bench: $(CROSS)/win/bench_live.exe $(BUILD)/bench/bench_live
-	@sh tests/cross/bench.sh $(CROSS) $(BUILD)/bench/bench_live
+cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live
+	@sh tests/cross/bench.sh $(CROSS)
+$(CROSS)/linux/bench_live: bench/bench_live.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CROSS_FLAGS) -pthread -o $@ $< -lm
 cross-test: cross
 	@sh tests/cross/run.sh $(CROSS)
 cross-deps:

@@ -6,7 +6,7 @@
  * _wopen and MoveFileExW, not the ANSI code page); a second write replacing the first, no
  * .tmp left; a missing file and a truncated one refused; the device's cores and memory;
  * a pooled computation on several threads equal to the single-threaded one; the clock
- * monotonic. Files go to the current directory (Wine maps it to the same Linux one). */
+ * monotonic; mb_dataset_open_untrusted and mb_dataset_probe refusing (MB_ERR_UNSUPPORTED). Files go to the current directory (Wine maps it to the same Linux one). */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
@@ -164,11 +164,23 @@ static void test_threads(void **state) {
     free(a); free(b); free(c1); free(c4);
 }
 
+/* No fork off POSIX, no HDF5 in these builds: the isolated open says so, it does not pretend. */
+static void test_untrusted_unsupported(void **state) {
+    (void)state;
+    mb_dataset *ds = NULL;
+    assert_int_equal(mb_dataset_open_untrusted(&ds, path_of("x.h5"), NULL), MB_ERR_UNSUPPORTED);
+    assert_null(ds);
+    assert_non_null(strstr(mb_last_error(), "MEGABATCH_NO_HDF5"));
+    mb_dataset_meta meta;
+    assert_int_equal(mb_dataset_probe(path_of("x.h5"), NULL, &meta), MB_ERR_UNSUPPORTED);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_utf8_replace), cmocka_unit_test(test_safetensors_utf8),
         cmocka_unit_test(test_cores_memory_clock), cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_untrusted_unsupported),
     };
     return cmocka_run_group_tests_name("platform", tests, NULL, NULL);
 }
