@@ -1353,7 +1353,7 @@ MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 #define MB__TLS _Thread_local
 #endif
 
-// ---- platform ----
+// -- platform (part of core: what differs between operating systems) --
 /* What differs between POSIX (Linux, macOS, BSDs) and Windows (MinGW-w64; MSVC's C11 mode
  * is kept in mind, untested here): threads, the core count and host memory, a monotonic
  * clock, and files (UTF-8 paths, binary mode, crash-safe replace). The rest of the
@@ -1604,7 +1604,7 @@ static inline float mb__fmaf_exact(float a, float b, float c) {
 #define MB__FMAF(a, b, c) fmaf(a, b, c)
 #endif
 
-// ---- end platform ----
+// -- end platform --
 
 #ifdef __cplusplus
 extern "C" {
