@@ -9,7 +9,8 @@ D=${1:-build/cross}
 BARS=${BARS:-2000} REPS=${REPS:-3}
 WINE=$(command -v wine64 2>/dev/null || ls /usr/lib/wine/wine64 2>/dev/null)
 [ -n "$WINE" ] || { echo "bench: wine64 not found"; exit 1; }
-export WINEDEBUG=-all WINEPREFIX="${WINEPREFIX:-$(pwd)/$D/wineprefix}"
+case $D in /*) ;; *) D=$(pwd)/$D ;; esac
+export WINEDEBUG=-all WINEPREFIX="${WINEPREFIX:-$D/wineprefix}"
 "$WINE" cmd /c exit >/dev/null 2>&1
 echo "bench_live, $BARS bars, 1 thread, F=12 H=32 (the example's model); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for mode in window stateful; do

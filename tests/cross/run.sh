@@ -21,7 +21,8 @@ WINE=$(command -v wine64 2>/dev/null || ls /usr/lib/wine/wine64 2>/dev/null)
 QEMU=$(command -v qemu-aarch64 2>/dev/null || command -v qemu-aarch64-static 2>/dev/null)
 [ -n "$WINE" ] || { echo "✗ cross: wine64 not found (make cross-deps)"; exit 1; }
 [ -n "$QEMU" ] || { echo "✗ cross: qemu-aarch64 not found (make cross-deps)"; exit 1; }
-export WINEDEBUG=-all WINEPREFIX="${WINEPREFIX:-$(pwd)/$D/wineprefix}"
+case $D in /*) ;; *) D=$(pwd)/$D ;; esac
+export WINEDEBUG=-all WINEPREFIX="${WINEPREFIX:-$D/wineprefix}"
 MB_TEST_SEED=${MB_TEST_SEED:-$(date +%s)}
 export MB_TEST_SEED
 echo "MB_TEST_SEED=$MB_TEST_SEED"
@@ -78,10 +79,11 @@ done
 if command -v x86_64-w64-mingw32-objdump >/dev/null; then
     n=0
     for f in "$D"/win/*.exe "$D"/win/*.dll; do
+        [ -f "$f" ] || { bad "no Windows binaries in $D/win"; continue; }
         k=$(x86_64-w64-mingw32-objdump -d "$f" | grep -cE 'vmov(aps|apd|dqa|dqa32|dqa64)[[:space:]].*%[yz]mm.*\(%r[sb]p\)|vmov(aps|apd|dqa|dqa32|dqa64)[[:space:]].*\(%r[sb]p\).*%[yz]mm')
         [ "$k" -eq 0 ] || { bad "$(basename "$f"): $k aligned 32/64-byte stack moves"; n=$((n + k)); }
     done
-    [ $n -eq 0 ] && ok "no aligned ymm/zmm stack moves in the Windows binaries"
+    [ $n -eq 0 ] && [ -f "$D/win/mtf_live.dll" ] && ok "no aligned ymm/zmm stack moves in the Windows binaries"
 else
     bad "x86_64-w64-mingw32-objdump not found"
 fi
