@@ -1587,10 +1587,22 @@ static int mb__os_sync_dir(const char *path) {
  * so on Windows the fused result is computed here: the float product is exact in double,
  * the sum is rounded to odd (TwoSum gives its exact error; of the two doubles around the
  * exact sum, the odd one), and odd-rounded doubles round to float correctly (53 >= 24 + 2
- * bits). Branch-light, so it vectorizes; elsewhere libm's fmaf (an FMA instruction where
- * the target has one). */
+ * bits). With GCC or Clang, fmaf is renamed to it by an asm label, which also catches the
+ * library calls the compiler emits for fmaf in code built for a target without FMA, while
+ * code built for an FMA target (the AVX2 and AVX-512 rows) keeps the instruction: a plain
+ * function there would cost them their vectorization (the window mode ran 40x slower).
+ * Elsewhere libm's fmaf (an FMA instruction where the target has one). */
 #if defined(_WIN32)
-static inline float mb__fmaf_exact(float a, float b, float c) {
+#if defined(__GNUC__)
+#define MB__STR2(x) #x
+#define MB__STR(x) MB__STR2(x)
+float fmaf(float, float, float) __asm__(MB__STR(__USER_LABEL_PREFIX__) "mb__fmaf_exact");
+#define MB__FMAF(a, b, c) fmaf(a, b, c)
+__attribute__((used)) /* called through the asm name only */
+#else
+#define MB__FMAF(a, b, c) mb__fmaf_exact(a, b, c)
+#endif
+static float mb__fmaf_exact(float a, float b, float c) {
     double p = (double)a * (double)b, s = p + (double)c;
     double bv = s - p, e = (p - (s - bv)) + ((double)c - bv); /* s + e == p + c exactly */
     uint64_t u;
@@ -1599,7 +1611,6 @@ static inline float mb__fmaf_exact(float a, float b, float c) {
     memcpy(&s, &u, sizeof s);
     return (float)s;
 }
-#define MB__FMAF(a, b, c) mb__fmaf_exact(a, b, c)
 #else
 #define MB__FMAF(a, b, c) fmaf(a, b, c)
 #endif
