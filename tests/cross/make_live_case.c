@@ -1,6 +1,6 @@
 /* make_live_case - the inputs of the DLL check (tests/cross/run.sh): a live model and an
  * MT5 export to replay through it.
- *   make_live_case DIR [seed]
+ *   make_live_case DIR [seed [example]]
  * writes DIR/model.safetensors: the multi-timeframe model (train_multitf --export's layout
  * and metadata: segments M1,M5,M15,H1,H4 of 60,24,16,12,6 rows, F=8, H=16, head 24, K=12,
  * carry=1 so it opens in both modes) with seeded random weights and a seeded feature
@@ -9,7 +9,8 @@
  * and DIR/bars.csv: 6000 random-walk M1 bars with weekends and missing minutes, as MT5
  * exports them (tab-separated, <DATE> header), with a duplicate, an out-of-order, an
  * off-the-minute and a high < low row that the live predictor refuses. Same seed, same
- * files (the seed is printed). */
+ * files (the seed is printed). "example": the model has the example's shape instead (T = 1104
+ * of 480,288,192,96,48 rows, F=12, H=32, head 64, K=36: bench_live's), for timing. */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "examples/mtf_live.h"
@@ -22,11 +23,13 @@ static double uni(void) { /* [0, 1) */
     return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static mb_result write_model(const char *path, uint64_t seed) {
+static mb_result write_model(const char *path, uint64_t seed, int big) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    const int64_t seg[5] = {60, 24, 16, 12, 6};
-    s.nseg = 5; s.layers = 1; s.carry = 1; s.F = 8; s.K = 12; s.H = 16; s.head = 24; s.has_norm = 1;
+    const int64_t small[5] = {60, 24, 16, 12, 6}, example[5] = {480, 288, 192, 96, 48};
+    const int64_t *seg = big ? example : small;
+    s.nseg = 5; s.layers = 1; s.carry = 1; s.has_norm = 1;
+    s.F = big ? 12 : 8; s.K = big ? 36 : 12; s.H = big ? 32 : 16; s.head = big ? 64 : 24;
     for (int k = 0; k < 5; k++) { s.seg_len[k] = seg[k]; s.T += seg[k]; }
     snprintf(s.seg_names, sizeof s.seg_names, "M1,M5,M15,H1,H4");
     for (int i = 0; i < 5 * s.F; i++) { s.mean[i] = (float)(0.2 * uni() - 0.1); s.std[i] = (float)(0.5 + 1.5 * uni()); }
@@ -78,13 +81,16 @@ static int write_csv(const char *path) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3) { fprintf(stderr, "usage: make_live_case DIR [seed]\n"); return 2; }
+    if (argc < 2 || argc > 4 || (argc == 4 && strcmp(argv[3], "example"))) {
+        fprintf(stderr, "usage: make_live_case DIR [seed [example]]\n");
+        return 2;
+    }
     uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : 44;
     rng = seed;
     printf("make_live_case: seed %llu\n", (unsigned long long)seed);
     char p[1024];
     snprintf(p, sizeof p, "%s/model.safetensors", argv[1]);
-    if (write_model(p, seed) != MB_OK) { fprintf(stderr, "error: %s\n", mb_last_error()); return 2; }
+    if (write_model(p, seed, argc == 4) != MB_OK) { fprintf(stderr, "error: %s\n", mb_last_error()); return 2; }
     snprintf(p, sizeof p, "%s/bars.csv", argv[1]);
     if (write_csv(p)) { fprintf(stderr, "error: cannot write %s\n", p); return 2; }
     return 0;
