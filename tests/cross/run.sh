@@ -13,6 +13,7 @@
 #      (docs/PLATFORMS.md).
 #   4. no aligned AVX/AVX-512 stack access in the Windows binaries (MinGW-w64 cannot align
 #      the stack beyond 16 bytes: GCC bug 54412).
+#   5. the LSTM rows vectorize with FMAs in the Windows build (tests/compile/vectorized.sh).
 # Prints MB_TEST_SEED (random tests replay with it). Exit 1 when a check fails, and when
 # wine64 or qemu-aarch64 is missing (no silent skip).
 set -u
@@ -88,5 +89,9 @@ if command -v x86_64-w64-mingw32-objdump >/dev/null; then
 else
     bad "x86_64-w64-mingw32-objdump not found"
 fi
+# 5. the LSTM rows vectorize (with FMA instructions) in the MinGW-w64 build as on Linux
+if PATH=/usr/x86_64-w64-mingw32/bin:$PATH sh tests/compile/vectorized.sh "$D/win/vectorized.o" > "$tmp/vec" 2>&1; then
+    ok "MinGW-w64 -O2: the LSTM rows vectorize ($(grep -c 'packed FMAs' "$tmp/vec") rows with packed FMAs)"
+else bad "MinGW-w64: the LSTM rows do not vectorize"; cat "$tmp/vec"; fi
 echo "cross: $(( $(date +%s) - t0 )) s"
 exit $fail
