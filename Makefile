@@ -492,3 +492,93 @@ SIM_MPI_BINS   := $(BUILD)/sim-mpi/nccl $(BUILD)/sim-mpi/test_cuda_dist $(BUILD)
 endif
 endif
 sim-build: $(SIM_MPI_BINS)
+
+# ---- cross: Windows x64 (MinGW-w64, run under Wine) and ARM64 (run under qemu-aarch64) ----
+# docs/PLATFORMS.md. Not part of build/test (other compilers); CI's `cross` stage runs it.
+#   make cross-deps   install the Debian packages below (as root)
+#   make cross        build everything below with -Werror (and -Wvla: MSVC's C11 has no VLAs)
+#   make cross-test   build, then tests/cross/run.sh: the CPU tests and lstm_bits under Wine and
+#                     qemu-aarch64, the DLL replayed by live_host.exe against Linux's predict --live
+# Windows builds: MEGABATCH_NO_HDF5 (Debian has no MinGW HDF5) and MEGABATCH_NO_CBLAS; static
+# executables (libwinpthread's clock_gettime, used by mb_args.h's mba_now), and a DLL that
+# needs only KERNEL32 and msvcrt. ARM64: static, so qemu-aarch64 needs no sysroot.
+MINGW_CC ?= x86_64-w64-mingw32-gcc
+ARM64_CC ?= aarch64-linux-gnu-gcc
+CROSS_DEB_PACKAGES := gcc-mingw-w64-x86-64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross wine64 qemu-user
+CROSS      := $(BUILD)/cross
+CROSS_OPT  ?= -O2
+CROSS_FLAGS := -std=c11 $(WARN) -Wvla $(CROSS_OPT) -I. -Itests/cross -Itests -DMEGABATCH_NO_HDF5 -DMEGABATCH_NO_CBLAS
+# the cmocka tests run under Wine and QEMU (tests/cross/cmocka.h runs them): the LSTM against
+# its double reference and PyTorch's golden file, the numerics, and tests/cross/test_platform.c
+# (checkpoint + safetensors under a UTF-8 path, replace, cores, memory, clock, threads). More
+# build (numerics_layers params gemm lstm_many graph: CROSS_TESTS="..."), at CI's time cost.
+CROSS_TESTS ?= lstm numerics
+CROSS_WIN   := $(CROSS)/win/mtf_live.dll $(CROSS)/win/live_host.exe $(CROSS)/win/lstm_bits.exe \
+               $(CROSS)/win/test_platform.exe $(CROSS)/win/quickstart_nothreads.exe $(CROSS)/win/vectorized.o \
+               $(CROSS_TESTS:%=$(CROSS)/win/test_%.exe)
+CROSS_ARM64 := $(CROSS)/arm64/lstm_bits $(CROSS)/arm64/test_platform $(CROSS_TESTS:%=$(CROSS)/arm64/test_%)
+CROSS_LINUX := $(CROSS)/linux/predict $(CROSS)/linux/libmtf_live.so $(CROSS)/linux/live_host \
+               $(CROSS)/linux/make_live_case $(CROSS)/linux/cmp_live $(CROSS)/linux/lstm_bits \
+               $(CROSS)/linux/test_platform
+CROSS_DEPS  := $(HEADERS) examples/dll/mtf_live_dll.h tests/cross/cmocka.h
+
+$(CROSS)/win/mtf_live.dll: examples/dll/mtf_live_dll.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -shared -static-libgcc -o $@ $<
+# the LSTM rows vectorize with FMA instructions in the Windows build too (tests/compile/vectorized.sh,
+# run by tests/cross/run.sh): at -O2, a user's flags, whatever CROSS_OPT is
+$(CROSS)/win/vectorized.o: tests/compile/tu_impl.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) -std=c11 -O2 -I. -DMEGABATCH_NO_HDF5 -DMEGABATCH_NO_CBLAS -c -o $@ $<
+$(CROSS)/win/quickstart_nothreads.exe: examples/quickstart.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -DMEGABATCH_NO_THREADS -static -o $@ $<
+$(CROSS)/win/%.exe: tests/cross/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -static -o $@ $< -lpthread
+$(CROSS)/win/%.exe: tests/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -static -o $@ $< -lpthread
+$(CROSS)/win/%.exe: examples/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -static -o $@ $< -lpthread
+$(CROSS)/win/%.exe: bench/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(MINGW_CC) $(CROSS_FLAGS) -static -o $@ $< -lpthread
+$(CROSS)/arm64/%: tests/cross/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(ARM64_CC) $(CROSS_FLAGS) -static -pthread -o $@ $< -lm
+$(CROSS)/arm64/%: tests/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(ARM64_CC) $(CROSS_FLAGS) -static -pthread -o $@ $< -lm
+$(CROSS)/arm64/%: examples/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(ARM64_CC) $(CROSS_FLAGS) -static -pthread -o $@ $< -lm
+# the Linux side of the comparisons: predict --live built as the DLL is (no CBLAS), the same
+# DLL source as a .so, the host, the case generator
+$(CROSS)/linux/predict: examples/predict.c $(HEADERS) examples/prepare.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(WARN) $(CROSS_OPT) -I. -Itests $(HDF5_CFLAGS) -DMEGABATCH_NO_CBLAS -pthread -o $@ $< $(HDF5_LIBS) -lpthread -lm
+$(CROSS)/linux/libmtf_live.so: examples/dll/mtf_live_dll.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CROSS_FLAGS) -fPIC -fvisibility=hidden -shared -pthread -o $@ $< -lm
+$(CROSS)/linux/live_host: tests/cross/live_host.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CROSS_FLAGS) -o $@ $< -ldl -lm
+$(CROSS)/linux/%: tests/cross/%.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CROSS_FLAGS) -pthread -o $@ $< -lm
+
+.PHONY: cross cross-test cross-deps cross-bench
+cross: $(CROSS_WIN) $(CROSS_ARM64) $(CROSS_LINUX)
+# bench_live under Wine next to Linux (docs/BENCHMARKS.md): make cross-bench
+cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live
+	@sh tests/cross/bench.sh $(CROSS)
+$(CROSS)/linux/bench_live: bench/bench_live.c $(CROSS_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CROSS_FLAGS) -pthread -o $@ $< -lm
+cross-test: cross
+	@sh tests/cross/run.sh $(CROSS)
+cross-deps:
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y --no-install-recommends $(CROSS_DEB_PACKAGES); \
+	 else echo "run as root: apt-get install -y --no-install-recommends $(CROSS_DEB_PACKAGES)"; exit 1; fi

@@ -123,6 +123,11 @@ extern "C" {
 // ---- core ----
 // Results, the thread-local last error, logging, dtypes, overflow-checked sizes.
 
+/* windows.h defines MB_OK (MessageBox's OK button) as a macro for 0, our MB_OK's value:
+ * included before this header, its macro gives way to the enum; after it, both read 0. */
+#if defined(_WIN32) && defined(MB_OK)
+#undef MB_OK
+#endif
 typedef enum mb_result {
     MB_OK = 0,
     MB_ERR_INVALID_ARG = -1,   /* a bad argument or config field */
@@ -1367,7 +1372,6 @@ MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#include <unistd.h>
 #include <time.h>
 #if !defined(_WIN32) && !defined(CLOCK_MONOTONIC)
 #error "megabatch: the implementation needs POSIX.1-2008: include megabatch.h before any system header in this file, or define _POSIX_C_SOURCE 200809L first"
@@ -1390,6 +1394,270 @@ MBDEF void mb_device_deny_alloc(mb_device *dev, mb_mem_kind kind, int deny);
 #else
 #define MB__TLS _Thread_local
 #endif
+
+// -- platform (part of core: what differs between operating systems) --
+/* What differs between POSIX (Linux, macOS, BSDs) and Windows (MinGW-w64; MSVC's C11 mode
+ * is kept in mind, untested here): threads, the core count and host memory, a monotonic
+ * clock, and files (UTF-8 paths, binary mode, crash-safe replace). The rest of the
+ * implementation calls these and nothing OS-specific (docs/PLATFORMS.md).
+ *
+ * Threads on Windows are native Win32 ones (SRW locks, condition variables, _beginthreadex):
+ * no winpthread DLL to ship next to a MetaTrader DLL, the same code under MSVC, and it does
+ * not depend on which thread model (win32 or posix) the MinGW-w64 toolchain was built with. */
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <io.h>
+#include <process.h>
+#else
+#include <unistd.h>
+#ifndef MEGABATCH_NO_THREADS
+#include <pthread.h>
+#endif
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/stat.h>
+
+#ifndef MEGABATCH_NO_THREADS
+#ifdef _WIN32
+typedef SRWLOCK mb__mutex;
+typedef CONDITION_VARIABLE mb__cond;
+typedef HANDLE mb__thread;
+static void mb__mutex_init(mb__mutex *m) { InitializeSRWLock(m); }
+static void mb__mutex_destroy(mb__mutex *m) { (void)m; } /* an SRW lock holds no resources */
+static void mb__mutex_lock(mb__mutex *m) { AcquireSRWLockExclusive(m); }
+static void mb__mutex_unlock(mb__mutex *m) { ReleaseSRWLockExclusive(m); }
+static void mb__cond_init(mb__cond *c) { InitializeConditionVariable(c); }
+static void mb__cond_destroy(mb__cond *c) { (void)c; }
+static void mb__cond_wait(mb__cond *c, mb__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static void mb__cond_signal(mb__cond *c) { WakeConditionVariable(c); }
+static void mb__cond_broadcast(mb__cond *c) { WakeAllConditionVariable(c); }
+typedef struct mb__thread_start { void *(*fn)(void *); void *arg; } mb__thread_start;
+static unsigned __stdcall mb__thread_main(void *a) {
+    mb__thread_start s = *(mb__thread_start *)a;
+    MB_FREE(a);
+    s.fn(s.arg);
+    return 0;
+}
+/* 0 on success. */
+static int mb__thread_create(mb__thread *t, void *(*fn)(void *), void *arg) {
+    mb__thread_start *s = (mb__thread_start *)MB_MALLOC(sizeof *s);
+    if (!s) return -1;
+    s->fn = fn;
+    s->arg = arg;
+    uintptr_t h = _beginthreadex(NULL, 0, mb__thread_main, s, 0, NULL);
+    if (!h) { MB_FREE(s); return -1; }
+    *t = (HANDLE)h;
+    return 0;
+}
+static void mb__thread_join(mb__thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+#else
+typedef pthread_mutex_t mb__mutex;
+typedef pthread_cond_t mb__cond;
+typedef pthread_t mb__thread;
+static void mb__mutex_init(mb__mutex *m) { pthread_mutex_init(m, NULL); }
+static void mb__mutex_destroy(mb__mutex *m) { pthread_mutex_destroy(m); }
+static void mb__mutex_lock(mb__mutex *m) { pthread_mutex_lock(m); }
+static void mb__mutex_unlock(mb__mutex *m) { pthread_mutex_unlock(m); }
+static void mb__cond_init(mb__cond *c) { pthread_cond_init(c, NULL); }
+static void mb__cond_destroy(mb__cond *c) { pthread_cond_destroy(c); }
+static void mb__cond_wait(mb__cond *c, mb__mutex *m) { pthread_cond_wait(c, m); }
+static void mb__cond_signal(mb__cond *c) { pthread_cond_signal(c); }
+static void mb__cond_broadcast(mb__cond *c) { pthread_cond_broadcast(c); }
+static int mb__thread_create(mb__thread *t, void *(*fn)(void *), void *arg) { return pthread_create(t, NULL, fn, arg); }
+static void mb__thread_join(mb__thread t) { pthread_join(t, NULL); }
+#endif
+#endif /* MEGABATCH_NO_THREADS */
+
+/* Cores online (>= 1). */
+static long mb__os_cores(void) {
+#ifdef _WIN32
+    SYSTEM_INFO si;
+    GetSystemInfo(&si); /* the processors of this process's group (<= 64: one pool's reach) */
+    return si.dwNumberOfProcessors > 0 ? (long)si.dwNumberOfProcessors : 1;
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? n : 1;
+#endif
+}
+
+/* Physical memory in bytes, total and available now. 0 on success. */
+static int mb__os_memory(size_t *total, size_t *avail) {
+#ifdef _WIN32
+    MEMORYSTATUSEX ms;
+    ms.dwLength = sizeof ms;
+    if (!GlobalMemoryStatusEx(&ms)) return -1;
+    *total = (size_t)ms.ullTotalPhys;
+    *avail = (size_t)ms.ullAvailPhys;
+#else
+    long pages = sysconf(_SC_PHYS_PAGES), av = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || av < 0 || psz <= 0) return -1;
+    *total = (size_t)pages * (size_t)psz;
+    *avail = (size_t)av * (size_t)psz;
+#endif
+    return 0;
+}
+
+/* Seconds on a monotonic clock (differences only). */
+static double mb__os_now(void) {
+#ifdef _WIN32
+    LARGE_INTEGER f, c;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&c);
+    return (double)c.QuadPart / (double)f.QuadPart;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* Files by descriptor, paths in UTF-8 everywhere (Windows: converted to UTF-16 for the
+ * wide-character calls, so any file name works, not only the ANSI code page's), binary mode.
+ * Return -1 with errno set on failure. */
+#ifdef _WIN32
+typedef int mb__ssize;
+typedef struct _stat64 mb__stat;
+#define MB__S_ISREG(m) (((m) & _S_IFMT) == _S_IFREG)
+/* MB_MALLOC'd UTF-16 copy of a UTF-8 path; NULL (errno EINVAL or ENOMEM) on failure. */
+static wchar_t *mb__wpath(const char *path) {
+    int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, NULL, 0);
+    if (n <= 0) { errno = EINVAL; return NULL; }
+    wchar_t *w = (wchar_t *)MB_MALLOC((size_t)n * sizeof *w);
+    if (!w) { errno = ENOMEM; return NULL; }
+    MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, w, n);
+    return w;
+}
+static int mb__os_open(const char *path, int write) {
+    wchar_t *w = mb__wpath(path);
+    if (!w) return -1;
+    int fd = write ? _wopen(w, _O_WRONLY | _O_CREAT | _O_TRUNC | _O_BINARY | _O_NOINHERIT, _S_IREAD | _S_IWRITE)
+                   : _wopen(w, _O_RDONLY | _O_BINARY | _O_NOINHERIT);
+    MB_FREE(w);
+    return fd;
+}
+#ifndef MEGABATCH_NO_HDF5
+static FILE *mb__os_fopen_rb(const char *path) {
+    wchar_t *w = mb__wpath(path);
+    FILE *fp = w ? _wfopen(w, L"rb") : NULL;
+    MB_FREE(w);
+    return fp;
+}
+#endif
+static mb__ssize mb__os_write(int fd, const void *p, size_t n) { return _write(fd, p, (unsigned)n); } /* n <= 1 GiB */
+static mb__ssize mb__os_read(int fd, void *p, size_t n) {
+    return _read(fd, p, n > ((size_t)1 << 30) ? (1u << 30) : (unsigned)n);
+}
+static int mb__os_close(int fd) { return _close(fd); }
+static int mb__os_fstat(int fd, mb__stat *st) { return _fstat64(fd, st); }
+static int mb__os_errno(DWORD e) {
+    return e == ERROR_FILE_NOT_FOUND || e == ERROR_PATH_NOT_FOUND ? ENOENT
+         : e == ERROR_ACCESS_DENIED || e == ERROR_SHARING_VIOLATION || e == ERROR_LOCK_VIOLATION ? EACCES
+         : e == ERROR_DISK_FULL || e == ERROR_HANDLE_DISK_FULL ? ENOSPC : EIO;
+}
+/* The data and the file's metadata on disk (FlushFileBuffers: Windows' fsync). */
+static int mb__os_fsync(int fd) {
+    HANDLE h = (HANDLE)_get_osfhandle(fd);
+    if (h == INVALID_HANDLE_VALUE) { errno = EBADF; return -1; }
+    if (!FlushFileBuffers(h)) { errno = mb__os_errno(GetLastError()); return -1; }
+    return 0;
+}
+/* from replaces to atomically, durable on return (MOVEFILE_WRITE_THROUGH: the move is on
+ * disk before MoveFileExW returns, which is what POSIX's fsync of the directory gives). */
+static int mb__os_replace(const char *from, const char *to) {
+    wchar_t *wf = mb__wpath(from), *wt = wf ? mb__wpath(to) : NULL;
+    int rc = -1;
+    if (wf && wt) {
+        if (MoveFileExW(wf, wt, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) rc = 0;
+        else errno = mb__os_errno(GetLastError());
+    }
+    MB_FREE(wf);
+    MB_FREE(wt);
+    return rc;
+}
+static int mb__os_unlink(const char *path) {
+    wchar_t *w = mb__wpath(path);
+    int rc = w ? _wunlink(w) : -1;
+    MB_FREE(w);
+    return rc;
+}
+static int mb__os_sync_dir(const char *path) { (void)path; return 0; } /* done by MOVEFILE_WRITE_THROUGH */
+#else
+typedef ssize_t mb__ssize;
+typedef struct stat mb__stat;
+#define MB__S_ISREG(m) S_ISREG(m)
+static int mb__os_open(const char *path, int write) {
+    return write ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : open(path, O_RDONLY);
+}
+#ifndef MEGABATCH_NO_HDF5
+static FILE *mb__os_fopen_rb(const char *path) { return fopen(path, "rb"); }
+#endif
+static mb__ssize mb__os_write(int fd, const void *p, size_t n) { return write(fd, p, n); }
+static mb__ssize mb__os_read(int fd, void *p, size_t n) { return read(fd, p, n); }
+static int mb__os_close(int fd) { return close(fd); }
+static int mb__os_fstat(int fd, mb__stat *st) { return fstat(fd, st); }
+static int mb__os_fsync(int fd) { return fsync(fd); }
+static int mb__os_replace(const char *from, const char *to) { return rename(from, to); }
+static int mb__os_unlink(const char *path) { return unlink(path); }
+/* fsync the directory holding path, so a rename into it is durable. */
+static int mb__os_sync_dir(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else if ((size_t)(slash - path) >= sizeof dir) { errno = ENAMETOOLONG; return -1; }
+    else { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* directories that cannot be synced */
+    close(fd);
+    return rc;
+}
+#endif
+
+/* fmaf with one rounding, as C99 specifies and the kernels' bitwise equality needs (the
+ * LSTM cell's mb__fexp and the portable C gemm tile). MinGW-w64's libm fmaf is not fused:
+ * it rounds the product first (22% of random operands one ulp off, measured under Wine),
+ * so on Windows the fused result is computed here: the float product is exact in double,
+ * the sum is rounded to odd (TwoSum gives its exact error; of the two doubles around the
+ * exact sum, the odd one), and odd-rounded doubles round to float correctly (53 >= 24 + 2
+ * bits). With GCC or Clang, fmaf is renamed to it by an asm label, which also catches the
+ * library calls the compiler emits for fmaf in code built for a target without FMA, while
+ * code built for an FMA target (the AVX2 and AVX-512 rows) keeps the instruction: a plain
+ * function there would cost them their vectorization (the window mode ran 40x slower).
+ * Elsewhere libm's fmaf (an FMA instruction where the target has one). */
+#if defined(_WIN32)
+#if defined(__GNUC__)
+#define MB__STR2(x) #x
+#define MB__STR(x) MB__STR2(x)
+float fmaf(float, float, float) __asm__(MB__STR(__USER_LABEL_PREFIX__) "mb__fmaf_exact");
+#define MB__FMAF(a, b, c) fmaf(a, b, c)
+__attribute__((used)) /* called through the asm name only */
+#else
+#define MB__FMAF(a, b, c) mb__fmaf_exact(a, b, c)
+#endif
+static float mb__fmaf_exact(float a, float b, float c) {
+    double p = (double)a * (double)b, s = p + (double)c;
+    double bv = s - p, e = (p - (s - bv)) + ((double)c - bv); /* s + e == p + c exactly */
+    uint64_t u;
+    memcpy(&u, &s, sizeof u);
+    if ((e < 0 || e > 0) && !(u & 1)) u += (e > 0) == (s > 0) ? 1u : ~(uint64_t)0; /* NaN/inf: e is NaN */
+    memcpy(&s, &u, sizeof s);
+    return (float)s;
+}
+#else
+#define MB__FMAF(a, b, c) fmaf(a, b, c)
+#endif
+
+// -- end platform --
 
 #ifdef __cplusplus
 extern "C" {
@@ -1706,16 +1974,15 @@ static void mb__fp_leave(mb__fpenv e) {
  * runs it too, and mb__pool_run returns when every worker it asked for has returned from
  * it. One job at a time per device (the `run` lock). */
 #ifndef MEGABATCH_NO_THREADS
-#include <pthread.h>
 enum { MB__POOL_MAX = 63 };
 typedef struct mb__pool mb__pool;
 typedef struct mb__pool_who { mb__pool *p; int id; } mb__pool_who;
 static MB__TLS int mb__pool_inside; /* this thread runs a pool job (or is a worker) */
 struct mb__pool {
     mb_device *dev;
-    pthread_mutex_t mu, run;
-    pthread_cond_t go, done;
-    pthread_t th[MB__POOL_MAX];
+    mb__mutex mu, run;
+    mb__cond go, done;
+    mb__thread th[MB__POOL_MAX];
     mb__pool_who who[MB__POOL_MAX];
     int n;               /* workers running */
     int want, active;    /* workers asked for by the current job, and still in it */
@@ -1731,18 +1998,18 @@ static void *mb__pool_worker(void *arg) {
     (void)mb__fp_enter(p->dev); /* for good: this thread only runs the library's work */
     mb__pool_inside = 1;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
+    mb__mutex_lock(&p->mu);
     for (;;) {
-        while (!p->quit && p->gen == seen) pthread_cond_wait(&p->go, &p->mu);
+        while (!p->quit && p->gen == seen) mb__cond_wait(&p->go, &p->mu);
         if (p->quit) break;
         seen = p->gen;
         if (w->id >= p->want) continue; /* not needed for this job */
-        pthread_mutex_unlock(&p->mu);
+        mb__mutex_unlock(&p->mu);
         p->fn(p->arg);
-        pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) pthread_cond_signal(&p->done);
+        mb__mutex_lock(&p->mu);
+        if (--p->active == 0) mb__cond_signal(&p->done);
     }
-    pthread_mutex_unlock(&p->mu);
+    mb__mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -1755,13 +2022,13 @@ static mb__pool *mb__pool_of(const mb_device *dev) {
 static void mb__pool_close(mb_device *dev) {
     mb__pool *p = mb__pool_of(dev);
     if (!p) return;
-    pthread_mutex_lock(&p->mu);
+    mb__mutex_lock(&p->mu);
     p->quit = 1;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->n; i++) pthread_join(p->th[i], NULL);
-    pthread_cond_destroy(&p->go); pthread_cond_destroy(&p->done);
-    pthread_mutex_destroy(&p->mu); pthread_mutex_destroy(&p->run);
+    mb__cond_broadcast(&p->go);
+    mb__mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n; i++) mb__thread_join(p->th[i]);
+    mb__cond_destroy(&p->go); mb__cond_destroy(&p->done);
+    mb__mutex_destroy(&p->mu); mb__mutex_destroy(&p->run);
     MB_FREE(p);
     mb__cpu(dev)->pool = NULL;
 }
@@ -1772,12 +2039,12 @@ static mb_result mb__pool_open(mb_device *dev, int workers) {
     mb__pool *p = (mb__pool *)mb__host_calloc(1, sizeof *p);
     if (!p) return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_device_open: no host memory for the thread pool");
     p->dev = dev;
-    pthread_mutex_init(&p->mu, NULL); pthread_mutex_init(&p->run, NULL);
-    pthread_cond_init(&p->go, NULL); pthread_cond_init(&p->done, NULL);
+    mb__mutex_init(&p->mu); mb__mutex_init(&p->run);
+    mb__cond_init(&p->go); mb__cond_init(&p->done);
     mb__cpu(dev)->pool = p;
     for (; p->n < workers; p->n++) { /* fewer threads than asked for: still correct */
         p->who[p->n].p = p; p->who[p->n].id = p->n;
-        if (pthread_create(&p->th[p->n], NULL, mb__pool_worker, &p->who[p->n]) != 0) break;
+        if (mb__thread_create(&p->th[p->n], mb__pool_worker, &p->who[p->n]) != 0) break;
     }
     return MB_OK;
 }
@@ -1788,24 +2055,24 @@ static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *
     mb__pool *p = mb__pool_of(dev);
     if (!p || workers < 1 || p->n < 1 || mb__pool_inside) { fn(arg); return; }
     if (workers > p->n) workers = p->n;
-    pthread_mutex_lock(&p->run);
+    mb__mutex_lock(&p->run);
     mb__pool_inside = 1;
-    pthread_mutex_lock(&p->mu);
+    mb__mutex_lock(&p->mu);
     p->fn = fn; p->arg = arg; p->want = workers; p->active = workers; p->gen++;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
+    mb__cond_broadcast(&p->go);
+    mb__mutex_unlock(&p->mu);
     fn(arg);
-    pthread_mutex_lock(&p->mu);
-    while (p->active) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    mb__mutex_lock(&p->mu);
+    while (p->active) mb__cond_wait(&p->done, &p->mu);
+    mb__mutex_unlock(&p->mu);
     mb__pool_inside = 0;
-    pthread_mutex_unlock(&p->run);
+    mb__mutex_unlock(&p->run);
 }
 static void mb__pool_lock(mb_device *dev, int lock) {
     mb__pool *p = mb__pool_of(dev);
     if (!p) return;
-    if (lock) pthread_mutex_lock(&p->mu);
-    else pthread_mutex_unlock(&p->mu);
+    if (lock) mb__mutex_lock(&p->mu);
+    else mb__mutex_unlock(&p->mu);
 }
 /* Whether mb__pool_run would hand work to workers now (not from inside a job). */
 static int mb__pool_free(const mb_device *dev) {
@@ -1835,8 +2102,8 @@ static const char *mb__rk_name(const struct mb__rk *k);
 static void mb__cpu_close(mb_device *dev);
 
 static mb_result mb__cpu_open(mb_device *dev) {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
+    long ncpu = mb__os_cores();
+    int threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)ncpu;
 #if !defined(MEGABATCH_NO_CBLAS) && defined(OPENBLAS_VERSION)
     openblas_set_num_threads(1);
 #endif
@@ -2078,11 +2345,8 @@ static void mb__cpu_close(mb_device *dev) {
 }
 
 static mb_result mb__cpu_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
-    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || avail < 0 || psz <= 0)
-        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_memory: sysconf cannot tell host memory");
-    *total = (size_t)pages * (size_t)psz;
-    *free_bytes = (size_t)avail * (size_t)psz;
+    if (mb__os_memory(total, free_bytes) != 0)
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_memory: the OS cannot tell host memory");
     return MB_OK;
 }
 
@@ -2371,7 +2635,7 @@ static void mb__rk_tile_c(int mr, const mb__rk_a *A, int64_t r, const float *p, 
         for (int64_t k = 0; k < K; k++, p += 16)
             for (int i = 0; i < mr; i++) {
                 float av = a[i * lda + k];
-                for (int j = 0; j < 16; j++) acc[i][j] = fmaf(av, p[j], acc[i][j]);
+                for (int j = 0; j < 16; j++) acc[i][j] = MB__FMAF(av, p[j], acc[i][j]);
             }
     }
     for (int i = 0; i < mr; i++)
@@ -3268,7 +3532,7 @@ MBDEF mb_result mb_dataset_open_file(mb_dataset **out, const char *path, const m
     const mb_logger *lg = cfg ? &cfg->log : NULL;
     if (!out || !path) return MB_FAIL(lg, MB_ERR_INVALID_ARG, "mb_dataset_open_file: NULL argument");
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = mb__os_fopen_rb(path);
     if (!fp) return MB_FAIL(lg, MB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     fclose(fp);
     mb_dataset_meta probed;
@@ -3645,22 +3909,7 @@ MBDEF mb_result mb_dataset_probe(const char *path, const mb_dataset_config *cfg,
 
 // ---- loader ----
 
-#ifndef MEGABATCH_NO_THREADS
-#ifdef __cplusplus
-}
-#endif
-#include <pthread.h>
-#ifdef __cplusplus
-extern "C" {
-#endif
-#endif
-#include <time.h>
-
-static double mb__seconds(void) {
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double mb__seconds(void) { return mb__os_now(); }
 
 /* Seeded Fisher-Yates permutation of 0..n-1 from Philox (key seed, stream). */
 static void mb__permutation(uint64_t seed, uint64_t stream, int64_t n, int64_t *p) {
@@ -3771,9 +4020,9 @@ struct mb_loader {
     char job_msg[MB_MAX_ERROR];
     mb_loader_stats stats;
 #ifndef MEGABATCH_NO_THREADS
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    mb__thread thread;
+    mb__mutex mu;
+    mb__cond cv;
 #endif
 };
 
@@ -3937,20 +4186,20 @@ static void mb__ld_merge(mb_loader_stats *a, const mb_loader_stats *b) {
 static void *mb__ld_thread(void *arg) {
     mb_loader *ld = (mb_loader *)arg;
     ld->dev->be->rt->thread_init(ld->dev);
-    pthread_mutex_lock(&ld->mu);
+    mb__mutex_lock(&ld->mu);
     for (;;) {
-        while (!ld->quit && ld->state != 1) pthread_cond_wait(&ld->cv, &ld->mu);
+        while (!ld->quit && ld->state != 1) mb__cond_wait(&ld->cv, &ld->mu);
         if (ld->quit) break;
-        pthread_mutex_unlock(&ld->mu);
+        mb__mutex_unlock(&ld->mu);
         mb_loader_stats st;
         memset(&st, 0, sizeof st);
         mb__ld_run(ld, &st);
-        pthread_mutex_lock(&ld->mu);
+        mb__mutex_lock(&ld->mu);
         mb__ld_merge(&ld->stats, &st);
         ld->state = 2;
-        pthread_cond_broadcast(&ld->cv);
+        mb__cond_broadcast(&ld->cv);
     }
-    pthread_mutex_unlock(&ld->mu);
+    mb__mutex_unlock(&ld->mu);
     return NULL;
 }
 #endif
@@ -3966,10 +4215,10 @@ static mb_result mb__ld_kick(mb_loader *ld, int b, int64_t epoch, int64_t chunk)
     ld->job.fid = mb__ld_fid(ld, epoch, chunk);
     ld->pending = 1;
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_lock(&ld->mu);
+    mb__mutex_lock(&ld->mu);
     ld->state = 1;
-    pthread_cond_broadcast(&ld->cv);
-    pthread_mutex_unlock(&ld->mu);
+    mb__cond_broadcast(&ld->cv);
+    mb__mutex_unlock(&ld->mu);
 #else
     ld->state = 1;
 #endif
@@ -3981,11 +4230,11 @@ static mb_result mb__ld_wait(mb_loader *ld, int report) {
     if (!ld->pending) return MB_OK;
     double t0 = mb__seconds();
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_lock(&ld->mu);
-    while (ld->state != 2) pthread_cond_wait(&ld->cv, &ld->mu);
+    mb__mutex_lock(&ld->mu);
+    while (ld->state != 2) mb__cond_wait(&ld->cv, &ld->mu);
     ld->state = 0;
     ld->stats.wait_seconds += mb__seconds() - t0;
-    pthread_mutex_unlock(&ld->mu);
+    mb__mutex_unlock(&ld->mu);
     ld->pending = 0;
 #else
     mb_loader_stats st;
@@ -4136,9 +4385,9 @@ MBDEF const mb_chunk_plan *mb_loader_get_plan(const mb_loader *ld) { return ld ?
 MBDEF mb_loader_stats mb_loader_get_stats(const mb_loader *ld) {
     mb_loader_stats s;
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_lock((pthread_mutex_t *)&ld->mu);
+    mb__mutex_lock((mb__mutex *)&ld->mu);
     s = ld->stats;
-    pthread_mutex_unlock((pthread_mutex_t *)&ld->mu);
+    mb__mutex_unlock((mb__mutex *)&ld->mu);
 #else
     s = ld->stats;
 #endif
@@ -4266,7 +4515,7 @@ static mb_result mb__ld_chunks_open(mb_loader *ld, size_t free_bytes) {
     if (r == MB_OK) r = mb__ld_alloc_host(ld);
 #ifndef MEGABATCH_NO_THREADS
     if (r == MB_OK) {
-        if (pthread_create(&ld->thread, NULL, mb__ld_thread, ld) != 0)
+        if (mb__thread_create(&ld->thread, mb__ld_thread, ld) != 0)
             r = MB_FAIL(ld->lg, MB_ERR_UNSUPPORTED, "mb_loader_open: cannot start the reader thread");
         else ld->started = 1;
     }
@@ -4284,11 +4533,11 @@ static mb_result mb__ld_chunks_open(mb_loader *ld, size_t free_bytes) {
 static void mb__ld_chunks_close(mb_loader *ld) {
 #ifndef MEGABATCH_NO_THREADS
     if (ld->started) {
-        pthread_mutex_lock(&ld->mu);
+        mb__mutex_lock(&ld->mu);
         ld->quit = 1;
-        pthread_cond_broadcast(&ld->cv);
-        pthread_mutex_unlock(&ld->mu);
-        pthread_join(ld->thread, NULL);
+        mb__cond_broadcast(&ld->cv);
+        mb__mutex_unlock(&ld->mu);
+        mb__thread_join(ld->thread);
     }
 #endif
     mb_sync(ld->dev, MB_STREAM_COPY);
@@ -4304,8 +4553,8 @@ MBDEF void mb_loader_close(mb_loader *ld) {
     if (!ld) return;
     ld->src->loader_close(ld);
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->cv);
+    mb__mutex_destroy(&ld->mu);
+    mb__cond_destroy(&ld->cv);
 #endif
     MB_FREE(ld);
 }
@@ -4330,8 +4579,8 @@ MBDEF mb_result mb_loader_open(mb_loader **out, mb_device *dev, mb_dataset *ds, 
     ld->cur_buf = -1;
     ld->order_epoch = -1;
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_init(&ld->mu, NULL);
-    pthread_cond_init(&ld->cv, NULL);
+    mb__mutex_init(&ld->mu);
+    mb__cond_init(&ld->cv);
 #endif
     ld->src = ds->src;
     mb_result r = ld->src->loader_open(ld, free_bytes);
@@ -4851,15 +5100,15 @@ MB__CELL_FN float mb__fexp(float x) {
     MB__NO_CONTRACT
     x = -87.0f > x ? -87.0f : x; /* the comparisons are false for NaN */
     x = 87.0f < x ? 87.0f : x;
-    float k = fmaf(x, 1.44269504f, 12582912.0f), n = k - 12582912.0f; /* k's low bits: n */
-    float r = fmaf(-n, 0.693145752f, x);
-    r = fmaf(-n, 1.42860677e-6f, r);
-    float p = fmaf(r, 1.38888892e-3f, 8.33333377e-3f);
-    p = fmaf(p, r, 4.16666679e-2f);
-    p = fmaf(p, r, 1.66666672e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    float k = MB__FMAF(x, 1.44269504f, 12582912.0f), n = k - 12582912.0f; /* k's low bits: n */
+    float r = MB__FMAF(-n, 0.693145752f, x);
+    r = MB__FMAF(-n, 1.42860677e-6f, r);
+    float p = MB__FMAF(r, 1.38888892e-3f, 8.33333377e-3f);
+    p = MB__FMAF(p, r, 4.16666679e-2f);
+    p = MB__FMAF(p, r, 1.66666672e-1f);
+    p = MB__FMAF(p, r, 0.5f);
+    p = MB__FMAF(p, r, 1.0f);
+    p = MB__FMAF(p, r, 1.0f);
     union { float f; uint32_t u; } e, nan;
     e.f = k;
     e.u = (e.u + 127u) << 23; /* 2^n: k's bits are 0x4b400000 + n, and 0x4b400000 << 23 wraps to 0 */
@@ -6066,14 +6315,14 @@ typedef struct mb__lstm_pool {
     mb_result failed_res;
     char failed_msg[MB_MAX_ERROR]; /* its mb_last_error(), taken on its thread */
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_t mu;
+    mb__mutex mu;
 #endif
 } mb__lstm_pool;
 
 static void mb__lstm_pool_lock(mb__lstm_pool *p, int lock) {
 #ifndef MEGABATCH_NO_THREADS
-    if (lock) pthread_mutex_lock(&p->mu);
-    else pthread_mutex_unlock(&p->mu);
+    if (lock) mb__mutex_lock(&p->mu);
+    else mb__mutex_unlock(&p->mu);
 #else
     (void)p; (void)lock;
 #endif
@@ -6120,11 +6369,11 @@ static void mb__lstm_pool_run(mb_device *dev, mb__lstm_pool *p, int threads) {
             int t = p->order[j]; p->order[j] = p->order[j - 1]; p->order[j - 1] = t;
         }
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_init(&p->mu, NULL); /* also serves the caller's thread alone */
+    mb__mutex_init(&p->mu); /* also serves the caller's thread alone */
 #endif
     mb__pool_run(dev, threads - 1, mb__lstm_worker, p);
 #ifndef MEGABATCH_NO_THREADS
-    pthread_mutex_destroy(&p->mu);
+    mb__mutex_destroy(&p->mu);
 #endif
 }
 
@@ -7655,7 +7904,7 @@ static int mb__ckpt_write_all(int fd, const void *data, size_t n, mb__crc32 *crc
     if (crc) mb__crc32_update(crc, data, n);
     while (n) {
         size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t k = write(fd, p, chunk);
+        mb__ssize k = mb__os_write(fd, p, chunk);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return -1;
         if (k == 0) { errno = EIO; return -1; }
@@ -7684,23 +7933,11 @@ static int mb__ckpt_write_file(mb_ckpt_writer *w, int fd, uint64_t total) {
     }
     mb__put_le(sh, mb__crc32_final(&crc), 4);
     if (mb__ckpt_write_all(fd, sh, 4, NULL)) return -1;
-    return fsync(fd);
+    return mb__os_fsync(fd);
 }
 
 /* fsync the directory holding path, so the rename itself is durable. */
-static int mb__ckpt_sync_dir(const char *path) {
-    char dir[MB__CKPT_PATH];
-    const char *slash = strrchr(path, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == path) strcpy(dir, "/");
-    else { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
-    int fd = open(dir, O_RDONLY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* directories that cannot be synced */
-    close(fd);
-    return rc;
-}
+static int mb__ckpt_sync_dir(const char *path) { return mb__os_sync_dir(path); }
 
 MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path) {
     if (!w || !path || !path[0]) return MB_FAIL(w ? mb__ckpt_log(w->dev) : NULL, MB_ERR_INVALID_ARG,
@@ -7712,19 +7949,19 @@ MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     uint64_t total = MB__CKPT_HEADER + 4;
     for (int i = 0; i < w->n; i++) total += 12 + strlen(w->sec[i].name) + (uint64_t)w->sec[i].bytes;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = mb__os_open(tmp, 1);
     if (fd < 0)
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: cannot create '%s': %s", tmp, strerror(errno));
     int rc = mb__ckpt_write_file(w, fd, total), err = errno;
-    if (close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
+    if (mb__os_close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
     if (rc != 0) {
-        unlink(tmp);
+        mb__os_unlink(tmp);
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: writing %llu bytes to '%s' failed: %s (previous '%s' "
                        "left untouched)", (unsigned long long)total, tmp, strerror(err), path);
     }
-    if (rename(tmp, path) != 0) {
+    if (mb__os_replace(tmp, path) != 0) {
         err = errno;
-        unlink(tmp);
+        mb__os_unlink(tmp);
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_write: cannot rename '%s' to '%s': %s", tmp, path, strerror(err));
     }
     if (mb__ckpt_sync_dir(path) != 0)
@@ -7736,24 +7973,24 @@ MBDEF mb_result mb_ckpt_write(mb_ckpt_writer *w, const char *path) {
 /* Read the whole file into r->buf. */
 static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
     const mb_logger *lg = mb__ckpt_log(r->dev);
-    int fd = open(path, O_RDONLY);
+    int fd = mb__os_open(path, 0);
     if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
-        close(fd);
+    mb__stat st;
+    if (mb__os_fstat(fd, &st) != 0 || !MB__S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+        mb__os_close(fd);
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is not a regular file of a readable size", path);
     }
     r->size = (size_t)st.st_size;
     mb_result res = mb__ckpt_alloc(r->dev, r->size, (void **)&r->buf);
     for (size_t got = 0; res == MB_OK && got < r->size;) {
-        ssize_t k = read(fd, r->buf + got, r->size - got);
+        mb__ssize k = mb__os_read(fd, r->buf + got, r->size - got);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0)
             res = MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: reading '%s' failed at byte %zu of %zu: %s", path, got,
                           r->size, k < 0 ? strerror(errno) : "file shrank");
         else got += (size_t)k;
     }
-    close(fd);
+    mb__os_close(fd);
     return res;
 }
 
@@ -8442,7 +8679,7 @@ static int mb__st_write_fd(int fd, const mb__st_buf *b, const mb_st_tensor *t, i
         mb_size_product(t[i].shape, t[i].rank, 4, &bytes); /* checked by mb__st_header */
         if (bytes && mb__ckpt_write_all(fd, t[i].data, bytes, NULL)) return -1;
     }
-    return fsync(fd);
+    return mb__os_fsync(fd);
 }
 
 MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, const mb_st_meta *meta, int nmeta) {
@@ -8456,14 +8693,14 @@ MBDEF mb_result mb_st_write(const char *path, const mb_st_tensor *t, int n, cons
     memset(&b, 0, sizeof b);
     size_t data_bytes = 0;
     mb_result r = mb__st_header(&b, t, n, meta, nmeta, &data_bytes);
-    int fd = r == MB_OK ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    int fd = r == MB_OK ? mb__os_open(tmp, 1) : -1;
     if (r == MB_OK && fd < 0) r = MB_FAIL(NULL, MB_ERR_IO, "mb_st_write: cannot create '%s': %s", tmp, strerror(errno));
     if (fd >= 0) {
         int rc = mb__st_write_fd(fd, &b, t, n), err = errno;
-        if (close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
-        if (rc == 0 && rename(tmp, path) != 0) { rc = -1; err = errno; }
+        if (mb__os_close(fd) != 0 && rc == 0) { rc = -1; err = errno; }
+        if (rc == 0 && mb__os_replace(tmp, path) != 0) { rc = -1; err = errno; }
         if (rc != 0) {
-            unlink(tmp);
+            mb__os_unlink(tmp);
             r = MB_FAIL(NULL, MB_ERR_IO, "mb_st_write: writing '%s' failed: %s (a previous '%s' is untouched)", tmp,
                         strerror(err), path);
         } else if (mb__ckpt_sync_dir(path) != 0) {
