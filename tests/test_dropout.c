@@ -60,6 +60,33 @@ static void test_dropout_dev_mask(void **state) {
     tu_close_checked(dev);
 }
 
+/* Every CPU kernel variant (the blocks of counters are compiled per ISA) gives the formula's bits,
+ * in place too. */
+static void test_dropout_cpu_kernels(void **state) {
+    (void)state;
+    mb_cpu_kernel ks[] = {MB_CPU_KERNEL_AVX512, MB_CPU_KERNEL_AVX2, MB_CPU_KERNEL_C};
+    size_t n = (size_t)tu_int(1, 3000);
+    float p = tu_uniform(0.01f, 0.95f);
+    uint64_t seed = tu_next(), step = tu_next();
+    float *x = tu_alloc_f32(n), *y = tu_alloc_f32(n), *r = tu_alloc_f32(n);
+    tu_fill(x, n, -2.0f, 2.0f);
+    for (size_t i = 0; i < n; i++) r[i] = ref_drop(p, seed, step, i, x[i]);
+    for (int k = 0; k < 3; k++) {
+        mb_device_config dc;
+        memset(&dc, 0, sizeof dc);
+        dc.cpu_kernel = ks[k];
+        mb_device *dev = NULL;
+        if (mb_device_open(&dev, &dc) != MB_OK) { printf("cpu kernel %d: not on this CPU\n", (int)ks[k]); continue; }
+        tu_ok(mb_dropout_forward_dev(dev, 0, p, seed, &step, x, y, n));
+        if (!same_bits(y, r, n)) fail_msg("cpu kernel %d: not the formula's mask", (int)ks[k]);
+        memcpy(y, x, n * sizeof(float));
+        tu_ok(mb_dropout_backward_dev(dev, 0, p, seed, &step, y, y, n)); /* in place */
+        if (!same_bits(y, r, n)) fail_msg("cpu kernel %d: in place differs", (int)ks[k]);
+        tu_close_checked(dev);
+    }
+    free(x); free(y); free(r);
+}
+
 // ---- the LSTM ----
 
 typedef struct lcase { int B, T, F, H, L, G; float p; uint64_t seed; mb_dtype prec; } lcase;
@@ -426,6 +453,7 @@ int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_dev_mask),
+        cmocka_unit_test(test_dropout_cpu_kernels),
         cmocka_unit_test(test_lstm_dropout_reference),
         cmocka_unit_test(test_lstm_dropout_step_eval_many),
         cmocka_unit_test(test_lstm_dropout_bad_config),
