@@ -1135,18 +1135,28 @@ static mb_result mb__cuda_act(mb_device *dev, int stream, mb_act a, const float 
     return MB__RUN_N(dev, stream, mb__k_act, n, a, x, dy, out, n);
 }
 
-__global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, const float *x, float *y, size_t n) {
+/* The step: *step_dev when not NULL (read as the kernel runs: a graph replays new masks). */
+__global__ void mb__k_dropout(float p, float ks, uint64_t seed, uint64_t step, const uint64_t *step_dev, const float *x,
+                              float *y, size_t n) {
+    if (step_dev) step = *step_dev;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = mb__dropout_elem(p, ks, seed, step, i, x[i]);
 }
 
-static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
-                                  float *y, size_t n) {
-    return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, x, y, n);
+static mb_result mb__cuda_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
+                                  const uint64_t *step_dev, const float *x, float *y, size_t n) {
+    return MB__RUN_N(dev, stream, mb__k_dropout, n, p, 1.0f / (1.0f - p), seed, step, step_dev, x, y, n);
+}
+
+__global__ void mb__k_step_add(uint64_t *c, uint64_t add) { *c += add; }
+
+static mb_result mb__cuda_step_add(mb_device *dev, int stream, uint64_t *c, uint64_t add) {
+    return MB__RUN(dev, stream, mb__k_step_add, 1, 1, c, add);
 }
 
 static const mb__layers_ops mb__cuda_layers_ops = {
     .fill_rows = mb__cuda_fill_rows, .colsum_add = mb__cuda_colsum_add, .act = mb__cuda_act, .dropout = mb__cuda_dropout,
+    .step_add = mb__cuda_step_add,
 };
 
 // ---- cuda loss ----

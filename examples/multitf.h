@@ -42,7 +42,14 @@ typedef struct mtf_spec {
  * concatenated (B, S H) -> head.fc1 -> GELU -> head.fc2 -> pred (B, K). The encoders run at
  * once (mb_lstm_*_many): on a GPU each on its own stream 2 + s, on the CPU side by side on
  * the device's threads, so the critical path is the longest encoder, not the sum.
- * With train set, the buffers of the backward too (dpred: the loss gradient goes there). */
+ * With train set, the buffers of the backward too (dpred: the loss gradient goes there).
+ * Dropout p (docs/LSTM.md, "Dropout"), in training mode only (mtf_model_set_training): each
+ * encoder's nn.LSTM dropout (on every layer's outputs but the last) and, before head.fc1, on
+ * the concatenated states (B, S H). Inverted, deterministic: every mask is a pure function of
+ * (dropout_seed, the model's step counter, the element), the counter a uint64_t on the device
+ * that each training forward advances on the device first (so a captured step replays new
+ * masks); mtf_model_save_dropout / _load_dropout carry it in a checkpoint. Keys: the head's
+ * mask dropout_seed, encoder s's layer k dropout_seed + 1 + s layers + k. */
 
 typedef struct mtf_config {
     int64_t maxB;      /* the largest batch */
@@ -50,6 +57,8 @@ typedef struct mtf_config {
     int train;         /* gradient buffers for mtf_model_backward */
     int checkpoint_k;  /* the LSTMs' activation checkpointing (0: automatic) */
     mb_dtype precision; /* the encoders' gemm operands (MB_F32, MB_BF16, MB_F16) */
+    float dropout;     /* dropout probability in [0, 1); 0 = none (the same bits as without it) */
+    uint64_t dropout_seed; /* the masks' seed (use another than the parameters' init seed) */
 } mtf_config;
 
 typedef struct mtf_model {
@@ -64,11 +73,19 @@ typedef struct mtf_model {
     float *hlast[MTF_MAX_SEG], *fused, *z1, *a1, *pred; /* device memory */
     float *dh[MTF_MAX_SEG], *dfused, *da1, *dpred;      /* train: the backward's */
     float *state_h, *state_c;                           /* train with carry: (layers, B, H), for checkpoints */
+    float dropout;                                      /* the config's */
+    uint64_t dropout_seed;
+    int training;                                       /* mtf_model_set_training (the config's train at build) */
+    int drop;                                           /* the last forward dropped (dropout > 0, training) */
+    uint64_t *drop_step;                                /* dropout > 0: the masks' step counter (device) */
+    float *fused_drop;                                  /* dropout > 0: (B, S H) the head's input, dropped */
 } mtf_model;
 
 MTF_API void mtf_model_destroy(mtf_model *m) {
-    float *bufs[] = {m->fused, m->z1, m->a1, m->pred, m->dfused, m->da1, m->dpred, m->state_h, m->state_c};
+    float *bufs[] = {m->fused, m->z1, m->a1, m->pred, m->dfused, m->da1, m->dpred, m->state_h, m->state_c,
+                     m->fused_drop};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->dev, bufs[i]);
+    mb_free(m->dev, m->drop_step);
     for (int s = 0; s < m->spec.nseg; s++) {
         mb_lstm_destroy(m->enc[s]);
         mb_free(m->dev, m->hlast[s]); mb_free(m->dev, m->dh[s]);
@@ -89,6 +106,7 @@ MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
     MB_TRY(mtf_alloc(m, &m->z1, B * s->head));
     MB_TRY(mtf_alloc(m, &m->a1, B * s->head));
     MB_TRY(mtf_alloc(m, &m->pred, B * s->K));
+    if (c->dropout > 0.0f) MB_TRY(mtf_alloc(m, &m->fused_drop, B * s->nseg * s->H));
     if (!c->train) return MB_OK;
     for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->H));
     MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->H));
@@ -104,7 +122,14 @@ MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
 MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *spec, const mtf_config *c) {
     memset(m, 0, sizeof *m);
     m->dev = dev; m->spec = *spec; m->maxB = c->maxB;
+    m->dropout = c->dropout; m->dropout_seed = c->dropout_seed; m->training = c->train != 0;
     if (spec->nseg < 1 || !spec->T) return MB_FAIL(NULL, MB_ERR_FORMAT, "the model's segment lengths are unknown");
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "dropout %g must be in [0, 1)", (double)c->dropout);
+    if (c->dropout > 0.0f) { /* before the encoders, which key their masks by it */
+        MB_TRY(mb_alloc(dev, MB_MEM_DEVICE, sizeof *m->drop_step, (void **)&m->drop_step));
+        MB_TRY(mb_zero(dev, MB_STREAM_COMPUTE, m->drop_step, sizeof *m->drop_step));
+    }
     MB_TRY(mb_params_create(&m->params, dev));
     for (int s = 0; s < spec->nseg; s++) {
         char prefix[32];
@@ -114,13 +139,24 @@ MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *
         lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
         lc.max_steps = spec->seg_len[s]; lc.max_batch = c->maxB; lc.carry_state = c->carry;
         lc.checkpoint = c->checkpoint_k; lc.precision = c->precision; lc.stream = MTF_STREAM(s);
+        lc.dropout = c->dropout; lc.dropout_seed = c->dropout_seed + 1 + (uint64_t)s * (uint64_t)spec->layers;
+        lc.dropout_step = m->drop_step;
         MB_TRY(mb_lstm_create(&m->enc[s], m->params, &lc));
+        mb_lstm_set_training(m->enc[s], m->training);
         m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
     }
     MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
     MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
     MB_TRY(mb_params_finalize(m->params));
     return mtf_model_buffers(m, c);
+}
+
+/* Training (1) or evaluation (0) mode: dropout applies in training mode only (a model built
+ * with train starts in training mode, others in evaluation mode). Switch to 0 around a
+ * validation pass and back to 1 after it: evaluation leaves the step counter alone. */
+MTF_API void mtf_model_set_training(mtf_model *m, int training) {
+    m->training = training != 0;
+    for (int s = 0; s < m->spec.nseg; s++) mb_lstm_set_training(m->enc[s], m->training);
 }
 
 /* For inference: batches of up to maxB. carry: each encoder carries its (h, c) from one
@@ -155,7 +191,10 @@ MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
     const float *hs[MTF_MAX_SEG];
     for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
     MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
-    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->fused, B, m->z1));
+    if (m->drop)
+        MB_TRY(mb_dropout_forward_dev(m->dev, MB_STREAM_COMPUTE, m->dropout, m->dropout_seed, m->drop_step, m->fused,
+                                      m->fused_drop, (size_t)(B * s->nseg * s->H)));
+    MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->drop ? m->fused_drop : m->fused, B, m->z1));
     MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
     MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
     *pred = m->pred;
@@ -168,6 +207,8 @@ MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
 MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, const float **pred) {
     const mtf_spec *s = &m->spec;
     memset(m->call, 0, sizeof m->call);
+    m->drop = m->dropout > 0.0f && m->training;
+    if (m->drop) MB_TRY(mb_dropout_step_advance(m->dev, MB_STREAM_COMPUTE, m->drop_step)); /* this forward's masks */
     for (int i = 0; i < s->nseg; i++) {
         int64_t carried = mb_lstm_state_batch(m->enc[i]);
         if (carried && carried != B) mb_lstm_reset_state(m->enc[i]);
@@ -189,7 +230,10 @@ MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
     for (int i = 0; i < s->nseg; i++) dims[i] = s->H;
     MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
     MB_TRY(mb_act_backward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * s->head)));
-    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->fused, m->da1, B, m->dfused));
+    MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->drop ? m->fused_drop : m->fused, m->da1, B, m->dfused));
+    if (m->drop) /* the same mask on the gradient */
+        MB_TRY(mb_dropout_backward_dev(m->dev, MB_STREAM_COMPUTE, m->dropout, m->dropout_seed, m->drop_step, m->dfused,
+                                       m->dfused, (size_t)(B * s->nseg * s->H)));
     MB_TRY(mb_concat_backward(m->dev, MB_STREAM_COMPUTE, s->nseg, m->dfused, dims, B, m->dh));
     return mb_lstm_backward_many(m->call, s->nseg); /* reads the batch again: it must still be valid */
 }
@@ -197,10 +241,15 @@ MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
 /* The stateful mode (a model created with carry, batch 1): x[i] holds the n[i] new rows
  * (F each, device memory) of segment i, which its encoder reads from the state it carried
  * (zeros at first); n[i] = 0 keeps its last hidden state. Then the head, when pred is not
- * NULL. O(1) per bar: one LSTM step per new row. */
+ * NULL. O(1) per bar: one LSTM step per new row. In evaluation mode (MB_ERR_STATE when a model
+ * with dropout is in training mode). */
 MTF_API mb_result mtf_model_step(mtf_model *m, const float *const *x, const int64_t *n, const float **pred) {
     mb_lstm_call call[MTF_MAX_SEG];
     int c = 0;
+    if (m->dropout > 0.0f && m->training)
+        return MB_FAIL(NULL, MB_ERR_STATE, "mtf_model_step: the stateful mode runs in evaluation mode "
+                       "(mtf_model_set_training(m, 0))");
+    m->drop = 0;
     memset(call, 0, sizeof call);
     for (int i = 0; i < m->spec.nseg; i++) {
         if (!n[i]) continue;
@@ -468,6 +517,17 @@ MTF_API mb_result mtf_model_load_carry(mb_ckpt_reader *rd, mtf_model *m) {
         MB_TRY(mb_stream_wait(m->dev, MB_STREAM_COMPUTE, MTF_STREAM(s))); /* read on its stream first */
     }
     return MB_OK;
+}
+
+/* ---- the dropout step in a checkpoint ----
+ * With dropout, the masks' step counter: section "dropout_step" (8 bytes), so a resumed run
+ * draws the masks the uninterrupted run would have. No-ops without dropout. */
+MTF_API mb_result mtf_model_save_dropout(mb_ckpt_writer *w, mtf_model *m) {
+    return m->drop_step ? mb_ckpt_add(w, "dropout_step", m->drop_step, sizeof *m->drop_step) : MB_OK;
+}
+
+MTF_API mb_result mtf_model_load_dropout(mb_ckpt_reader *rd, mtf_model *m) {
+    return m->drop_step ? mb_ckpt_get(rd, "dropout_step", m->drop_step, sizeof *m->drop_step) : MB_OK;
 }
 
 #endif /* MTF_MULTITF_H */

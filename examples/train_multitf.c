@@ -242,7 +242,7 @@ static mb_result model_create(model *m, mb_device *dev, const mtf_spec *spec, co
     if (meta->segments > MAX_SEG)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: %d segments, this example handles at most %d", meta->source,
                        meta->segments, MAX_SEG);
-    mtf_config c = {o->batch, o->carry, 1, o->checkpoint_k, o->precision};
+    mtf_config c = {o->batch, o->carry, 1, o->checkpoint_k, o->precision, 0.0f, 0};
     size_t zeros = (size_t)(o->batch * meta->k) * sizeof(float);
     m->loss_cfg.kind = o->loss;
     MB_TRY(mtf_model_build(&m->net, dev, spec, &c));

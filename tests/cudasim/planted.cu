@@ -70,7 +70,7 @@ static void net_open(net *n, mb_device *dev, int carry) {
     s.nseg = 2; s.layers = 1; s.carry = carry; s.F = 3; s.K = 2; s.H = 4; s.head = 4;
     s.seg_len[0] = 5; s.seg_len[1] = 3; s.T = 8;
     n->B = 4;
-    mtf_config c = {n->B, carry, 1, 2, MB_F32}; /* checkpoint_k 2: each encoder's per-step path on its stream */
+    mtf_config c = {n->B, carry, 1, 2, MB_F32, 0.0f, 0}; /* checkpoint_k 2: each encoder's per-step path on its stream */
     CHECK(mtf_model_build(&n->m, dev, &s, &c));
     CHECK(mb_params_init(n->m.params, 7));
     mb_adamw_config ac = mb_adamw_config_default();
