@@ -46,6 +46,7 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
     float lr, clip, weight_decay, chunk_fraction;
     int warmup;
     float ema;          /* --ema DECAY; 0: off */
+    float dropout;      /* --dropout P: nn.LSTM's between layers and before the head (multitf.h); 0: off */
     int swa_start, keep_best, patience; /* --swa-start EPOCH, --keep-best, --patience N (mb_select.h) */
     int walk_forward;   /* --walk-forward K: K folds of --train (mb_walk.h), 0: off; not in the key (no --ckpt) */
     int64_t wf_window;  /* --wf-window W: a rolling training window of W samples, 0: expanding */
@@ -62,7 +63,7 @@ typedef struct options { /* those that shape a run are in each checkpoint: optio
  * must match them (mb_ckpt_key; not the paths, --quiet, --resume, --threads, --cpu-kernel,
  * --epochs, --ckpt-every). A new option that shapes a run is one more entry, with the value that files
  * written before it hold as its `before`. */
-enum { OPTION_KEYS = 23, OPTION_KEYS_V1 = 19 };
+enum { OPTION_KEYS = 24, OPTION_KEYS_V1 = 19 };
 static void options_key(const options *o, mb_ckpt_key *out) {
     const mb_ckpt_key key[OPTION_KEYS] = {
         MB_CKPT_INT("layers", o->layers), MB_CKPT_INT("accum", o->accum), MB_CKPT_INT("carry", o->carry),
@@ -73,7 +74,8 @@ static void options_key(const options *o, mb_ckpt_key *out) {
         MB_CKPT_INT("schedule", o->schedule), MB_CKPT_INT("loss", o->loss), MB_CKPT_INT("precision", o->precision),
         MB_CKPT_UINT("seed", o->seed), MB_CKPT_INT("world", o->world), MB_CKPT_INT("no-ftz", o->no_ftz),
         {"ema", MB_CKPT_KIND_F32, 0, 0, (double)o->ema, "0"}, {"swa-start", MB_CKPT_KIND_INT, o->swa_start, 0, 0, "0"},
-        {"keep-best", MB_CKPT_KIND_INT, o->keep_best, 0, 0, "0"}, {"patience", MB_CKPT_KIND_INT, o->patience, 0, 0, "0"}};
+        {"keep-best", MB_CKPT_KIND_INT, o->keep_best, 0, 0, "0"}, {"patience", MB_CKPT_KIND_INT, o->patience, 0, 0, "0"},
+        {"dropout", MB_CKPT_KIND_F32, 0, 0, (double)o->dropout, "0"}};
     memcpy(out, key, sizeof key);
 }
 
@@ -99,7 +101,7 @@ static const char usage[] =
     "Trains five LSTM encoders (one per timeframe segment) + fusion + head on the files that\n"
     "build/prepare writes; a line per epoch and a last `summary:` line (docs/EXAMPLE.md).\n"
     "model:      --hidden H [32]  --head N [64]  --layers L [1]  --loss mse|huber [mse]\n"
-    "            --carry (carry the encoders' state from batch to batch)\n"
+    "            --carry (carry the encoders' state from batch to batch)  --dropout P [0] (nn.LSTM's, and before the head)\n"
     "training:   --epochs E [3]  --batch B [128]  --lr X [2e-3]  --schedule constant|cosine|onecycle [cosine]\n"
     "            --warmup STEPS [20]  --accum N [1]  --clip X [1.0]  --weight-decay X [0.01]\n"
     "            --precision f32|bf16|f16 [f32; bf16 on the GPU]  --seed S [1]  --max-batches N [0: all]\n"
@@ -185,6 +187,7 @@ static int parse_options(int argc, char **argv, options *o, const char **onnx) {
         {"--ema", MBA_F32, &o->ema, 1e-6, 0.999999, NULL}, {"--swa-start", MBA_INT, &o->swa_start, 1, 1e6, NULL},
         {"--keep-best", MBA_SET, &o->keep_best, 0, 0, NULL}, {"--patience", MBA_INT, &o->patience, 1, 1e6, NULL},
         {"--walk-forward", MBA_INT, &o->walk_forward, 2, MBW_MAX_FOLDS, NULL},
+        {"--dropout", MBA_F32, &o->dropout, 0, 0.999, NULL},
         {"--wf-window", MBA_I64, &o->wf_window, 1, 1e12, NULL}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 0;
     if ((o->resume || o->ckpt_every) && !o->ckpt) return mba_bad("--resume/--ckpt-every", "", "need --ckpt FILE");
@@ -242,7 +245,8 @@ static mb_result model_create(model *m, mb_device *dev, const mtf_spec *spec, co
     if (meta->segments > MAX_SEG)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: %d segments, this example handles at most %d", meta->source,
                        meta->segments, MAX_SEG);
-    mtf_config c = {o->batch, o->carry, 1, o->checkpoint_k, o->precision, 0.0f, 0};
+    mtf_config c = {o->batch, o->carry, 1, o->checkpoint_k, o->precision, o->dropout,
+                    o->seed ^ 0x9E3779B97F4A7C15ull}; /* the masks' seed: apart from the weights' */
     size_t zeros = (size_t)(o->batch * meta->k) * sizeof(float);
     m->loss_cfg.kind = o->loss;
     MB_TRY(mtf_model_build(&m->net, dev, spec, &c));
@@ -300,7 +304,7 @@ static mb_result metrics_add(model *m, const float *pred, const float *y, int64_
 /* Mean validation loss of the model and of the naive baseline (predict 0 return), summed on
  * the device (meter slots 1, 2) and read once, at the end; with metrics, the trading metrics
  * of the predictions into m->per and m->mean. */
-static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline, int metrics) {
+static mb_result evaluate_pass(model *m, mb_loader *val, double *loss, double *baseline, int metrics) {
     mb_batch b;
     const float *pred;
     mb_loss_config base = m->loss_cfg;
@@ -324,6 +328,14 @@ static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseli
     *loss = v[0][1] > 0 ? v[0][0] / v[0][1] : 0;
     *baseline = v[1][1] > 0 ? v[1][0] / v[1][1] : 0;
     return MB_OK;
+}
+
+/* The validation pass in evaluation mode (--dropout off), training mode after. */
+static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseline, int metrics) {
+    mtf_model_set_training(&m->net, 0);
+    mb_result r = evaluate_pass(m, val, loss, baseline, metrics);
+    mtf_model_set_training(&m->net, 1);
+    return r;
 }
 
 // ---- data parallel ----
@@ -395,16 +407,18 @@ static void schedule_init(trainer *t) {
     s->warmup_steps = o->warmup < s->total_steps ? o->warmup : s->total_steps / 2;
 }
 
-/* A checkpoint's own state of this program: the carried (h, c) with --carry, and the average,
- * the best weights and their epoch (mb_select.h). */
+/* A checkpoint's own state of this program: the carried (h, c) with --carry, the dropout
+ * masks' step with --dropout, and the average, the best weights and their epoch (mb_select.h). */
 static mb_result save_state(mb_ckpt_writer *w, void *user) {
     trainer *t = (trainer *)user;
     if (t->o.carry) MB_TRY(mtf_model_save_carry(w, &t->m.net));
+    MB_TRY(mtf_model_save_dropout(w, &t->m.net)); /* --dropout: the masks' step counter */
     return mbs_save(w, &t->sel);
 }
 static mb_result load_state(mb_ckpt_reader *rd, void *user) {
     trainer *t = (trainer *)user;
     if (t->o.carry) MB_TRY(mtf_model_load_carry(rd, &t->m.net));
+    MB_TRY(mtf_model_load_dropout(rd, &t->m.net));
     return mbs_load(rd, &t->sel);
 }
 

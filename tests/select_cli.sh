@@ -5,6 +5,7 @@
 #     exported file says which weights it holds (metadata "weights");
 #   - a resume in the middle of an average (SWA from epoch 2, stopped after 2 of 4 epochs; EMA
 #     stopped after 2) exports the same bytes as the uninterrupted run;
+#   - --dropout: a resume in the middle continues the masks (the same bytes), and it changes the weights;
 #   - --keep-best exports the best epoch, and build/predict --metrics on the validation file
 #     gives the reported best_val_loss; --patience stops;
 #   - --walk-forward: the same table twice, one file a fold with its own normalisation;
@@ -40,6 +41,14 @@ for avg in "--swa-start 2" "--ema 0.9"; do
     if [ "$(field "$tmp/$name-a.out" avg_val_loss)" = "$(field "$tmp/$name-b.out" avg_val_loss)" ]; then ok
     else bad "$avg: avg_val_loss differs after the resume"; fi
 done
+
+# ---- dropout: the masks follow the seed (the same run twice), a resume keeps them ----
+$T --epochs 3 --dropout 0.3 --export "$tmp/d-a.safetensors" > "$tmp/d-a.out"
+$T --epochs 3 --export "$tmp/d-0.safetensors" > /dev/null
+$T --epochs 2 --dropout 0.3 --ckpt "$tmp/d.ckpt" > /dev/null
+$T --epochs 3 --dropout 0.3 --ckpt "$tmp/d.ckpt" --resume --export "$tmp/d-b.safetensors" > /dev/null
+if cmp -s "$tmp/d-a.safetensors" "$tmp/d-b.safetensors"; then ok; else bad "--dropout: the resumed run's weights differ"; fi
+if ! cmp -s "$tmp/d-a.safetensors" "$tmp/d-0.safetensors"; then ok; else bad "--dropout 0.3 trains the same weights as none"; fi
 
 # ---- the best epoch: exported, and its loss reproduced by predict; early stopping ----
 $T --epochs 5 --lr 0.05 --keep-best --export "$tmp/best.safetensors" > "$tmp/best.out"
