@@ -60,6 +60,7 @@ static void test_write_read_roundtrip(void **state) {
         assert_string_equal(g->dtype, "F32");
         assert_int_equal(g->rank, t[i].rank);
         for (int d = 0; d < g->rank; d++) assert_int_equal(g->shape[d], t[i].shape[d]);
+        assert_int_equal(g->count, (size_t[]){6, 5, 1}[i]); /* the length compared below is the written one */
         assert_int_equal(memcmp(g->data, t[i].data, g->count * 4), 0);
         assert_int_equal((uintptr_t)g->data % 4, 0);
     }
