@@ -80,6 +80,8 @@ BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
+# every C snippet of the docs run (issue 48: tests/docs/snippets.c with MB_SNIPPETS_MAIN)
+DOC_TESTS    += tests/docs/snippets.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
@@ -204,7 +206,7 @@ $(BUILD)/bench/% : bench/%.cu $(HEADERS) $(wildcard bench/*.c)
 compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static \
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
-                $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
+                $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/snippets_run $(BUILD)/compile/docs_live \
                 $(if $(NVCC),$(BUILD)/compile/cuda_open) $(BUILD)/compile/vectorized.ok \
                 $(if $(CLANG),$(BUILD)/compile/vectorized_clang.ok $(BUILD)/compile/test_lstm_clang)
 # the CPU cell rows vectorize at -O2 (a user's usual flags; CI's own builds are -O1), with
@@ -229,6 +231,9 @@ $(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
 $(BUILD)/compile/snippets_c.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+$(BUILD)/compile/snippets_run: tests/docs/snippets.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DMB_SNIPPETS_MAIN -o $@ $< $(DEP_LIBS)
 $(BUILD)/compile/snippets_cxx.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_CXXFLAGS) -Wno-missing-field-initializers -x c++ -c -o $@ $<
