@@ -82,6 +82,8 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # every C snippet of the docs run (issue 48: tests/docs/snippets.c with MB_SNIPPETS_MAIN)
 DOC_TESTS    += tests/docs/snippets.sh
+# the CPU planted faults (issue 48): each check written for a fault fails on it (tests/neg_cpu.sh)
+DOC_TESTS    += tests/neg_cpu.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)

@@ -492,13 +492,12 @@ static void check_model_file(const char *path, mtf_model *m) {
         assert_int_equal(g->trans_b, 1);
         const onx_tensor *W = init_of(o, g->in[1]), *b = init_of(o, g->in[2]);
         int64_t rows = w == 1 ? sp->head : sp->K, cols = w == 1 ? sp->nseg * sp->H : sp->head;
-        assert_int_equal(W->rank, 2);
-        assert_int_equal(W->dims[0], rows);
-        assert_int_equal(W->dims[1], cols);
-        assert_int_equal(W->bytes, (size_t)(rows * cols) * 4);
-        assert_int_equal(b->rank, 1);
-        assert_int_equal(b->dims[0], rows);
-        assert_int_equal(b->bytes, (size_t)rows * 4);
+        if (W->rank != 2 || W->dims[0] != rows || W->dims[1] != cols || W->bytes != (size_t)(rows * cols) * 4)
+            fail_msg("fc%d.weight: rank %d, (%lld, %lld), %zu bytes; want (%lld, %lld)", w, W->rank, (long long)W->dims[0],
+                     (long long)W->dims[1], W->bytes, (long long)rows, (long long)cols);
+        if (b->rank != 1 || b->dims[0] != rows || b->bytes != (size_t)rows * 4)
+            fail_msg("fc%d.bias: rank %d, (%lld), %zu bytes; want (%lld)", w, b->rank, (long long)b->dims[0], b->bytes,
+                     (long long)rows);
         expect_floats(W, param(m, "head.fc%d.weight", w, 0), (size_t)(rows * cols), 0, "fc weight");
         expect_floats(b, param(m, "head.fc%d.bias", w, 0), (size_t)rows, 0, "fc bias");
     }
