@@ -92,6 +92,10 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # issue 45: the plain-cc builds and make install's headers; names, the step walkthrough, one source
 DOC_TESTS    += tests/docs/build_cc.sh tests/docs/walkthrough.sh tests/docs/names.sh tests/docs/one_source.sh
+# every C snippet of the docs run (issue 48: tests/docs/snippets.c with MB_SNIPPETS_MAIN)
+DOC_TESTS    += tests/docs/snippets.sh
+# the CPU planted faults (issue 48): each check written for a fault fails on it (tests/neg_cpu.sh)
+DOC_TESTS    += tests/neg_cpu.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
 # model selection through the tools (docs/TRADING.md, "Choosing the model to trade")
@@ -246,6 +250,11 @@ $(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
 $(BUILD)/compile/snippets_c.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+# ... and run (tests/docs/snippets.sh): every snippet called as a program would
+compile-checks: $(BUILD)/compile/snippets_run
+$(BUILD)/compile/snippets_run: tests/docs/snippets.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DMB_SNIPPETS_MAIN -o $@ $< $(DEP_LIBS)
 $(BUILD)/compile/snippets_cxx.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_CXXFLAGS) -Wno-missing-field-initializers -x c++ -c -o $@ $<

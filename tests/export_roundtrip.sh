@@ -5,11 +5,18 @@
 #   2. torch trains and saves a file: build/predict agrees with torch on it, and
 #      build/train_multitf --init trains from it.
 # Usage: tests/export_roundtrip.sh DIR (holding train.h5 and val.h5 from build/prepare).
-# Exit 0 and print `skipped: ...` when python3, torch, safetensors or h5py is missing.
-set -e
+# When python3, torch, safetensors or h5py is missing: prints `skipped: ...` and exits 0, or
+# with CI=true fails (exit 1). Every command's exit code counts (set -eu, no pipes).
+set -eu
 d=${1:?usage: tests/export_roundtrip.sh DIR}
 if ! python3 -c 'import torch, safetensors, h5py' >/dev/null 2>&1; then
+    if [ "${CI:-}" = true ]; then
+        echo "FAIL: python3 with torch, safetensors and h5py is not installed (CI=true: a skip fails)"
+        echo "export-roundtrip: 0 passed, 1 failed"
+        exit 1
+    fi
     echo "skipped: python3 with torch, safetensors and h5py is not installed"
+    echo "export-roundtrip: 0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 rt="python3 bench/pytorch/export_roundtrip.py"
@@ -21,7 +28,9 @@ $rt make --out "$d/t.safetensors" --data "$d/train.h5"
 build/predict --model "$d/t.safetensors" --data "$d/val.h5" --out "$d/t.csv" --quiet
 $rt check --model "$d/t.safetensors" --data "$d/val.h5" --preds "$d/t.csv"
 build/train_multitf --train "$d/train.h5" --val "$d/val.h5" --epochs 1 --batch 32 --hidden 8 --head 16 \
-    --max-batches 5 --quiet --init "$d/t.safetensors" --export "$d/ct.safetensors" | grep summary:
+    --max-batches 5 --quiet --init "$d/t.safetensors" --export "$d/ct.safetensors" > "$d/ct.log"
+grep summary: "$d/ct.log"
 build/predict --model "$d/ct.safetensors" --data "$d/val.h5" --out "$d/ct.csv" --quiet
 $rt check --model "$d/ct.safetensors" --data "$d/val.h5" --preds "$d/ct.csv"
 echo "round trip ok"
+echo "export-roundtrip: 1 passed, 0 failed"

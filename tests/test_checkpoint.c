@@ -284,13 +284,17 @@ static void test_wrong_shape_refused(void **state) {
     tu_assert_error(mb_ckpt_load_params(r, q), MB_ERR_FORMAT, want);
     tu_ok(mb_params_get(q, after));
     assert_memory_equal(before, after, nq * 4); /* untouched */
-    /* the optimizer state of a larger model has another size */
-    mb_adamw *oq;
-    tu_ok(mb_adamw_create(&oq, q, NULL));
-    if (nq != mb_params_total(p))
-        tu_assert_error(mb_ckpt_load_adamw(r, oq), MB_ERR_FORMAT, "adamw.m");
-    mb_adamw_destroy(oq);
     mb_params_destroy(q);
+    /* the optimizer state of a larger model has another size: 64 more inputs, so its padded
+     * total differs whatever the shapes (asserted: the check below always runs) */
+    mb_linear k1, k2;
+    mb_params *big = make_model(dev, in + 64, hid, out, &k1, &k2);
+    assert_true(mb_params_total(big) > mb_params_total(p));
+    mb_adamw *ob;
+    tu_ok(mb_adamw_create(&ob, big, NULL));
+    tu_assert_error(mb_ckpt_load_adamw(r, ob), MB_ERR_FORMAT, "adamw.m");
+    mb_adamw_destroy(ob);
+    mb_params_destroy(big);
     /* an extra tensor at the end */
     mb_params *e;
     tu_ok(mb_params_create(&e, dev));
@@ -641,19 +645,16 @@ static void test_key_malformed_refused(void **state) {
     tu_ok(mb_ckpt_write(w, tpath("cut.mb")));
     mb_ckpt_writer_destroy(w);
     tu_ok(mb_ckpt_open(&r, NULL, tpath("cut.mb")));
-    int refused = 0;
-    for (size_t k = 0; k < 9 * len; k++) {
+    for (size_t k = 0; k < 9 * len; k++) { /* every cut and every flip refused, with a message */
         char name[32];
         snprintf(name, sizeof name, "v%zu", k);
         mb_clear_error();
         mb_result res = mb_ckpt_check_key(r, name, big, 6);
         if (res != MB_ERR_CORRUPT && res != MB_ERR_FORMAT)
             fail_msg("%s (%s): %s (%s)", name, k < len ? "cut" : "flip", mb_result_string(res), mb_last_error());
-        assert_true(strlen(mb_last_error()) > 0);
-        refused++;
+        if (!mb_last_error()[0]) fail_msg("%s (%s): refused without a message", name, k < len ? "cut" : "flip");
     }
     mb_ckpt_close(r);
-    assert_int_equal(refused, 9 * (int)len);
     free(text);
 }
 

@@ -73,11 +73,32 @@ static double *to_double(const float *x, size_t n) {
     return d;
 }
 
+/* The automatic checkpoint rule forced to checkpoint: a device whose memory query reports
+ * 64 bytes free (its backend copied with another memory function; a test hook, nothing in
+ * the library changes), so full storage does not fit a quarter of it and checkpoint = 0
+ * takes the ceil(sqrt(T)) interval. CK_AUTO_TIGHT as a test's checkpoint asks for it. */
+enum { CK_AUTO_TIGHT = -1000 }; /* not a checkpoint value: make_cfg gives 0 for it */
+static mb_result tight_memory(mb_device *dev, size_t *total, size_t *free_bytes) {
+    (void)dev;
+    *total = (size_t)1 << 20;
+    *free_bytes = 64;
+    return MB_OK;
+}
+static mb__runtime_ops tight_rt;
+static mb__backend tight_be;
+static void make_tight(mb_device *dev) {
+    tight_rt = *dev->be->rt;
+    tight_rt.memory = tight_memory;
+    tight_be = *dev->be;
+    tight_be.rt = &tight_rt;
+    dev->be = &tight_be;
+}
+
 static mb_lstm_config make_cfg(const shape *s, int checkpoint) {
     mb_lstm_config c;
     memset(&c, 0, sizeof c);
     c.input_size = s->F; c.hidden_size = s->H; c.layers = s->L;
-    c.checkpoint = checkpoint; c.max_steps = s->T; c.max_batch = s->B;
+    c.checkpoint = checkpoint == CK_AUTO_TIGHT ? 0 : checkpoint; c.max_steps = s->T; c.max_batch = s->B;
     return c;
 }
 
@@ -183,6 +204,7 @@ static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtyp
     mb_device_config dc = {0};
     dc.cpu_kernel = (mb_cpu_kernel)(run_variant + 1); /* -1: MB_CPU_KERNEL_AUTO */
     tu_ok(mb_device_open(&dev, &dc));
+    if (checkpoint == CK_AUTO_TIGHT) make_tight(dev);
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_params_create(&p, dev));
@@ -190,6 +212,11 @@ static run_out run_model(const shape *s, int checkpoint, int grad_block, mb_dtyp
     cfg.grad_block = grad_block;
     cfg.precision = prec;
     tu_ok(mb_lstm_create(&l, p, &cfg));
+    if (checkpoint > 0 || checkpoint == CK_AUTO_TIGHT) { /* checkpointed as asked: recompute from kept states */
+        int64_t k = mb_lstm_checkpoint_steps(l, s->T);
+        if (k < 1 || (checkpoint > 0 && k != (checkpoint < s->T ? checkpoint : s->T)))
+            fail_msg("checkpoint %d at T=%lld: the LSTM takes %lld", checkpoint, (long long)s->T, (long long)k);
+    }
     tu_ok(mb_params_finalize(p));
     tu_ok(mb_params_set(p, pvals));
     size_t nx = (size_t)s->B * s->T * s->F, no = (size_t)s->B * s->T * s->H, ns = (size_t)s->L * s->B * s->H;
@@ -259,7 +286,7 @@ static void test_checkpoint_bitwise(void **state) {
         mb_dtype prec = (mb_dtype)(rep % 3); /* f32, bf16, f16: the same kernels in the same order */
         inputs in = make_inputs(&s);
         run_out full = run_model(&s, -1, gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
-        int ks[] = {1, 2, 7, s.T, 0};
+        int ks[] = {1, 2, 7, s.T, CK_AUTO_TIGHT}; /* the automatic rule, forced to checkpoint */
         for (int i = 0; i < 5; i++) {
             run_out ck = run_model(&s, ks[i], gb, prec, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
             assert_runs_equal(&ck, &full, &in, s.B * s.H);
@@ -585,25 +612,50 @@ static void test_alloc_failure_leaks_nothing(void **state) {
     mb_device *dev;
     tu_ok(mb_device_open(&dev, NULL));
     shape s = {2, 5, 3, 4, 2};
-    for (int ck = -1; ck <= 1; ck++)
-        for (uint64_t nth = 1; nth <= 40; nth++) {
+    /* full storage, auto (full here), an interval with recompute segments (2 at T=5: 2, 2, 1)
+     * and the automatic rule forced to checkpoint (ceil(sqrt(5)) = 3 with grad_block 1), each
+     * in f32 and bf16 (the operand copies): every allocation of each fails once in turn,
+     * the checkpointed ones (kept cells, a segment's gates and cells) among them */
+    const int cks[] = {-1, 0, 2, CK_AUTO_TIGHT};
+    mb_device *tight;
+    tu_ok(mb_device_open(&tight, NULL));
+    make_tight(tight);
+    for (int ci = 0; ci < 8; ci++) {
+        int ck = cks[ci / 2], allocs = 0;
+        mb_device *d = ck == CK_AUTO_TIGHT ? tight : dev;
+        for (uint64_t nth = 1;; nth++) {
             mb_params *p;
             mb_lstm *l = NULL;
-            tu_ok(mb_params_create(&p, dev));
-            mb_lstm_config c = make_cfg(&s, ck < 1 ? ck : 0);
-            c.precision = ck < 1 ? MB_F32 : MB_BF16; /* bf16 adds the operand copies */
-            mb_device_fail_alloc(dev, MB_MEM_DEVICE, nth);
+            tu_ok(mb_params_create(&p, d));
+            mb_lstm_config c = make_cfg(&s, ck);
+            c.precision = ci % 2 ? MB_BF16 : MB_F32; /* bf16 adds the operand copies */
+            c.grad_block = ck == CK_AUTO_TIGHT ? 1 : 0;
+            uint64_t before = mb_device_mem_stats(d).allocs[MB_MEM_DEVICE];
+            mb_device_fail_alloc(d, MB_MEM_DEVICE, nth);
             mb_result r = mb_lstm_create(&l, p, &c);
-            mb_device_fail_alloc(dev, MB_MEM_DEVICE, 0);
-            if (r == MB_OK) { mb_lstm_destroy(l); mb_params_destroy(p); assert_true(nth > 10); break; }
+            mb_device_fail_alloc(d, MB_MEM_DEVICE, 0);
+            if (r == MB_OK) {
+                allocs = (int)(mb_device_mem_stats(d).allocs[MB_MEM_DEVICE] - before);
+                int64_t k = mb_lstm_checkpoint_steps(l, s.T);
+                if (ck > 0 || ck == CK_AUTO_TIGHT) { if (k < 2 || k >= s.T) fail_msg("checkpoint %d: interval %lld", ck, (long long)k); }
+                else if (k != -1) fail_msg("checkpoint %d: interval %lld, want full storage", ck, (long long)k);
+                mb_lstm_destroy(l); mb_params_destroy(p);
+                if ((int)nth != allocs + 1) /* each of its allocations failed once, each failure refused */
+                    fail_msg("checkpoint %d, %s: mb_lstm_create succeeded with allocation %d of its %d failed", ck,
+                             ci % 2 ? "bf16" : "f32", (int)nth, allocs);
+                break;
+            }
             assert_int_equal(r, MB_ERR_OUT_OF_MEMORY);
             assert_null(l);
             assert_int_equal(mb_params_num_tensors(p), 0);
-            assert_int_equal(mb_device_mem_stats(dev).live[MB_MEM_DEVICE], 0);
+            assert_int_equal(mb_device_mem_stats(d).live[MB_MEM_DEVICE], 0);
             tu_ok(mb_lstm_create(&l, p, &c)); /* retry works */
             mb_lstm_destroy(l);
             mb_params_destroy(p);
         }
+        assert_true(allocs > 10);
+    }
+    mb_device_close(tight);
     mb_device_close(dev);
 }
 
@@ -632,9 +684,18 @@ static void test_fexp_accuracy(void **state) {
 /* The AVX2 and AVX-512 row functions give the bits of the baseline ones (random rows, large
  * pre-activations, NaN), and without h (a recompute) the same gates and cells; a variant
  * the CPU lacks is left out (all skipped without AVX2). */
+/* The AVX-512 variants are checked by test_avx512_kernels, which runs the three tests below
+ * with avx512_pass = 1 (only AVX-512 against the reference) and is skipped, saying so, on a
+ * CPU without AVX-512; with avx512_pass = 0 they check the other variants. */
+static int avx512_pass;
+
 static void test_rows_simd_bitwise(void **state) {
     (void)state;
-    if (!mb__rk_supported(1)) { skip(); return; } /* the rows need what the product variants need */
+    if (!mb__rk_supported(avx512_pass ? 0 : 1)) {
+        printf("skipped: this CPU has no %s: the SIMD gate rows are not checked\n", avx512_pass ? "AVX-512" : "AVX2+FMA");
+        skip();
+        return;
+    }
     mb__lstm_fwd_row_fn fwd[3] = {mb__lstm_fwd_row_base, mb__lstm_fwd_row_avx2, mb__lstm_fwd_row_avx512};
     mb__lstm_bwd_row_fn bwd[3] = {mb__lstm_bwd_row_base, mb__lstm_bwd_row_avx2, mb__lstm_bwd_row_avx512};
     int nv = mb__rk_supported(0) ? 3 : 2;
@@ -648,6 +709,7 @@ static void test_rows_simd_bitwise(void **state) {
         tu_fill(dh, h1, -1, 1); tu_fill(dout, h1, -1, 1); tu_fill(dc0, h1, -1, 1);
         g0[tu_int(0, (int)h4 - 1)] = 100.0f; g0[tu_int(0, (int)h4 - 1)] = NAN;
         for (int v = 0; v < nv; v++) {
+            if (v && (v == 2) != avx512_pass) { g[v] = c[v] = h[v] = d4[v] = dc[v] = NULL; continue; }
             g[v] = tu_alloc_f32(h4); c[v] = tu_alloc_f32(h1); h[v] = tu_alloc_f32(h1);
             d4[v] = tu_alloc_f32(h4); dc[v] = tu_alloc_f32(h1);
             memcpy(g[v], g0, h4 * sizeof(float));
@@ -662,6 +724,7 @@ static void test_rows_simd_bitwise(void **state) {
             free(gn); free(cn);
         }
         for (int v = 1; v < nv; v++) {
+            if ((v == 2) != avx512_pass) continue;
             assert_memory_equal(g[0], g[v], h4 * sizeof(float));
             assert_memory_equal(c[0], c[v], h1 * sizeof(float));
             assert_memory_equal(h[0], h[v], h1 * sizeof(float));
@@ -744,7 +807,7 @@ static void test_rk_variants_bitwise(void **state) {
                 assert_true(fabs(ref[i * q.N + j] - d) <= 1e-6 * mag * (double)(q.K1 + q.K2 + 1) + 1e-30);
             }
         for (int v = 0; v < 3; v++) {
-            if (!mb__rk_supported(v)) continue;
+            if (!mb__rk_supported(v) || (v == 0) != avx512_pass) continue;
             for (int split = 0; split < 2; split++) {
                 rk_run(v, &q, got, pieces, split ? 8 : 0);
                 assert_memory_equal(got, ref, mn * sizeof(float));
@@ -785,7 +848,7 @@ static void test_lstm_kernel_variants_bitwise(void **state) {
         run_variant = 2;
         run_out ref = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
         for (int v = 0; v < 2; v++) {
-            if (!mb__rk_supported(v)) continue;
+            if (!mb__rk_supported(v) || (v == 0) != avx512_pass) continue;
             run_variant = v;
             run_out got = run_model(&s, ck, 0, MB_F32, in.pv, in.x, in.h0, in.c0, in.r1, in.r2);
             assert_runs_equal(&got, &ref, &in, s.B * s.H);
@@ -795,6 +858,21 @@ static void test_lstm_kernel_variants_bitwise(void **state) {
         free_run(&ref);
         free_inputs(&in);
     }
+}
+
+/* The AVX-512 rows, products and whole LSTMs against the references (the three tests
+ * above, AVX-512 only); skipped, with a line that says so, on a CPU without AVX-512. */
+static void test_avx512_kernels(void **state) {
+    if (!mb__rk_supported(0)) {
+        printf("skipped: this CPU has no AVX-512: its gate rows, products and LSTM runs are not checked\n");
+        skip();
+        return;
+    }
+    avx512_pass = 1;
+    test_rows_simd_bitwise(state);
+    test_rk_variants_bitwise(state);
+    test_lstm_kernel_variants_bitwise(state);
+    avx512_pass = 0;
 }
 
 int main(void) {
@@ -810,7 +888,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failure_leaks_nothing), cmocka_unit_test(test_golden_torch),
         cmocka_unit_test(test_fexp_accuracy),
         cmocka_unit_test(test_rows_simd_bitwise),       cmocka_unit_test(test_rk_variants_bitwise),
-        cmocka_unit_test(test_lstm_kernel_variants_bitwise),
+        cmocka_unit_test(test_lstm_kernel_variants_bitwise), cmocka_unit_test(test_avx512_kernels),
     };
     return cmocka_run_group_tests_name("lstm", tests, NULL, NULL);
 }

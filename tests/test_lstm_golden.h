@@ -31,10 +31,15 @@ static void golden_case(FILE *f, int ckpt, int B, int T, int F, int H, int L, in
     mb_params *p;
     mb_lstm *l;
     tu_ok(mb_device_open(&dev, NULL));
+    if (ckpt == CK_AUTO_TIGHT) make_tight(dev);
     tu_ok(mb_params_create(&p, dev));
     mb_lstm_config cfg = make_cfg(&s, ckpt);
+    if (ckpt == CK_AUTO_TIGHT) cfg.grad_block = 1; /* the rule's ceil(sqrt(T)) unrounded: 2 or 3 < T */
     tu_ok(mb_lstm_create(&l, p, &cfg));
     tu_ok(mb_params_finalize(p));
+    int64_t k = mb_lstm_checkpoint_steps(l, T);
+    if (ckpt == -1 ? k != -1 : (k < 2 || k >= T)) /* checkpointed: more than one segment, each recomputed */
+        fail_msg("golden case B=%d T=%d L=%d, checkpoint %d: the LSTM takes interval %lld", B, T, L, ckpt, (long long)k);
     float *x = golden_read(f, "x", nx), *h0 = st ? golden_read(f, "h0", ns) : NULL;
     float *c0 = st ? golden_read(f, "c0", ns) : NULL;
     float *r1 = golden_read(f, "r1", no), *r2 = golden_read(f, "r2", nb);
@@ -82,7 +87,11 @@ static void golden_case(FILE *f, int ckpt, int B, int T, int F, int H, int L, in
 
 static void test_golden_torch(void **state) {
     (void)state;
-    for (int ckpt = -1; ckpt <= 0; ckpt++) { /* full storage, then auto checkpointing */
+    /* full storage, an explicit interval of 2 (segments of 2 steps, recomputed in the
+     * backward), and the automatic rule forced to checkpoint by a device short of memory */
+    const int ckpts[] = {-1, 2, CK_AUTO_TIGHT};
+    for (int ci = 0; ci < 3; ci++) {
+        int ckpt = ckpts[ci];
         FILE *f = golden_open();
         char line[256];
         int cases = 0, B, T, F, H, L, st;

@@ -416,7 +416,7 @@ static void check_encoder(const onx_file *o, mtf_model *m, int s) {
     assert_true(t >= 0 && !strcmp(o->node[t].op, "Transpose") && !strcmp(o->node[t].in[0], o->in.name));
     assert_int_equal(o->node[t].nperm, 3);
     assert_true(o->node[t].perm[0] == 1 && o->node[t].perm[1] == 0 && o->node[t].perm[2] == 2);
-    const char *x = sl->out[0];
+    const char *x = sl->out[0], *prev = "Slice";
     for (int i = 0; i < o->nnode; i++) { /* the nodes reading x, in order: Sub, Div, then the layers */
         const onx_node *n = &o->node[i];
         int at = -1;
@@ -424,8 +424,14 @@ static void check_encoder(const onx_file *o, mtf_model *m, int s) {
             if (!strcmp(n->in[k], x)) at = k;
         if (at < 0) continue;
         if (at > 0 && strcmp(n->op, "Concat")) fail_msg("segment %d: %s reads %s as input %d", s, n->op, x, at);
+        /* the order: Slice -> Sub -> Div -> the first layer with normalisation, Slice -> the
+         * first layer without; Sub only after the Slice, Div only after Sub */
+        const char *next = !strcmp(prev, "Slice") ? (sp->has_norm ? "Sub" : "LSTM")
+                         : !strcmp(prev, "Sub")   ? "Div"
+                         : !strcmp(prev, "Div")   ? "LSTM" : NULL;
+        if ((next && strcmp(n->op, next)) || (!next && (!strcmp(n->op, "Sub") || !strcmp(n->op, "Div"))))
+            fail_msg("segment %d: %s reads the output of %s (normalisation %s)", s, n->op, prev, sp->has_norm ? "on" : "off");
         if (!strcmp(n->op, "Sub")) {
-            assert_true(sp->has_norm);
             expect_floats(init_of(o, n->in[1]), sp->mean + s * sp->F, (size_t)sp->F, 0, "feature_mean");
         } else if (!strcmp(n->op, "Div")) {
             expect_floats(init_of(o, n->in[1]), sp->std + s * sp->F, (size_t)sp->F, 0, "feature_std");
@@ -442,6 +448,7 @@ static void check_encoder(const onx_file *o, mtf_model *m, int s) {
                                                                          sp->layers - 1), want)));
         } else if (strcmp(n->op, "Concat")) fail_msg("segment %d: %s reads %s", s, n->op, x);
         x = n->out[n->nout - 1]; /* the LSTM's last output (Y_h of the last layer) */
+        prev = n->op;
         if (!strcmp(n->op, "Concat")) {
             assert_int_equal(at, s); /* its place in the fusion */
             return;
@@ -471,19 +478,30 @@ static void check_model_file(const char *path, mtf_model *m) {
     assert_int_equal(count_op(o, "LSTM"), sp->nseg * sp->layers);
     assert_int_equal(count_op(o, "Slice"), sp->nseg);
     assert_int_equal(count_op(o, "Sub"), sp->has_norm ? sp->nseg : 0);
+    assert_int_equal(count_op(o, "Div"), sp->has_norm ? sp->nseg : 0);
     assert_int_equal(count_op(o, "Gemm"), 2);
     assert_int_equal(count_op(o, "Tanh"), 1);
     for (int s = 0; s < sp->nseg; s++) check_encoder(o, m, s);
-    for (int i = 0; i < o->nnode; i++) { /* the head */
+    int fc_seen = 0;
+    for (int i = 0; i < o->nnode; i++) { /* the head: fc1 (head, S H), fc2 (K, head), each once */
         const onx_node *g = &o->node[i];
         if (strcmp(g->op, "Gemm")) continue;
         int w = g->in[1][2] - '0'; /* fc1 / fc2 */
+        assert_true((w == 1 || w == 2) && !(fc_seen & w));
+        fc_seen |= w;
         assert_int_equal(g->trans_b, 1);
         const onx_tensor *W = init_of(o, g->in[1]), *b = init_of(o, g->in[2]);
-        expect_floats(W, param(m, "head.fc%d.weight", w, 0), W->bytes / 4, 0, "fc weight");
-        expect_floats(b, param(m, "head.fc%d.bias", w, 0), b->bytes / 4, 0, "fc bias");
-        assert_int_equal(W->dims[0], w == 1 ? sp->head : sp->K);
+        int64_t rows = w == 1 ? sp->head : sp->K, cols = w == 1 ? sp->nseg * sp->H : sp->head;
+        if (W->rank != 2 || W->dims[0] != rows || W->dims[1] != cols || W->bytes != (size_t)(rows * cols) * 4)
+            fail_msg("fc%d.weight: rank %d, (%lld, %lld), %zu bytes; want (%lld, %lld)", w, W->rank, (long long)W->dims[0],
+                     (long long)W->dims[1], W->bytes, (long long)rows, (long long)cols);
+        if (b->rank != 1 || b->dims[0] != rows || b->bytes != (size_t)rows * 4)
+            fail_msg("fc%d.bias: rank %d, (%lld), %zu bytes; want (%lld)", w, b->rank, (long long)b->dims[0], b->bytes,
+                     (long long)rows);
+        expect_floats(W, param(m, "head.fc%d.weight", w, 0), (size_t)(rows * cols), 0, "fc weight");
+        expect_floats(b, param(m, "head.fc%d.bias", w, 0), (size_t)rows, 0, "fc bias");
     }
+    assert_int_equal(fc_seen, 3);
     int j, last = producer_of(o, "prediction", &j);
     assert_string_equal(o->node[last].op, sp->target_scale > 0 ? "Mul" : "Gemm");
     if (sp->target_scale > 0) expect_floats(init_of(o, o->node[last].in[1]), &sp->target_scale, 1, 0, "target_scale");

@@ -8,6 +8,7 @@
 #                                   README.md and docs/*.md use exists in the headers
 #   sh tests/docs/api.sh --write   rewrite docs/API.md
 # Ends with `api: N passed, N failed` (make test runs it).
+set -eu
 cd "$(dirname "$0")/../.." || exit 2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0

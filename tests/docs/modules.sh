@@ -4,6 +4,7 @@
 # paragraph after the line `<!-- modules: ... -->`: names separated by commas, ending with a
 # period, a mark in parentheses after a name; the header's is the contents comment that
 # tests/docs/toc.sh checks against the banners. Ends with "modules: N passed, N failed".
+set -eu
 cd "$(dirname "$0")/../.." || exit 2
 h=megabatch.h readme=README.md
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -250,3 +250,123 @@ mb_result doc_reliability_probe(mb_dataset_meta *meta) {
     if (r == MB_OK) mb_dataset_close(ds);
     return pr != MB_OK ? pr : r;
 }
+
+#ifdef MB_SNIPPETS_MAIN
+/* ---- every snippet run (tests/docs/snippets.sh: build/compile/snippets_run in a directory
+ * holding train.h5 from build/prepare and an empty run/) ----
+ * Each function above is called as a program would call it, on the CPU; each check prints
+ * `ok NAME` or `FAIL NAME: why`, and the last line is `snippets: N passed, N failed`. */
+#include <string.h>
+
+static int n_pass, n_fail;
+static void check(const char *name, int ok, const char *why) {
+    if (ok) { n_pass++; printf("ok   %s\n", name); }
+    else { n_fail++; printf("FAIL %s: %s (%s)\n", name, why, mb_last_error()); }
+}
+static void fill(float *v, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) v[i] = scale * (float)((int)((i * 2654435761u) % 2001) - 1000) / 1000.0f;
+}
+
+int main(void) {
+    mb_device *dev;
+    if (mb_device_open(&dev, NULL) != MB_OK) { printf("FAIL device: %s\nsnippets: 0 passed, 1 failed\n", mb_last_error()); return 1; }
+
+    { /* readme-quickstart: y (3, 16) = x (3, 5) @ W^T */
+        float x[3 * 5], y[3 * 16];
+        fill(x, 15, 1);
+        memset(y, 0, sizeof y);
+        mb_result r = doc_readme_quickstart(x, y, 3, 5, 4);
+        int nonzero = 0, finite = 1;
+        for (int i = 0; i < 48; i++) { nonzero |= y[i] != 0; finite &= isfinite(y[i]) != 0; }
+        check("readme-quickstart", r == MB_OK && nonzero && finite, "not MB_OK, or y all zero or not finite");
+    }
+    check("foundation-params", doc_foundation_params(dev, 8, 7) == MB_OK, "not MB_OK");
+    check("series-memory", doc_series_memory() == MB_OK, "not MB_OK");
+    { /* loader-loop: 10 epochs over train.h5; ends at MB_OK after the last end of epoch */
+        mb_result r = doc_loader_loop(dev);
+        check("loader-loop", r == MB_OK, "not MB_OK");
+    }
+    { /* lstm-usage: a 2-layer F=128 H=256 LSTM, forward and backward at B=2, T=6 */
+        mb_params *p;
+        int64_t B = 2, T = 6;
+        static float x[2 * 6 * 128], h[2 * 256], dh[2 * 256];
+        fill(x, sizeof x / sizeof *x, 1);
+        fill(dh, sizeof dh / sizeof *dh, 0.5f);
+        mb_result r = mb_params_create(&p, dev);
+        if (r == MB_OK) r = doc_lstm_usage(p, x, h, dh, B, T, 3);
+        int grads = 0;
+        if (r == MB_OK)
+            for (size_t i = 0; i < mb_params_total(p); i++) grads |= mb_params_grad(p)[i] != 0;
+        check("lstm-usage", r == MB_OK && mb_params_num_tensors(p) == 8 && grads, "not MB_OK, or no gradient");
+        mb_params_destroy(p);
+    }
+    { /* numerics-step: 8 micro-batches of a linear layer, two optimizer steps */
+        mb_params *p;
+        mb_linear fc;
+        enum { B = 4, IN = 3, K = 2 };
+        float x[B * IN], t[B * K], y[B * K], dy[B * K], loss, before[IN * K + K];
+        fill(x, B * IN, 1); fill(t, B * K, 0.3f);
+        mb_result r = mb_params_create(&p, dev);
+        if (r == MB_OK) r = mb_linear_init(&fc, p, "fc", IN, K);
+        if (r == MB_OK) r = mb_params_finalize(p);
+        if (r == MB_OK) r = mb_params_init(p, 5);
+        if (r == MB_OK) r = mb_params_get(p, before);
+        if (r == MB_OK) r = doc_numerics_step(dev, p, fc, x, t, y, dy, &loss, B, K, 8);
+        int moved = r == MB_OK && memcmp(before, mb_params_tensor(p, 0), sizeof before) != 0;
+        check("numerics-step", r == MB_OK && moved, "not MB_OK, or the weights did not move");
+        mb_params_destroy(p);
+    }
+    { /* checkpoint-calls, checkpoint-key, checkpoint-loop: run/last.mbckpt written and read back */
+        mb_params *p;
+        mb_linear fc;
+        mb_adamw *opt = NULL;
+        mb_scaler *sc = NULL;
+        mb_result r = mb_params_create(&p, dev);
+        if (r == MB_OK) r = mb_linear_init(&fc, p, "fc", 3, 2);
+        if (r == MB_OK) r = mb_params_finalize(p);
+        if (r == MB_OK) r = mb_params_init(p, 9);
+        if (r == MB_OK) r = mb_adamw_create(&opt, p, NULL);
+        if (r == MB_OK) r = mb_scaler_create(&sc, dev, NULL);
+        const char blob[] = "a blob", *name = "blob";
+        char back[sizeof blob] = "";
+        if (r == MB_OK) r = doc_checkpoint_calls(dev, p, opt, sc, name, blob, sizeof blob, back);
+        check("checkpoint-calls", r == MB_OK && !memcmp(back, blob, sizeof blob), "the blob did not come back");
+
+        /* the key: written by one run (its check, against a file without the key, refused),
+         * then checked by a resume with the same options (MB_OK) and with another hidden */
+        mb_ckpt_writer *w = NULL;
+        mb_ckpt_reader *rd = NULL;
+        mb_result first = MB_ERR_STATE, same = MB_ERR_STATE, other = MB_OK;
+        if (mb_ckpt_writer_create(&w, NULL) == MB_OK && mb_ckpt_open(&rd, NULL, "run/last.mbckpt") == MB_OK) {
+            first = doc_checkpoint_key(w, rd, 32, 0.002f, 7, 0);
+            mb_ckpt_close(rd); rd = NULL;
+            if (mb_ckpt_write(w, "run/key.mbckpt") != MB_OK) first = MB_OK; /* counted as a failure below */
+        }
+        mb_ckpt_writer_destroy(w); w = NULL;
+        if (mb_ckpt_writer_create(&w, NULL) == MB_OK && mb_ckpt_open(&rd, NULL, "run/key.mbckpt") == MB_OK) {
+            same = doc_checkpoint_key(w, rd, 32, 0.002f, 7, 0);
+            mb_ckpt_writer_destroy(w); w = NULL;
+            if (mb_ckpt_writer_create(&w, NULL) == MB_OK) other = doc_checkpoint_key(w, rd, 16, 0.002f, 7, 0);
+            mb_ckpt_close(rd);
+        }
+        mb_ckpt_writer_destroy(w);
+        check("checkpoint-key", first == MB_ERR_FORMAT && same == MB_OK && other == MB_ERR_FORMAT &&
+              strstr(mb_last_error(), "hidden is 32 in the checkpoint but 16 here"), "not refused/accepted as its comments say");
+
+        mb_accum acc;
+        mb_accum_init(&acc, 4);
+        r = doc_checkpoint_loop(dev, p, opt, sc, 10, 5, acc, 1);
+        check("checkpoint-loop", r == MB_OK, "not MB_OK");
+        mb_adamw_destroy(opt); mb_scaler_destroy(sc); mb_params_destroy(p);
+    }
+    { /* reliability-probe: untrusted.h5 (a copy of train.h5) probed in a child, then opened */
+        mb_dataset_meta meta;
+        memset(&meta, 0, sizeof meta);
+        mb_result r = doc_reliability_probe(&meta);
+        check("reliability-probe", r == MB_OK && meta.n > 0, "not MB_OK, or no samples");
+    }
+    mb_device_close(dev);
+    printf("snippets: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}
+#endif

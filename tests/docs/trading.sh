@@ -3,6 +3,7 @@
 # build/ linked in, then what it made checked: the sample MT5 export, the data, the weights,
 # a prediction per validation sample, and a line per bar of the live replay with predictions
 # after the warm-up and no bar refused, an ONNX file. Ends with `trading: N passed, N failed`.
+set -eu
 cd "$(dirname "$0")/../.." || exit 2
 root=$(pwd) tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 ln -s "$root/build" "$tmp/build" && cd "$tmp" || exit 2
@@ -17,8 +18,8 @@ block() {
     build/predict --model model.safetensors --csv EURUSD_M1.csv --live > lines.csv
     # end snippet
 }
-(set -e; block) > out.log 2>&1
-rc=$?
+rc=0
+(set -e; block) > out.log 2>&1 || rc=$?
 check "the block ran (exit $rc): $(tail -n 3 out.log)" '[ $rc -eq 0 ] && grep -q "^live: " out.log'
 check "EURUSD_M1.csv is an MT5 export of 16000 bars" \
     '[ "$(head -n 1 EURUSD_M1.csv | cut -f 1-2)" = "$(printf "<DATE>\t<TIME>")" ] && [ "$(wc -l < EURUSD_M1.csv)" -eq 16001 ]'
