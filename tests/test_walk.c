@@ -12,6 +12,7 @@
 #include "../examples/prepare.c"
 #include "../examples/multitf.h"
 #include "../examples/mb_walk.h"
+#include <dirent.h>
 
 typedef struct data {
     char dir[64], path[128];   /* the prepared training file */
@@ -588,6 +589,40 @@ static void test_series_layout(void **state) {
     free_data(&s);
 }
 
+/* mbw_read_times over every hostile file of the CVE corpus and the fuzz sets: each refused
+ * with an error (the child may crash or hang: this process must not), none read. */
+static void test_times_hostile_files(void **state) {
+    (void)state;
+    const char *dirs[3] = {getenv("MB_CVE_DIR") ? getenv("MB_CVE_DIR") : "../shared/testdata/hdf5-cve",
+                           "tests/fuzz/regress", "tests/fuzz/seeds"};
+    int files = 0, refused = 0;
+    for (int d = 0; d < 3; d++) {
+        DIR *dir = opendir(dirs[d]);
+        if (!dir && d == 0) {
+            if (getenv("CI")) fail_msg("no CVE corpus at %s (CI=true: set MB_CVE_DIR)", dirs[0]);
+            printf("skipped: no CVE corpus at %s (set MB_CVE_DIR); the fuzz sets only\n", dirs[0]);
+            continue;
+        }
+        assert_non_null(dir);
+        for (struct dirent *e; (e = readdir(dir));) {
+            size_t n = strlen(e->d_name);
+            if (n < 4 || strcmp(e->d_name + n - 3, ".h5")) continue;
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
+            int64_t *times = NULL;
+            mb_result r = mbw_read_times(path, 3, &times); /* 3 samples: none of these files has a fitting `times` */
+            files++;
+            refused += r != MB_OK;
+            if (r == MB_OK) fail_msg("%s: times read (%lld values expected)", path, 3LL);
+            assert_null(times);
+            assert_true(strlen(mb_last_error()) > 0);
+        }
+        closedir(dir);
+    }
+    printf("times: %d hostile or odd files, %d refused\n", files, refused);
+    assert_true(files > 0);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -595,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_no_statistic_from_the_future),
         cmocka_unit_test(test_fold_normalisation),    cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_determinism_and_table), cmocka_unit_test(test_series_layout),
+        cmocka_unit_test(test_times_hostile_files),
     };
     return cmocka_run_group_tests_name("walk", tests, setup, teardown);
 }
