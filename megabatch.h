@@ -1809,8 +1809,10 @@ static mb_result mb__cpu_open(mb_device *dev) {
     cx->kernel = mb__rk_pick(dev->cfg.cpu_kernel);
     if (cx->kernel < 0) {
         mb__cpu_close(dev);
-        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: cpu_kernel %d: this CPU or build does "
-                       "not run it", (int)dev->cfg.cpu_kernel);
+        static const char *const kname[] = {"auto", "avx512", "avx2", "c"}; /* mb_cpu_kernel's order */
+        int k = (int)dev->cfg.cpu_kernel;
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: the CPU kernel %s: this CPU or build does "
+                       "not run it (auto picks the widest it runs)", k >= 0 && k < 4 ? kname[k] : "?");
     }
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
              dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(mb__rk_of(cx->kernel)));
@@ -8517,10 +8519,10 @@ MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const
     if (n < 8) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: truncated: %zu bytes, less than the 8-byte header length", what, n);
     uint64_t hl = mb__get_le(b, 8);
     if (hl > MB_ST_MAX_HEADER)
-        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s: header length %llu exceeds the cap of %u bytes", what,
+        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s is not a safetensors file (its header length %llu exceeds the cap of %u bytes)", what,
                        (unsigned long long)hl, (unsigned)MB_ST_MAX_HEADER);
     if (hl < 2 || hl > n - 8)
-        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: header length %llu does not fit the file's %zu bytes (truncated?)",
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s is not a safetensors file, or is cut short (its header length %llu does not fit the file's %zu bytes)",
                        what, (unsigned long long)hl, n);
     mb_st_file *f = (mb_st_file *)mb__host_alloc(sizeof *f);
     if (!f) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);
