@@ -7549,8 +7549,10 @@ static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+    int got = fstat(fd, &st) == 0;
+    if (!got || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
         close(fd);
+        if (got && S_ISDIR(st.st_mode)) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is a directory", path);
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is not a regular file of a readable size", path);
     }
     r->size = (size_t)st.st_size;
