@@ -82,6 +82,8 @@ BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
 HOSTILE_TESTS := tests/hostile_tools.sh
+# every tool over hostile command lines: the output-path rule, each flag's mistakes (issue 46)
+HOSTILE_TESTS += tests/hostile_cli.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
 ONNX_TESTS   := tests/onnx/run.sh
 ONNX_BINS    := $(BUILD)/tests/onnx_inputs
