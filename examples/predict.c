@@ -128,9 +128,8 @@ static mb_result write_rows(FILE *out, const float *p, int64_t B, int64_t K) {
     return ferror(out) ? MB_FAIL(NULL, MB_ERR_IO, "writing the predictions failed") : MB_OK;
 }
 
-static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, int64_t *n) {
+static mb_result predict_file(mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, int64_t *n) {
     int64_t K = m->spec.K, B = m->maxB; /* the batch: --batch, or the data's N when smaller */
-    (void)o;
     float *host = (float *)malloc((size_t)(B * K) * sizeof(float));
     if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for %lld predictions", (long long)(B * K));
     mb_result r = MB_OK;
@@ -173,7 +172,7 @@ static mb_result run(const options *o, int64_t *n) {
     if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
     char tmp[1100];
     if (r == MB_OK && !(out = out_open(o->out, tmp, sizeof tmp))) r = MB_ERR_IO;
-    if (r == MB_OK) r = predict_file(o, dev, &m, ld, out, n);
+    if (r == MB_OK) r = predict_file(dev, &m, ld, out, n);
     r = out_close(out, tmp, o->out, r);
     mb_loader_close(ld);
     mb_dataset_close(ds);
