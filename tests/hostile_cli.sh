@@ -26,7 +26,7 @@ here=$(pwd)
 pass=0 fail=0
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 for t in prepare train_multitf predict inspect; do
-    [ -x "$B/$t" ] || { echo "hostile_cli: $B/$t missing (make $B/$t)"; echo "hostile_cli: 0 passed, 1 failed"; exit 1; }
+    [ -x "$B/$t" ] || { echo "hostile-cli: $B/$t missing (make $B/$t)"; echo "hostile-cli: 0 passed, 1 failed"; exit 1; }
 done
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 W=$tmp/w
@@ -40,7 +40,7 @@ mkdir -p "$W"
  "$here/$B/train_multitf" --train train.h5 --val val.h5 --epochs 1 --max-batches 2 --batch 8 --hidden 2 --head 2 \
      --quiet --export m.safetensors --ckpt c.ckpt --metrics m.csv >/dev/null &&
  "$here/$B/predict" --model m.safetensors --data val.h5 --out p.csv --quiet) ||
-    { echo "hostile_cli: could not make the files"; echo "hostile_cli: 0 passed, 1 failed"; exit 1; }
+    { echo "hostile-cli: could not make the files"; echo "hostile-cli: 0 passed, 1 failed"; exit 1; }
 (cd "$W" && mkdir adir od && ln -s val.h5 link.h5 && : > empty.csv && printf 'garbage\n' > junk.bin &&
  printf 'junk one\njunk two\njunk three\n' > alljunk.csv &&
  { head -n 2 bars.csv; echo "garbage row"; tail -n +3 bars.csv; } > junk3.csv &&
@@ -215,7 +215,7 @@ while IFS='|' read -r tool want args; do
              snapshot > "$tmp/before"; fi
     fi
 done < "$cases"
-echo "hostile_cli: $n cases"
+echo "hostile-cli: $n cases"
 
 # ---- what should work does ----
 S=$tmp/s
@@ -241,5 +241,5 @@ grep_out "--batch clamped" "note: --batch 1000000 is more than the" "$tmp/err"
 grep_out "--batch clamped: memory" "device memory [0-9.]* MB" "$tmp/out"
 check "/dev/null as --out" "$here/$B/predict" --model m.safetensors --data val.h5 --out /dev/null --quiet
 [ -c /dev/null ] && pass=$((pass + 1)) || bad "/dev/null is no longer a device"
-echo "hostile_cli: $pass passed, $fail failed"
+echo "hostile-cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]
