@@ -100,6 +100,8 @@ DOC_TESTS    += tests/neg_cpu.sh
 HOSTILE_TESTS := tests/hostile_tools.sh
 # model selection through the tools (docs/TRADING.md, "Choosing the model to trade")
 SELECT_TESTS := tests/select_cli.sh
+# every tool over hostile command lines: the output-path rule, each flag's mistakes (issue 46)
+HOSTILE_TESTS += tests/hostile_cli.sh
 # the ONNX export under onnxruntime (make onnx-test only: it needs Python packages)
 ONNX_TESTS   := tests/onnx/run.sh
 ONNX_BINS    := $(BUILD)/tests/onnx_inputs

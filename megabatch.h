@@ -1557,6 +1557,7 @@ static double mb__os_now(void) {
 typedef int mb__ssize;
 typedef struct _stat64 mb__stat;
 #define MB__S_ISREG(m) (((m) & _S_IFMT) == _S_IFREG)
+#define MB__S_ISDIR(m) (((m) & _S_IFMT) == _S_IFDIR)
 /* MB_MALLOC'd UTF-16 copy of a UTF-8 path; NULL (errno EINVAL or ENOMEM) on failure. */
 static wchar_t *mb__wpath(const char *path) {
     int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, NULL, 0);
@@ -1624,6 +1625,7 @@ static int mb__os_sync_dir(const char *path) { (void)path; return 0; } /* done b
 typedef ssize_t mb__ssize;
 typedef struct stat mb__stat;
 #define MB__S_ISREG(m) S_ISREG(m)
+#define MB__S_ISDIR(m) S_ISDIR(m)
 static int mb__os_open(const char *path, int write) {
     return write ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : open(path, O_RDONLY);
 }
@@ -2149,8 +2151,10 @@ static mb_result mb__cpu_open(mb_device *dev) {
     cx->kernel = mb__rk_pick(dev->cfg.cpu_kernel);
     if (cx->kernel < 0) {
         mb__cpu_close(dev);
-        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: cpu_kernel %d: this CPU or build does "
-                       "not run it", (int)dev->cfg.cpu_kernel);
+        static const char *const kname[] = {"auto", "avx512", "avx2", "c"}; /* mb_cpu_kernel's order */
+        int k = (int)dev->cfg.cpu_kernel;
+        return MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_device_open: the CPU kernel %s: this CPU or build does "
+                       "not run it (auto picks the widest it runs)", k >= 0 && k < 4 ? kname[k] : "?");
     }
     snprintf(dev->name, sizeof dev->name, "cpu (%ld cores, %d threads%s%s%s, LSTM kernel %s)", ncpu, threads,
              dev->cfg.keep_denormals ? ", denormals kept" : "", *blas ? ", OpenBLAS " : "", blas, mb__rk_name(mb__rk_of(cx->kernel)));
@@ -8156,8 +8160,10 @@ static mb_result mb__ckpt_slurp(mb_ckpt_reader *r, const char *path) {
     int fd = mb__os_open(path, 0);
     if (fd < 0) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: cannot open '%s': %s", path, strerror(errno));
     mb__stat st;
-    if (mb__os_fstat(fd, &st) != 0 || !MB__S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+    int got = mb__os_fstat(fd, &st) == 0;
+    if (!got || !MB__S_ISREG(st.st_mode) || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
         mb__os_close(fd);
+        if (got && MB__S_ISDIR(st.st_mode)) return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is a directory", path);
         return MB_FAIL(lg, MB_ERR_IO, "mb_ckpt_open: '%s' is not a regular file of a readable size", path);
     }
     r->size = (size_t)st.st_size;
@@ -9158,10 +9164,10 @@ MBDEF mb_result mb_st_parse(mb_st_file **out, const void *bytes, size_t n, const
     if (n < 8) return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: truncated: %zu bytes, less than the 8-byte header length", what, n);
     uint64_t hl = mb__get_le(b, 8);
     if (hl > MB_ST_MAX_HEADER)
-        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s: header length %llu exceeds the cap of %u bytes", what,
+        return MB_FAIL(NULL, MB_ERR_OVERFLOW, "%s is not a safetensors file (its header length %llu exceeds the cap of %u bytes)", what,
                        (unsigned long long)hl, (unsigned)MB_ST_MAX_HEADER);
     if (hl < 2 || hl > n - 8)
-        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s: header length %llu does not fit the file's %zu bytes (truncated?)",
+        return MB_FAIL(NULL, MB_ERR_FORMAT, "%s is not a safetensors file, or is cut short (its header length %llu does not fit the file's %zu bytes)",
                        what, (unsigned long long)hl, n);
     mb_st_file *f = (mb_st_file *)mb__host_alloc(sizeof *f);
     if (!f) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "%s: no host memory", what);

@@ -41,10 +41,7 @@ int main(int argc, char **argv) {
     if (!path) return mba_error("no file given (see --help)");
     mb_dtype dtype = dt ? MB_BF16 : MB_F32;
     mb_dataset *ds = NULL;
-    if (mba_open_data(path, !no_probe, &ds) != MB_OK) {
-        fprintf(stderr, "error: %s\n", mb_last_error());
-        return 2;
-    }
+    if (mba_open_data(path, !no_probe, &ds) != MB_OK) return mba_fail(mb_last_error()); /* the user's words */
     const mb_dataset_meta *m = mb_dataset_info(ds);
     mb_loader_config c;
     memset(&c, 0, sizeof c);
@@ -52,7 +49,7 @@ int main(int argc, char **argv) {
     c.dtype = dtype;
     mb_chunk_plan p;
     if (mb_loader_plan(m->n, m->t, m->f, m->k, &c, (size_t)(gb * 1e9), &p) != MB_OK) {
-        fprintf(stderr, "error: %s\n", mb_last_error());
+        mba_fail(mb_last_error());
         mb_dataset_close(ds);
         return 2;
     }

@@ -4,6 +4,7 @@
  *   mbc_read_csv_file(path, skip_bad, &bars, &skipped)   a whole file into mbc_bars
  *   mbc_read_text(path, &text, &len)                     a whole file, decoded (predict --live)
  *   mbc_parse_bar(line, &t, v)                           one data line (predict --live)
+ *   mbc_blank(line), mbc_is_header(line)                 the header rule (section "rows")
  * Errors: -1 with the reason in mbc_error (prepare.c fails through mbc_fail too). Include
  * after megabatch.h and mb_features.h (mbf_check: what the live predictor refuses). All names
  * are mbc_* (static: each including file gets its own copy). */
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MBC_API static __attribute__((unused)) /* an includer need not use everything */
@@ -181,49 +183,98 @@ MBC_API int mbc_parse_bar(char *line, int64_t *t, double v[5]) {
     return 0;
 }
 
-/* Parse CSV text into M1 bars. skip_bad: count bad rows instead of failing on the first.
- * A row is bad when it does not parse or when the live predictor would refuse its bar
- * (mbf_check: out of order, duplicate, not on a minute, bad values), so a file that
- * prepares with --skip-bad replays alike through `predict --live`. Errors name the line. */
+// ---- rows ----
+// The header rule (docs/PREPARE.md): only the first non-blank line of a file may be a header,
+// and it is one when it does not start with a digit (a date): `<DATE>\t<TIME>...`,
+// `Date,Time,...`. Every other non-blank line is a bar, or a bad row: the run stops naming
+// its line, or with --skip-bad the row is skipped and counted by its reason (mbc_skips).
+
+/* 1 when line (the lineno-th of the file, trailing CR gone) is blank. */
+MBC_API int mbc_blank(const char *line) { return line[strspn(line, " \t")] == 0; }
+
+/* 1 when the first non-blank line `line` is a header (it does not start with a digit). */
+MBC_API int mbc_is_header(const char *line) {
+    const char *p = line + strspn(line, " \t\"'");
+    return !isdigit((unsigned char)*p);
+}
+
+/* Why a row is bad, for the --skip-bad summary. */
+enum { MBC_SKIP_UNPARSABLE, MBC_SKIP_VALUES, MBC_SKIP_ORDER, MBC_SKIP_DUPLICATE, MBC_SKIP_MINUTE, MBC_SKIP_REASONS };
+static size_t mbc_skips[MBC_SKIP_REASONS]; /* the rows the last mbc_parse_csv skipped, by reason */
+static const char *const mbc_skip_names[MBC_SKIP_REASONS] = {"unparsable", "bad values", "out of order", "duplicate",
+                                                             "not on a minute"};
+
+/* The reason of a bad row: from mbc_parse_bar's return (parse) and mbf_check's code (e). */
+MBC_API int mbc_skip_reason(int parse_bad, int e) {
+    if (parse_bad) /* mbc_parse_bar: the values' checks come after the fields' */
+        return !strncmp(mbc_error, "non-positive", 12) || !strncmp(mbc_error, "high ", 5) ||
+                       !strcmp(mbc_error, "negative volume") ? MBC_SKIP_VALUES : MBC_SKIP_UNPARSABLE;
+    return e == MBF_ERR_ORDER ? MBC_SKIP_ORDER : e == MBF_ERR_DUPLICATE ? MBC_SKIP_DUPLICATE
+           : e == MBF_ERR_ALIGN ? MBC_SKIP_MINUTE : MBC_SKIP_VALUES;
+}
+
+/* "3 unparsable, 1 duplicate" (the reasons with a count) into buf. */
+MBC_API const char *mbc_skips_text(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < MBC_SKIP_REASONS && n < cap; i++)
+        if (mbc_skips[i]) n += (size_t)snprintf(buf + n, cap - n, "%s%zu %s", n ? ", " : "", mbc_skips[i], mbc_skip_names[i]);
+    return buf;
+}
+
+/* Parse CSV text into M1 bars. skip_bad: count bad rows (total in *skipped, by reason in
+ * mbc_skips) instead of failing on the first. A row is bad when it does not parse or when
+ * the live predictor would refuse its bar (mbf_check: out of order, duplicate, not on a
+ * minute, bad values), so a file that prepares with --skip-bad replays alike through
+ * `predict --live`. Errors name the line. */
 MBC_API int mbc_parse_csv(char *text, int skip_bad, mbc_bars *out, size_t *skipped) {
     memset(out, 0, sizeof *out);
+    memset(mbc_skips, 0, sizeof mbc_skips);
     *skipped = 0;
     size_t lineno = 0;
+    int first = 1;
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
         lineno++;
         line[strcspn(line, "\r")] = 0;
-        if (line[strspn(line, " \t")] == 0) continue;                      /* blank */
-        if (line[0] == '<' || isalpha((unsigned char)line[0])) continue;   /* header */
+        if (mbc_blank(line)) continue;
+        int head = first && mbc_is_header(line);
+        first = 0;
+        if (head) continue;
         int64_t t = 0;
         double v[5] = {0};
         int bad = mbc_parse_bar(line, &t, v);
         mbf_bar b = {t, v[0], v[1], v[2], v[3], v[4]};
         int e = bad ? MBF_OK : mbf_check(&b, out->n > 0, out->n ? out->t[out->n - 1] : 0);
+        int reason = bad || e != MBF_OK ? mbc_skip_reason(bad, e) : 0;
         if (e != MBF_OK) bad = mbc_fail("%s", mbf_error_text(e));
         if (bad) {
             if (!skip_bad) {
                 char why[sizeof mbc_error];
                 memcpy(why, mbc_error, sizeof why);
                 mbc_bars_free(out);
-                return mbc_fail("line %zu: %.400s", lineno, why);
+                return mbc_fail("line %zu: %.400s (--skip-bad skips such rows)", lineno, why);
             }
             (*skipped)++;
+            mbc_skips[reason]++;
             continue;
         }
         if (mbc_bars_push(out, t, v[0], v[1], v[2], v[3], v[4])) return -1;
     }
-    if (out->n == 0) return mbc_fail("no bars in the input");
+    if (out->n == 0)
+        return *skipped ? mbc_fail("no bars in the input: all %zu rows are bad", *skipped) : mbc_fail("no bars in the input");
     return 0;
 }
 
 /* The whole file at path, decoded (mbc_decode_text) and NUL-terminated, into *text (free it):
  * its length in *len. */
 MBC_API int mbc_read_text(const char *path, char **text, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    struct stat st;
     *text = NULL;
     *len = 0;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return mbc_fail("'%s' is a directory, not a CSV file", path);
+    FILE *f = fopen(path, "rb");
     if (!f) return mbc_fail("cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 20, n = 0;
     unsigned char *buf = (unsigned char *)malloc(cap + 1);
@@ -236,8 +287,10 @@ MBC_API int mbc_read_text(const char *path, char **text, size_t *len) {
             cap *= 2;
         }
     }
+    int failed = ferror(f), e = errno;
     fclose(f);
     if (!buf) return mbc_fail("out of memory reading '%s'", path);
+    if (failed) { free(buf); return mbc_fail("cannot read '%s': %s", path, strerror(e)); }
     mbc_decode_text(&buf, &n);
     buf[n] = 0;
     *text = (char *)buf;
@@ -251,6 +304,11 @@ MBC_API int mbc_read_csv_file(const char *path, int skip_bad, mbc_bars *out, siz
     if (mbc_read_text(path, &text, &len)) return -1;
     int r = mbc_parse_csv(text, skip_bad, out, skipped);
     free(text);
+    if (r && !strncmp(mbc_error, "no bars", 7)) { /* which file */
+        char why[sizeof mbc_error];
+        memcpy(why, mbc_error, sizeof why);
+        mbc_fail("'%s': %.400s", path, why);
+    }
     return r;
 }
 

@@ -8,6 +8,7 @@
  *   metrics        mbt_metrics_open/_step/_epoch: the CSV, kept exact across --resume
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
  *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
+ *   checks         mbt_inputs_check, mbt_clamp_batch: before the device and the data lines
  *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
  *   sim counters   mbt_sim_count_from/_to/_text: the work per step under tests/cudasim
  * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
@@ -323,6 +324,57 @@ MBT_API mb_result mbt_ckpt_load(const mbt_ckpt *c, mbt_run *rs) {
     mb_result r = mbt_ckpt_get(rd, c, rs);
     mb_ckpt_close(rd);
     return r;
+}
+
+// ---- checks before the work ----
+// What a training program checks before the device and the data lines (docs/RELIABILITY.md):
+// the output-path rule (mb_args.h's mba_outputs_ok), a checkpoint to resume (read whole and
+// verified: magic, size, CRC), a weights file to start from (a safetensors file), and the
+// batch against the data.
+
+/* --resume's checkpoint (path) and --init's weights file (init; NULL: none) can be read, on
+ * the host, before any device: MB_OK, or the error set (in the user's words). */
+MBT_API mb_result mbt_inputs_check(const char *resume_path, const char *init) {
+    if (resume_path) {
+        mb_ckpt_reader *rd = NULL;
+        mb_result r = mb_ckpt_open(&rd, NULL, resume_path);
+        mb_ckpt_close(rd);
+        if (r != MB_OK) {
+            char why[MB_MAX_ERROR];
+            snprintf(why, sizeof why, "%s", mba_user_text(mb_last_error()));
+            return MB_FAIL(NULL, r, "--resume: %s", why);
+        }
+    }
+    if (init) {
+        mb_st_file *f = NULL;
+        mb_result r = mb_st_open(&f, init);
+        mb_st_close(f);
+        if (r != MB_OK) {
+            char why[MB_MAX_ERROR];
+            snprintf(why, sizeof why, "%s", mba_user_text(mb_last_error()));
+            return MB_FAIL(NULL, r, "--init: %s", why);
+        }
+    }
+    return MB_OK;
+}
+
+/* r from building the model for a batch: out of memory is said with the flag that sets it
+ * (what the user can change); anything else as it is. */
+MBT_API mb_result mbt_memory_hint(mb_result r, int64_t batch) {
+    if (r != MB_ERR_OUT_OF_MEMORY) return r;
+    char why[MB_MAX_ERROR];
+    snprintf(why, sizeof why, "%s", mba_user_text(mb_last_error()));
+    return MB_FAIL(NULL, r, "not enough memory for --batch %lld (%s): use a smaller --batch", (long long)batch, why);
+}
+
+/* The batch no bigger than the training data's n samples (a batch is never fuller: memory
+ * for more is waste, and a huge --batch on a small file asked for gigabytes). Says so on
+ * stderr unless quiet. */
+MBT_API void mbt_clamp_batch(int64_t *batch, int64_t n, int quiet) {
+    if (n < 1 || *batch <= n) return;
+    if (!quiet) fprintf(stderr, "note: --batch %lld is more than the %lld training samples: batch %lld\n",
+                        (long long)*batch, (long long)n, (long long)n);
+    *batch = n;
 }
 
 // ---- report ----

@@ -87,18 +87,35 @@ static int parse_options(int argc, char **argv, options *o) {
     if (!o->model) return mba_error("--model is needed (see --help)");
     if (o->onnx && (o->data || o->out || o->csv || o->live || o->stateful))
         return mba_error("--to-onnx takes only --model (see --help)");
-    if (o->onnx) { /* written as FILE.tmp first, then renamed */
-        char tmp[1040];
-        snprintf(tmp, sizeof tmp, "%s.tmp", o->onnx);
-        return mba_writable("--to-onnx", tmp) ? 0 : 2;
-    }
-    if (o->live != !!o->csv || (o->stateful && !o->live))
+    if (!o->onnx && (o->live != !!o->csv || (o->stateful && !o->live)))
         return mba_error("--live and --csv go together, and --stateful needs them (see --help)");
     if ((o->metrics || o->loss) && (o->live || !o->data)) return mba_error("--metrics and --loss go with --data (see --help)");
-    if (!o->live && (!o->data || (!o->out && !o->metrics)))
+    if (!o->onnx && !o->live && (!o->data || (!o->out && !o->metrics)))
         return mba_error("--data and --out (or --metrics) are needed (see --help)");
-    if (o->out && !mba_writable("--out", o->out)) return 2;
-    return 0;
+    if (o->live && o->data) return mba_error("--live reads --csv, not --data (see --help)");
+    /* the output-path rule (mb_args.h): --to-onnx is written as FILE.tmp, then renamed; --out
+     * too, but for a device (/dev/null), written in place */
+    mba_file in[] = {{"--model", o->model, 0, 0}, {"--data", o->data, 0, 0}, {"--csv", o->csv, 0, 0}};
+    mba_file out[] = {{"--out", o->out, 0, 0}, {"--to-onnx", o->onnx, 0, 1}};
+    return mba_outputs_ok(in, 3, out, 2) ? 0 : 2;
+}
+
+/* The output file --out, written as FILE.tmp (mba_write_path) and renamed into place by
+ * out_close when all went well; NULL and the error set when it cannot be opened. */
+static FILE *out_open(const char *path, char *tmp, size_t cap) {
+    FILE *f = mba_write_path(path, tmp, cap) ? NULL : fopen(tmp, "w");
+    if (!f) MB_FAIL(NULL, MB_ERR_IO, "cannot write '%s': %s", path, strerror(errno ? errno : ENAMETOOLONG));
+    return f;
+}
+
+/* Close --out: renamed into place when r is MB_OK and the writes went well, else removed. */
+static mb_result out_close(FILE *f, const char *tmp, const char *path, mb_result r) {
+    if (!f) return r;
+    int bad = ferror(f) | fclose(f);
+    if (r == MB_OK && bad) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write '%s': %s", path, strerror(errno ? errno : EIO));
+    if (r == MB_OK && mba_commit(tmp, path)) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    else if (r != MB_OK && strcmp(tmp, path)) unlink(tmp);
+    return r;
 }
 
 /* The data file must be the model's: T, F, K and the segment lengths. */
@@ -170,9 +187,9 @@ static mb_result score_report(scoring *sc, int64_t K) {
 
 static mb_result predict_file(const options *o, mb_device *dev, mtf_model *m, mb_loader *ld, FILE *out, scoring *sc,
                               int64_t *n) {
-    int64_t K = m->spec.K;
-    float *host = (float *)malloc((size_t)(o->batch * K) * sizeof(float));
-    if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for %lld predictions", (long long)(o->batch * K));
+    int64_t K = m->spec.K, B = m->maxB; /* the batch: --batch, or the data's N when smaller */
+    float *host = (float *)malloc((size_t)(B * K) * sizeof(float));
+    if (!host) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for %lld predictions", (long long)(B * K));
     mb_result r = MB_OK;
     for (int64_t k = 0; out && k < K; k++) fprintf(out, "pred_%lld%c", (long long)k + 1, k + 1 < K ? ',' : '\n');
     for (;;) {
@@ -208,22 +225,23 @@ static mb_result run(const options *o, int64_t *n) {
     if (r == MB_OK) r = mtf_spec_of(f, o->model, &spec);
     if (r == MB_OK) r = mba_open_data(o->data, 1, &ds); /* probed in a child first */
     if (r == MB_OK) r = check_fit(&spec, mb_dataset_info(ds), o);
+    if (r == MB_OK && lc.batch > mb_dataset_info(ds)->n) lc.batch = mb_dataset_info(ds)->n; /* no bigger than the data */
     if (r == MB_OK) r = mtf_device_open(&dev, BACKEND, o->threads);
-    if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, o->batch, 0);
+    if (r == MB_OK) r = mtf_model_create(&m, dev, &spec, lc.batch, 0);
     if (r == MB_OK) r = mtf_model_load(&m, f);
     if (r == MB_OK) r = mb_loader_open(&ld, dev, ds, &lc);
     scoring sc;
     memset(&sc, 0, sizeof sc);
-    size_t zb = (size_t)(o->batch * spec.K) * sizeof(float);
+    size_t zb = (size_t)(lc.batch * spec.K) * sizeof(float);
     if (r == MB_OK && o->metrics) r = mb_meter_create(&sc.meter, dev, 2, 1);
     if (r == MB_OK && o->metrics) r = mb_alloc(dev, MB_MEM_DEVICE, zb, (void **)&sc.zeros);
     if (r == MB_OK && o->metrics) r = mb_zero(dev, MB_STREAM_COMPUTE, sc.zeros, zb);
     if (r == MB_OK && o->metrics) r = mb_alloc(dev, MB_MEM_HOST, zb, (void **)&sc.htarg);
     if (r == MB_OK && o->metrics) r = mbm_init(&sc.acc, spec.K, mb_dataset_info(ds)->n);
-    if (r == MB_OK && o->out && !(out = fopen(o->out, "w")))
-        r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
+    char tmp[1100];
+    if (r == MB_OK && o->out && !(out = out_open(o->out, tmp, sizeof tmp))) r = MB_ERR_IO;
     if (r == MB_OK) r = predict_file(o, dev, &m, ld, out, o->metrics ? &sc : NULL, n);
-    if (out && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
+    r = out_close(out, tmp, o->out, r);
     mb_meter_destroy(sc.meter);
     mb_free(dev, sc.zeros);
     mb_free(dev, sc.htarg);
@@ -299,13 +317,16 @@ static mb_result replay_text(mtf_live *lv, char *text, FILE *out, replay *rp) {
     if (!pred) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
     mb_result r = MB_OK;
     size_t lineno = 0;
+    int first = 1;
     for (char *line = text, *next; r == MB_OK && line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
         lineno++;
         line[strcspn(line, "\r")] = 0;
-        if (line[strspn(line, " \t")] == 0 || line[0] == '<' || isalpha((unsigned char)line[0])) continue; /* as prepare */
-        r = replay_row(lv, line, lineno, out, pred, rp);
+        if (mbc_blank(line)) continue;
+        int head = first && mbc_is_header(line); /* prepare's header rule (mb_csv.h): the first line only */
+        first = 0;
+        if (!head) r = replay_row(lv, line, lineno, out, pred, rp);
     }
     free(pred);
     return r;
@@ -315,18 +336,22 @@ static mb_result live(const options *o) {
     char *buf = NULL;
     size_t len = 0;
     int bad = mbc_read_text(o->csv, &buf, &len); /* the whole file, decoded as prepare decodes it */
-    FILE *out = o->out ? fopen(o->out, "w") : stdout;
+    FILE *out = NULL;
+    char tmp[1100];
     mtf_live *lv = NULL;
     replay rp;
     memset(&rp, 0, sizeof rp);
     mb_result r = !bad ? MB_OK : MB_FAIL(NULL, MB_ERR_IO, "%s", mbc_error);
-    if (r == MB_OK && !out) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s: %s", o->out, strerror(errno));
     if (r == MB_OK) r = mtf_live_open(&lv, o->model, MB_CPU, o->threads ? o->threads : 1,
                                           o->stateful ? MTF_LIVE_STATEFUL : MTF_LIVE_WINDOW);
     if (r == MB_OK && !(rp.lat = (double *)malloc((len / 16 + 1) * sizeof(double)))) /* a row has > 16 bytes */
         r = MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory");
+    if (r == MB_OK && !(out = o->out ? out_open(o->out, tmp, sizeof tmp) : stdout)) r = MB_ERR_IO;
     if (r == MB_OK) r = replay_text(lv, buf, out, &rp);
-    if (out && out != stdout && fclose(out) && r == MB_OK) r = MB_FAIL(NULL, MB_ERR_IO, "cannot write %s", o->out);
+    if (r == MB_OK && rp.ok + rp.warmup == 0) /* as prepare: input without a bar is an error */
+        r = rp.refused ? MB_FAIL(NULL, MB_ERR_FORMAT, "no bars in '%s': all %lld rows refused", o->csv, (long long)rp.refused)
+                       : MB_FAIL(NULL, MB_ERR_FORMAT, "no bars in '%s'", o->csv);
+    if (out != stdout) r = out_close(out, tmp, o->out, r);
     if (r == MB_OK && !o->quiet) {
         qsort(rp.lat, (size_t)rp.timed, sizeof *rp.lat, mtf_by_value);
         fprintf(stderr, "live: %lld rows: %lld predictions, %lld warmup, %lld refused; latency per bar (batch 1, "
@@ -353,10 +378,7 @@ int main(int argc, char **argv) {
     if (bad) return bad;
     int64_t n = 0;
     mb_result r = o.onnx ? to_onnx(&o) : o.live ? live(&o) : run(&o, &n);
-    if (r != MB_OK) {
-        fprintf(stderr, "error: %s\n", mb_last_error());
-        return 2;
-    }
+    if (r != MB_OK) return mba_fail(mb_last_error()); /* in the user's words (mb_args.h) */
     if (!o.quiet && o.onnx) printf("onnx: %s\n", o.onnx);
     if (!o.quiet && !o.live && !o.onnx && o.out) printf("predictions: %lld samples -> %s\n", (long long)n, o.out);
     return 0;

@@ -164,16 +164,6 @@ static int h5_attr_floats(hid_t obj, const char *name, const float *v, hsize_t r
     return e < 0 ? mbc_fail("cannot write attribute %s", name) : 0;
 }
 
-/* Create the parent directory of path if it is missing (one level, e.g. data/). */
-static void make_parent_dir(const char *path) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return;
-    *slash = 0;
-    mkdir(dir, 0777); /* an error shows up as H5Fcreate's */
-}
-
 /* The attributes that describe the windows (segments, segment_names) and the feature
  * normalisation (feature_mean, feature_std [5, F]): on `features`, or on `ends` (series). */
 static int h5_segment_attrs(hid_t obj, int nf, const float *mean, const float *std) {
@@ -195,7 +185,6 @@ static int h5_segment_attrs(hid_t obj, int nf, const float *mean, const float *s
 static int h5_create(h5out *o, const char *path, hsize_t n, int nf, int k, const float *mean, const float *std,
                      float target_scale) {
     memset(o, 0, sizeof *o);
-    make_parent_dir(path);
     o->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (o->file < 0) return mbc_fail("cannot create '%s'", path);
     hsize_t fd[3] = {n, 1104, (hsize_t)nf}, td[2] = {n, (hsize_t)k}, nd[1] = {n};
@@ -279,6 +268,12 @@ static int plan_samples(const series *s, const prep_config *c, prep_plan *p) {
     size_t n_val = (size_t)((double)p->n * c->val_fraction);
     p->n_train = p->n - n_val;
     p->first_val = p->n_train;
+    if (p->n >= 3 && n_val < 1) /* the split, not the history, leaves the validation file empty */
+        return mbc_fail("--val-fraction %g of %zu usable samples leaves no validation sample: use at least %.3g",
+                        c->val_fraction, p->n, 1.0 / (double)p->n);
+    if (p->n >= 3 && p->n_train < 2)
+        return mbc_fail("--val-fraction %g of %zu usable samples leaves %zu training samples (2 needed): use a "
+                        "smaller --val-fraction", c->val_fraction, p->n, p->n_train);
     if (p->n_train < 2 || n_val < 1)
         return mbc_fail("too little data: %zu usable samples (need 8 days of history before the first; "
                     "use more bars or a smaller --stride)", p->n);
@@ -407,7 +402,6 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
         for (int k = 0; k < NTF; k++) ends[j * NTF + (size_t)k] = (int64_t)closed_bars(&s->tf[k], mbf_minutes[k], times[j]) - 1;
         targets_of(&s->tf[0], i, c->k, scale, targ + j * (size_t)c->k);
     }
-    make_parent_dir(path);
     hid_t file = r ? -1 : H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (r == 0 && file < 0) r = mbc_fail("cannot create '%s'", path);
     for (int k = 0; r == 0 && k < NTF; k++) {
@@ -431,16 +425,43 @@ static int write_series(const series *s, const prep_plan *p, size_t from, size_t
 
 /* A file written, read back through the one open every tool uses (mba_open_data: the probe
  * in a child, then the in-process open): what train_multitf and predict will see. */
-static int read_back(const char *path, size_t n, const prep_config *c) {
+static int read_back(const char *path, const char *name, size_t n, const prep_config *c) {
     mb_dataset *ds = NULL;
-    if (mba_open_data(path, 1, &ds) != MB_OK) return mbc_fail("reading back '%s': %s", path, mb_last_error());
+    if (mba_open_data(path, 1, &ds) != MB_OK)
+        return mbc_fail("reading back '%s': %s", name, mba_user_text(mb_last_error()));
     const mb_dataset_meta *m = mb_dataset_info(ds);
     int ok = m->n == (int64_t)n && m->t == 1104 && m->f == c->nf && m->k == c->k && m->segments == NTF;
     if (!ok) mbc_fail("'%s' reads back as N=%lld T=%lld F=%lld K=%lld, %d segments, not the N=%zu T=1104 F=%d K=%d, "
-                       "%d segments written", path, (long long)m->n, (long long)m->t, (long long)m->f, (long long)m->k,
+                       "%d segments written", name, (long long)m->n, (long long)m->t, (long long)m->f, (long long)m->k,
                        m->segments, n, c->nf, c->k, NTF);
     mb_dataset_close(ds);
     return ok ? 0 : -1;
+}
+
+/* The two files' directories made (mkdir -p), each file written to FILE.tmp (mba_write_path)
+ * and read back, then both renamed into place (mba_commit): a failure leaves the files that
+ * were there before as they were. */
+static int write_outputs(const series *s, const prep_plan *p, const prep_config *c, const float *mean, const float *std,
+                         float scale) {
+    char tmp[2][1100], dir[1024];
+    const char *path[2] = {c->out_train, c->out_val};
+    size_t from[2] = {0, p->first_val}, to[2] = {p->n_train, p->n};
+    int r = 0;
+    for (int i = 0; r == 0 && i < 2; i++) {
+        if (mba_mkdirs(path[i], dir, sizeof dir)) r = mbc_fail("cannot make the directory '%s': %s", dir, strerror(errno));
+        else if (mba_write_path(path[i], tmp[i], sizeof tmp[i])) r = mbc_fail("'%s': the name is too long", path[i]);
+        else if (c->series) r = write_series(s, p, from[i], to[i], c, tmp[i], mean, std, scale);
+        else r = write_split(s, p, from[i], to[i], c, tmp[i], i ? "val" : "train", mean, std, scale);
+        if (r == 0) r = read_back(tmp[i], path[i], to[i] - from[i], c);
+        if (r && strcmp(tmp[i], path[i])) unlink(tmp[i]);
+        if (r && i && strcmp(tmp[0], path[0])) unlink(tmp[0]);
+    }
+    for (int i = 0; r == 0 && i < 2; i++)
+        if (mba_commit(tmp[i], path[i])) {
+            r = mbc_fail("cannot write '%s': %s", path[i], strerror(errno));
+            if (!i && strcmp(tmp[1], path[1])) unlink(tmp[1]);
+        }
+    return r;
 }
 
 static int prepare(const mbc_bars *m1, const prep_config *c) {
@@ -453,15 +474,7 @@ static int prepare(const mbc_bars *m1, const prep_config *c) {
         float mean[NTF * MAXF], std[NTF * MAXF];
         fit_normaliser(&s, s.tf[0].t[p.idx[p.n_train - 1]] + 60, mean, std);
         float scale = fit_target_scale(&s.tf[0], &p, c->k);
-        if (c->series) {
-            r = write_series(&s, &p, 0, p.n_train, c, c->out_train, mean, std, scale);
-            if (r == 0) r = write_series(&s, &p, p.first_val, p.n, c, c->out_val, mean, std, scale);
-        } else {
-            r = write_split(&s, &p, 0, p.n_train, c, c->out_train, "train", mean, std, scale);
-            if (r == 0) r = write_split(&s, &p, p.first_val, p.n, c, c->out_val, "val", mean, std, scale);
-        }
-        if (r == 0) r = read_back(c->out_train, p.n_train, c);
-        if (r == 0) r = read_back(c->out_val, p.n - p.first_val, c);
+        r = write_outputs(&s, &p, c, mean, std, scale);
         if (r == 0 && !c->quiet)
             printf("prepare: %zu M1 bars -> %zu train samples (%s), %zu val samples (%s), T=1104 F=%d K=%d, "
                    "target scale %.3g, %s layout\n", m1->n, p.n_train, c->out_train, p.n - p.first_val, c->out_val, c->nf,
@@ -513,7 +526,9 @@ static int list_features(void) {
 
 /* The M1 bars as a MetaTrader 5 export (what docs/TRADING.md starts from). */
 static int write_mt5(const mbc_bars *m1, const char *path, int quiet) {
-    FILE *f = fopen(path, "w");
+    char tmp[1100];
+    if (mba_write_path(path, tmp, sizeof tmp)) return mbc_fail("'%s': the name is too long", path);
+    FILE *f = fopen(tmp, "w");
     if (!f) return mbc_fail("cannot write '%s': %s", path, strerror(errno));
     fputs("<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n", f);
     for (size_t i = 0; i < m1->n; i++) {
@@ -523,18 +538,21 @@ static int write_mt5(const mbc_bars *m1, const char *path, int quiet) {
         if (gmtime_r(&tt, &tm)) strftime(when, sizeof when, "%Y.%m.%d\t%H:%M:%S", &tm);
         fprintf(f, "%s\t%.5f\t%.5f\t%.5f\t%.5f\t%.0f\t0\t10\n", when, m1->o[i], m1->h[i], m1->l[i], m1->c[i], m1->v[i]);
     }
-    if (fclose(f) != 0) return mbc_fail("cannot write '%s'", path);
+    int bad = ferror(f) | fclose(f);
+    if (bad && strcmp(tmp, path)) unlink(tmp);
+    if (bad || mba_commit(tmp, path)) return mbc_fail("cannot write '%s': %s", path, strerror(errno ? errno : EIO));
     if (!quiet) printf("prepare: %zu M1 bars -> %s (MetaTrader 5 export)\n", m1->n, path);
     return 0;
 }
 
-/* The output files can be written (their directory made, as the writers make it): checked
- * before any work. 0, or the error printed and 2. */
-static int outputs_writable(const prep_config *c, const char *mt5) {
-    if (mt5) return mba_writable("--write-mt5", mt5) ? 0 : 2;
-    make_parent_dir(c->out_train);
-    make_parent_dir(c->out_val);
-    return mba_writable("--out-train", c->out_train) && mba_writable("--out-val", c->out_val) ? 0 : 2;
+/* The output-path rule (mb_args.h), before any work: the outputs are not the input, nor each
+ * other; --out-train and --out-val may be in directories not made yet (made when written).
+ * 0, or the error printed and 2. */
+static int outputs_ok(const prep_config *c, const char *csv, const char *mt5) {
+    mba_file in[] = {{"--csv", csv, 0, 0}};
+    mba_file out[] = {{"--out-train", mt5 ? NULL : c->out_train, 1, 1}, {"--out-val", mt5 ? NULL : c->out_val, 1, 1},
+                      {"--write-mt5", mt5, 0, 1}};
+    return mba_outputs_ok(in, 1, out, 3) ? 0 : 2;
 }
 
 int main(int argc, char **argv) {
@@ -558,13 +576,14 @@ int main(int argc, char **argv) {
     if (list) return list_features();
     c.max_samples = (size_t)max_samples;
     if (synthetic == (csv != NULL)) return mba_error("give exactly one of --synthetic or --csv FILE (see --help)");
-    int bad = outputs_writable(&c, mt5);
+    int bad = outputs_ok(&c, csv, mt5);
     if (bad) return bad;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own error lines only */
     mbc_bars m1 = {0};
     size_t skipped = 0;
     int r = synthetic ? make_synthetic((size_t)nbars, (uint64_t)seed, &m1) : mbc_read_csv_file(csv, skip_bad, &m1, &skipped);
-    if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows\n", skipped);
+    char why[256];
+    if (r == 0 && skipped && !c.quiet) printf("prepare: skipped %zu bad rows (%s)\n", skipped, mbc_skips_text(why, sizeof why));
     if (r == 0) r = mt5 ? write_mt5(&m1, mt5, c.quiet) : prepare(&m1, &c);
     mbc_bars_free(&m1);
     if (r) { fprintf(stderr, "error: %s\n", mbc_error); return 2; }

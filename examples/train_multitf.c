@@ -130,23 +130,23 @@ static int fold_path(const char *path, int k, char *buf, size_t cap) {
     return n >= 0 && (size_t)n < cap ? 1 : mba_bad("--export", path, "path too long");
 }
 
-/* Every file the run will write can be written: checked before the data, the device and
- * training (mb_args.h). 1, or the error printed and 0. */
+/* The output-path rule (mb_args.h): every file the run writes can be written and is
+ * neither an input nor another output. Checked before the data, the device and training;
+ * with --walk-forward, each fold's files. 1, or the error printed and 0. */
 static int outputs_writable(const options *o, const char *onnx) {
-    char plot[1024], tmp[1040];
-    if (o->metrics && !mba_writable("--metrics", o->metrics)) return 0;
+    char plot[1024];
     if (o->metrics && mbt_plot_path(o->metrics, o->plot, plot, sizeof plot) != MB_OK)
         return mba_error("%s", mb_last_error()), 0;
-    if (o->metrics && !mba_writable("--plot", plot)) return 0;
-    if (o->ckpt && !mba_writable("--ckpt", o->ckpt)) return 0;
-    for (int k = o->walk_forward ? 1 : 0; k <= o->walk_forward; k++) { /* --walk-forward: each fold's files */
-        char path[1024];
-        if (o->export_path && !fold_path(o->export_path, k, path, sizeof path)) return 0;
-        snprintf(tmp, sizeof tmp, "%s.tmp", o->export_path ? path : ""); /* mb_st_write writes it first */
-        if (o->export_path && !mba_writable("--export", tmp)) return 0;
-        if (onnx && !fold_path(onnx, k, path, sizeof path)) return 0;
-        snprintf(tmp, sizeof tmp, "%s.tmp", onnx ? path : ""); /* so does mtf_onnx_export */
-        if (onnx && !mba_writable("--export-onnx", tmp)) return 0;
+    mba_file in[] = {{"--train", o->train, 0, 0}, {"--val", o->walk_forward ? NULL : o->val, 0, 0},
+                     {"--init", o->resume ? NULL : o->init, 0, 0}, {"--ckpt", o->resume ? o->ckpt : NULL, 0, 0}};
+    for (int k = o->walk_forward ? 1 : 0; k <= o->walk_forward; k++) {
+        char ex[1024], ox[1024];
+        if (o->export_path && !fold_path(o->export_path, k, ex, sizeof ex)) return 0;
+        if (onnx && !fold_path(onnx, k, ox, sizeof ox)) return 0;
+        mba_file out[] = {{"--metrics", o->metrics, 0, 0}, {"--plot", o->metrics ? plot : NULL, 0, 0},
+                          {"--ckpt", o->ckpt, 0, 1}, {"--export", o->export_path ? ex : NULL, 0, 1},
+                          {"--export-onnx", onnx ? ox : NULL, 0, 1}};
+        if (!mba_outputs_ok(in, 4, out, 5)) return 0;
     }
     return 1;
 }
@@ -439,10 +439,12 @@ static mb_result trainer_open(trainer *t, const options *opts) {
         t->dtr = t->fold->train;
         t->dva = t->fold->val;
     } else {
+        MB_TRY(mbt_inputs_check(o->resume ? o->ckpt : NULL, o->resume ? NULL : o->init)); /* mb_train.h */
         MB_TRY(mba_open_data(o->train, 1, &t->dtr)); /* probed in a child: before any thread starts */
         MB_TRY(mba_open_data(o->val, 1, &t->dva));
     }
     const mb_dataset_meta *mt = mb_dataset_info(t->dtr), *mv = mb_dataset_info(t->dva);
+    mbt_clamp_batch(&t->o.batch, mt->n, o->quiet); /* before anything is allocated for it */
     if (mt->t != mv->t || mt->f != mv->f || mt->k != mv->k)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "%s and %s differ in shape (T, F, K)", o->train, o->val);
     t->spec = mtf_spec_of_data(mt, o->hidden, o->head, o->layers, o->carry);
@@ -463,7 +465,7 @@ static mb_result trainer_open(trainer *t, const options *opts) {
         return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "--accum > 1 and --carry are not supported with %d ranks", o->world);
     MB_TRY(open_loader(t, t->dtr, t->dist, &t->tr));
     MB_TRY(open_loader(t, t->dva, NULL, &t->va));
-    MB_TRY(model_create(&t->m, t->dev, &t->spec, mt, o));
+    MB_TRY(mbt_memory_hint(model_create(&t->m, t->dev, &t->spec, mt, o), o->batch)); /* out of memory: the flag */
     t->m.dist = t->dist;
     if (o->init && !o->resume) MB_TRY(mtf_model_init_file(&t->m.net, o->init));
     MB_TRY(mb_dist_broadcast_params(t->dist, t->m.net.params));
@@ -473,11 +475,6 @@ static mb_result trainer_open(trainer *t, const options *opts) {
     mbs_config sc = {o->ema, o->swa_start, o->keep_best, o->patience};
     MB_TRY(mbs_open(&t->sel, t->m.net.params, &sc));
     t->m.sel = &t->sel;
-    if (!o->quiet && t->lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
-    if (!o->quiet && t->lead)
-        printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
-               mb_device_name(t->dev), t->fold ? mt->source : o->train, (long long)mt->n, (long long)mt->t, (long long)mt->f,
-               (long long)mt->k, t->m.net.spec.nseg, mb_params_total(t->m.net.params));
     t->rs.epoch = 1;
     MB_TRY(mb_accum_init(&t->rs.acc, o->accum));
     checkpoint_init(t);
@@ -485,11 +482,17 @@ static mb_result trainer_open(trainer *t, const options *opts) {
         MB_TRY(mbt_ckpt_load(&t->ckpt, &t->rs));
         MB_TRY(mb_adamw_set_schedule_step(t->opt, t->rs.step)); /* the device's schedule counter */
         MB_TRY(mb_loader_set_position(t->tr, t->rs.pos));
-        if (!o->quiet && t->lead)
-            printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
     }
     if (o->metrics && t->lead) MB_TRY(mbt_plot_path(o->metrics, o->plot, t->plot, sizeof t->plot)); /* checked writable */
     if (o->metrics && t->lead) MB_TRY(mbt_metrics_open(&t->csv, o->metrics, o->resume, &t->rs, t->spec.K));
+    /* every check done (the resume's options too): the device and data lines */
+    if (!o->quiet && t->lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
+    if (!o->quiet && t->lead)
+        printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
+               mb_device_name(t->dev), t->fold ? mt->source : o->train, (long long)mt->n, (long long)mt->t,
+               (long long)mt->f, (long long)mt->k, t->m.net.spec.nseg, mb_params_total(t->m.net.params));
+    if (o->resume && !o->quiet && t->lead)
+        printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
     schedule_init(t);
     return MB_OK;
 }
@@ -849,7 +852,7 @@ int main(int argc, char **argv) {
     if (!parse_options(argc, argv, &o, &t.onnx)) return 2;
     if (o.walk_forward) {
         mb_result wr = walk_forward(&o, t.onnx);
-        if (wr != MB_OK) fprintf(stderr, "error: %s\n", mb_last_error());
+        if (wr != MB_OK) mba_fail(mb_last_error()); /* in the user's words (mb_args.h) */
         return wr == MB_OK ? 0 : 2;
     }
     mb_result r = trainer_open(&t, &o);
@@ -859,7 +862,7 @@ int main(int argc, char **argv) {
     int averaged = t.sel.avg != NULL;
     trainer_close(&t);
     if (r != MB_OK) {
-        fprintf(stderr, "error: %s\n", mb_last_error());
+        mba_fail(mb_last_error()); /* in the user's words (mb_args.h) */
         mb_dist_abort(t.dist, 2); /* several ranks: end them all (they would wait for this one) */
         mb_dist_close(t.dist);
         return 2;

@@ -215,21 +215,21 @@ static void test_bad_files_exit_2(void **state) {
         {"predict", "--model @/none.safetensors --data @/val.h5 --out @/x.csv", "cannot open"},
         {"predict", "--model tests/golden/multitf_torch.safetensors --data @/val.h5 --out @/x.csv", "F=4 K=36, the model"},
         {"predict", "--model @/m.safetensors --data @/val.h5 --out /nonexistent/x.csv",
-         "--out '/nonexistent/x.csv': cannot write: No such file or directory"},
+         "--out '/nonexistent/x.csv': its directory '/nonexistent' does not exist"},
         {"predict", "--model @/m.safetensors --data @/none.h5 --out @/x.csv", "none.h5"},
         {"predict", "--model @/m.safetensors --data @/val.h5 --out @/x.csv --batch 0", "--batch"},
         {"predict", "--model @/m.safetensors", "--data and --out are needed"},
         {"predict", "--model @/m.safetensors --to-onnx /nonexistent/x.onnx",
-         "--to-onnx '/nonexistent/x.onnx.tmp': cannot write: No such file or directory"},
+         "--to-onnx '/nonexistent/x.onnx': its directory '/nonexistent' does not exist"},
         {"predict", "--model @/m.safetensors --to-onnx @/x.onnx --data @/val.h5", "--to-onnx takes only --model"},
         {"predict", "--model @/cut.safetensors --to-onnx @/x.onnx", "does not fit"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 7 --init @/m.safetensors",
          "'enc.0.weight_ih_l0' is F32 [24,4], the model needs F32 [28,4]"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --init @/cut.safetensors", "does not fit"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export /nonexistent/x.st "
-         "--metrics @/refused.csv", "--export '/nonexistent/x.st.tmp': cannot write: No such file or directory"},
+         "--metrics @/refused.csv", "--export '/nonexistent/x.st': its directory '/nonexistent' does not exist"},
         {"train_multitf", "--train @/train.h5 --val @/val.h5 --hidden 6 --head 8 --export-onnx /nonexistent/x.onnx "
-         "--metrics @/refused.csv", "--export-onnx '/nonexistent/x.onnx.tmp': cannot write: No such file or directory"},
+         "--metrics @/refused.csv", "--export-onnx '/nonexistent/x.onnx': its directory '/nonexistent' does not exist"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
