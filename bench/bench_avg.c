@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     bench b;
     memset(&b, 0, sizeof b);
     b.B = B;
-    mtf_config c = {B, 0, 1, 0, MB_F32};
+    mtf_config c = {B, 0, 1, 0, MB_F32, 0.0f, 0}; /* no dropout */
     mb_avg_config ac = {MB_AVG_EMA, 0.999};
     size_t nx = (size_t)(B * s.T * F), ny = (size_t)(B * s.K);
     mb_result r = mtf_device_open(&dev, MB_CPU, threads);
