@@ -954,8 +954,8 @@ MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr);
  * always, and n_averaged is an int64 on the device. docs/TRADING.md, "Choosing the model". */
 typedef enum mb_avg_kind { MB_AVG_EMA = 0, MB_AVG_SWA = 1 } mb_avg_kind;
 typedef struct mb_avg_config {
-    mb_avg_kind kind; /* MB_AVG_EMA (default) */
     double decay;     /* EMA: in (0, 1); 0 = 0.999 (get_ema_multi_avg_fn's default) */
+    mb_avg_kind kind; /* MB_AVG_EMA (default) */
 } mb_avg_config;
 typedef struct mb_avg mb_avg;
 /* An average over p (finalized) with n_averaged = 0 (cfg NULL: EMA 0.999); destroy: NULL is fine. */

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     memset(&b, 0, sizeof b);
     b.B = B;
     mtf_config c = {B, 0, 1, 0, MB_F32, 0.0f, 0}; /* no dropout */
-    mb_avg_config ac = {MB_AVG_EMA, 0.999};
+    mb_avg_config ac = {0.999, MB_AVG_EMA};
     size_t nx = (size_t)(B * s.T * F), ny = (size_t)(B * s.K);
     mb_result r = mtf_device_open(&dev, MB_CPU, threads);
     if (r == MB_OK) r = mtf_model_build(&b.net, dev, &s, &c);

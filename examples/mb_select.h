@@ -59,7 +59,7 @@ MBS_API mb_result mbs_open(mbs_select *s, mb_params *p, const mbs_config *cfg) {
     s->cfg = *cfg;
     s->params = p;
     if (cfg->ema > 0 || cfg->swa_start > 0) {
-        mb_avg_config ac = {cfg->ema > 0 ? MB_AVG_EMA : MB_AVG_SWA, cfg->ema > 0 ? (double)cfg->ema : 0.0};
+        mb_avg_config ac = {cfg->ema > 0 ? (double)cfg->ema : 0.0, cfg->ema > 0 ? MB_AVG_EMA : MB_AVG_SWA};
         MB_TRY(mb_avg_create(&s->avg, p, &ac));
     }
     if (cfg->keep_best)

@@ -46,7 +46,7 @@ static void avg_case_torch_golden(mb_device *dev) {
         size_t total = mb_params_total(p);
         size_t ob = mb_params_info(p, 1)->offset;
         float *host = tu_alloc_f32(total), *got = tu_alloc_f32(total), want[15];
-        mb_avg_config c = {kind == 1 ? MB_AVG_SWA : MB_AVG_EMA, decay};
+        mb_avg_config c = {decay, kind == 1 ? MB_AVG_SWA : MB_AVG_EMA};
         mb_avg *a;
         tu_ok(mb_avg_create(&a, p, &c));
         for (int s = 0; s < updates; s++) {
@@ -82,7 +82,7 @@ static void avg_case_skip_and_swap(mb_device *dev) {
     float *live = tu_alloc_f32(total), *live2 = tu_alloc_f32(total);
     mb_adamw *o;
     mb_avg *a;
-    mb_avg_config c = {MB_AVG_EMA, 0.5};
+    mb_avg_config c = {0.5, MB_AVG_EMA};
     tu_ok(mb_adamw_create(&o, p, NULL));
     tu_ok(mb_avg_create(&a, p, &c));
     tu_ok(mb_avg_update(a, NULL)); /* n = 1: a copy */
@@ -138,7 +138,7 @@ static void avg_case_random(mb_device *dev) {
     int swa = tu_int(0, 1);
     double decay = swa ? 0.0 : (tu_int(0, 1) ? 0.999 : tu_uniform(0.01f, 0.99f));
     int64_t n0 = tu_int(1, 5000);
-    mb_avg_config c = {swa ? MB_AVG_SWA : MB_AVG_EMA, decay};
+    mb_avg_config c = {decay, swa ? MB_AVG_SWA : MB_AVG_EMA};
     mb_avg *a;
     tu_ok(mb_avg_create(&a, p, &c));
     tu_ok(mb_params_set(p, x0));
@@ -173,7 +173,7 @@ static void avg_case_resume(mb_device *dev, const char *dir) {
         size_t total = mb_params_total(p);
         float *seq = tu_alloc_f32(8 * total), *whole = tu_alloc_f32(total), *resumed = tu_alloc_f32(total);
         tu_fill(seq, 8 * total, -1, 1);
-        mb_avg_config c = {kind ? MB_AVG_SWA : MB_AVG_EMA, kind ? 0.0 : 0.75};
+        mb_avg_config c = {kind ? 0.0 : 0.75, kind ? MB_AVG_SWA : MB_AVG_EMA};
         mb_avg *a, *b, *other;
         tu_ok(mb_avg_create(&a, p, &c));
         for (int s = 0; s < 8; s++) {
@@ -196,7 +196,7 @@ static void avg_case_resume(mb_device *dev, const char *dir) {
         tu_ok(mb_ckpt_write(w, path));
         mb_ckpt_writer_destroy(w);
         mb_avg_destroy(a);
-        mb_avg_config oc = {kind ? MB_AVG_EMA : MB_AVG_SWA, kind ? 0.5 : 0.0};
+        mb_avg_config oc = {kind ? 0.5 : 0.0, kind ? MB_AVG_EMA : MB_AVG_SWA};
         tu_ok(mb_avg_create(&b, p, &c));
         tu_ok(mb_avg_create(&other, p, &oc));
         mb_ckpt_reader *r;

@@ -50,7 +50,7 @@ static void test_avg_bad_input(void **state) {
     mb_params *p = avg_case_wb(dev), *q = avg_case_wb(dev), *unfinished;
     mb_avg *a = NULL;
     mb_adamw *o;
-    mb_avg_config bad = {MB_AVG_EMA, 1.0};
+    mb_avg_config bad = {1.0, MB_AVG_EMA};
     tu_assert_error(mb_avg_create(&a, p, &bad), MB_ERR_INVALID_ARG, "decay 1 must be in (0, 1)");
     bad.decay = -0.5;
     tu_assert_error(mb_avg_create(&a, p, &bad), MB_ERR_INVALID_ARG, "must be in (0, 1)");
@@ -103,7 +103,7 @@ static void test_avg_doc_example(void **state) {
     tu_fill(mb_params_grad(params), mb_params_total(params), -1, 1);
     // snippet: avg-usage
     mb_avg *avg;
-    mb_avg_config ac = {MB_AVG_EMA, 0.999};      /* or {MB_AVG_SWA}: the equal-weight mean */
+    mb_avg_config ac = {0.999, MB_AVG_EMA};      /* or {0, MB_AVG_SWA}: the equal-weight mean */
     mb_avg_create(&avg, params, &ac);
     /* each step, after the optimizer (inside a captured step too): skipped with a skipped step */
     mb_adamw_step(opt, lr, scaler);
