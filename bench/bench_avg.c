@@ -53,9 +53,16 @@ static mb_result step(bench *b, int ema) {
 
 int main(int argc, char **argv) {
     if (mba_wants_help(argc, argv)) return mba_help(usage);
-    int64_t F = argc > 1 ? atoll(argv[1]) : 32, H = argc > 2 ? atoll(argv[2]) : 64, B = argc > 3 ? atoll(argv[3]) : 128;
-    int rounds = argc > 4 ? atoi(argv[4]) : 7, threads = argc > 5 ? atoi(argv[5]) : 1;
-    if (F < 1 || H < 1 || B < 1 || rounds < 1 || rounds > 1000 || threads < 0) return mba_help(usage), 2;
+    for (int i = 1; i < argc; i++) if (mba_flag_like(argv[i])) return mba_unknown(argv[i]);
+    if (argc != 1 && argc < 4) return mba_error("give F H B [rounds [threads]] (see --help)");
+    if (argc > 6) return mba_error("too many arguments (see --help)");
+    int64_t F = 32, H = 64, B = 128;
+    int rounds = 7, threads = 1;
+    if (argc > 1 && !(mba_arg("F", argv[1], MBA_I64, &F, 1, 64, NULL) && mba_arg("H", argv[2], MBA_I64, &H, 1, 1e4, NULL) &&
+                      mba_arg("B", argv[3], MBA_I64, &B, 1, 1e5, NULL)))
+        return 2;
+    if (argc > 4 && !mba_arg("rounds", argv[4], MBA_INT, &rounds, 1, 1000, NULL)) return 2;
+    if (argc > 5 && !mba_arg("threads", argv[5], MBA_INT, &threads, 0, 1024, NULL)) return 2;
     static const int64_t seg[5] = {480, 288, 192, 96, 48};
     mtf_spec s;
     memset(&s, 0, sizeof s);

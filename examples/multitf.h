@@ -358,7 +358,8 @@ MTF_API mb_result mtf_spec_of(const mb_st_file *f, const char *path, mtf_spec *s
         s->T += s->seg_len[i];
     }
     if (names) snprintf(s->seg_names, sizeof s->seg_names, "%s", names);
-    const char *carry = mb_st_meta_get(f, "carry");
+    const char *carry = mb_st_meta_get(f, "carry"), *weights = mb_st_meta_get(f, "weights");
+    if (weights) snprintf(s->weights, sizeof s->weights, "%s", weights); /* which weights: kept on re-export */
     s->carry = carry && !strcmp(carry, "1");
     MB_TRY(mtf_meta_int(f, "features", s->F, path));
     MB_TRY(mtf_meta_int(f, "targets", s->K, path));

@@ -14,7 +14,7 @@
 
 typedef struct tool {
     const char *bin;             /* build/NAME; its _cuda, _mpi and _cuda_mpi builds run too where built */
-    const char *value_flags[32]; /* flags that take a value */
+    const char *value_flags[40]; /* flags that take a value */
     const char *plain_flags[8];  /* flags without one */
 } tool;
 
@@ -27,11 +27,11 @@ static const tool tools[] = {
      {"--train", "--val", "--metrics", "--plot", "--ckpt", "--ckpt-every", "--epochs", "--batch", "--hidden", "--head",
       "--layers", "--accum", "--threads", "--checkpoint-k", "--max-batches", "--warmup", "--seed", "--lr", "--clip",
       "--weight-decay", "--chunk-fraction", "--schedule", "--precision", "--loss", "--export", "--init",
-      "--export-onnx", "--cpu-kernel"},
-     {"--carry", "--quiet", "--resume", "--no-ftz"}},
+      "--export-onnx", "--cpu-kernel", "--ema", "--swa-start", "--patience", "--walk-forward", "--wf-window", "--dropout"},
+     {"--carry", "--quiet", "--resume", "--no-ftz", "--keep-best"}},
     {"build/inspect", {"--gpu-mem", "--batch", "--dtype"}, {"--no-probe"}},
-    {"build/predict", {"--model", "--data", "--out", "--csv", "--batch", "--threads", "--to-onnx"},
-     {"--live", "--stateful", "--quiet"}},
+    {"build/predict", {"--model", "--data", "--out", "--csv", "--batch", "--threads", "--to-onnx", "--loss"},
+     {"--live", "--stateful", "--quiet", "--metrics"}},
     {"build/train_minimal", {"--train", "--val", "--epochs", "--hidden", "--batch", "--lr", "--seed"}, {NULL}},
     {"build/quickstart", {NULL}, {NULL}},
     {"build/bench/bench_loader",
@@ -45,6 +45,7 @@ static const tool tools[] = {
     {"build/bench/bench_lstm_launches", {NULL}, {NULL}},
     {"build/bench/peak_fma", {NULL}, {NULL}},
     {"build/bench/bench_rk", {NULL}, {NULL}},
+    {"build/bench/bench_avg", {NULL}, {NULL}},
 };
 enum { NTOOLS = sizeof tools / sizeof *tools };
 static const char *const variants[] = {"", "_cuda", "_mpi", "_cuda_mpi"};

@@ -218,7 +218,7 @@ static void test_bad_files_exit_2(void **state) {
          "--out '/nonexistent/x.csv': its directory '/nonexistent' does not exist"},
         {"predict", "--model @/m.safetensors --data @/none.h5 --out @/x.csv", "none.h5"},
         {"predict", "--model @/m.safetensors --data @/val.h5 --out @/x.csv --batch 0", "--batch"},
-        {"predict", "--model @/m.safetensors", "--data and --out are needed"},
+        {"predict", "--model @/m.safetensors", "--data and --out (or --metrics) are needed"},
         {"predict", "--model @/m.safetensors --to-onnx /nonexistent/x.onnx",
          "--to-onnx '/nonexistent/x.onnx': its directory '/nonexistent' does not exist"},
         {"predict", "--model @/m.safetensors --to-onnx @/x.onnx --data @/val.h5", "--to-onnx takes only --model"},

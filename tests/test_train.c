@@ -511,7 +511,8 @@ static void test_old_format_checkpoint(void **state) {
     assert_int_equal(steps, 4);
     assert_string_equal(key, "layers=1\naccum=1\ncarry=0\ncheckpoint-k=2\nbatch=4\nhidden=2\nhead=3\nmax-batches=2\n"
                         "lr=0.00300000003\nclip=0.5\nweight-decay=0.0199999996\nchunk-fraction=0.5\nwarmup=3\n"
-                        "schedule=0\nloss=0\nprecision=0\nseed=7\nworld=1\nno-ftz=1\n");
+                        "schedule=0\nloss=0\nprecision=0\nseed=7\nworld=1\nno-ftz=1\nema=0\nswa-start=0\nkeep-best=0\n"
+                        "patience=0\ndropout=0\n"); /* the entries added since: their values before */
     v1_each_refused(resumed);
     /* the key text cut inside a line: refused as damaged */
     size_t cut = kb / 2 + (key[kb / 2 - 1] == '\n');
