@@ -188,7 +188,7 @@ static void test_bad_flags_and_data(void **state) {
         {"--export /nonexistent/dir/m.safetensors", "--export '/nonexistent/dir/m.safetensors': its directory '/nonexistent' does not exist"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char cmd[512], line[1024];
+        char cmd[1024], line[1024];
         char tr[256] = "", va[256] = ""; /* a flag is given once: the case's --train replaces the default */
         if (!strstr(cases[i].args, "--train ")) snprintf(tr, sizeof tr, "--train %s/train.h5", dir);
         if (!strstr(cases[i].args, "--val ")) snprintf(va, sizeof va, "--val %s/val.h5", dir);
