@@ -25,6 +25,15 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _WIN32 /* the live predictor's DLL includes this file (mtf_live.h): it builds there, no tool runs there */
+#include <direct.h>
+#include <io.h>
+#define mba__mkdir(path) _mkdir(path)
+#define mba__fsync(fd) _commit(fd)
+#else
+#define mba__mkdir(path) mkdir(path, 0777)
+#define mba__fsync(fd) fsync(fd)
+#endif
 
 /* Seconds on the monotonic clock (POSIX clock_gettime): the programs' one timer, for rates,
  * latencies and the progress bar's throttle. */
@@ -409,7 +418,7 @@ static inline int mba_mkdirs(const char *path, char *dir, size_t cap) {
         char c = *p;
         *p = 0;
         struct stat st;
-        if (stat(buf, &st) != 0 && mkdir(buf, 0777) != 0 && errno != EEXIST) {
+        if (stat(buf, &st) != 0 && mba__mkdir(buf) != 0 && errno != EEXIST) {
             snprintf(dir, cap, "%s", buf);
             return -1;
         }
@@ -424,14 +433,14 @@ static inline int mba_mkdirs(const char *path, char *dir, size_t cap) {
 static inline int mba_commit(const char *tmp, const char *path) {
     if (!strcmp(tmp, path)) return 0;
     int fd = open(tmp, O_RDONLY), e = 0;
-    if (fd < 0 || fsync(fd) != 0) e = errno;
+    if (fd < 0 || mba__fsync(fd) != 0) e = errno;
     if (fd >= 0) close(fd);
     if (!e && rename(tmp, path) != 0) e = errno;
     if (e) { unlink(tmp); errno = e; return -1; }
     char dir[1024];
     const char *slash = strrchr(path, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
-    if ((fd = open(dir, O_RDONLY)) >= 0) { fsync(fd); close(fd); } /* best effort: the rename is done */
+    if ((fd = open(dir, O_RDONLY)) >= 0) { mba__fsync(fd); close(fd); } /* best effort: the rename is done */
     return 0;
 }
 
