@@ -8,7 +8,7 @@
  *   each epoch's end:     mbs_epoch_end(&s, epoch)         (SWA from cfg.swa_start)
  *                         validate the live weights; if mbs_averaging(&s): mbs_swap, validate, mbs_swap
  *                         mbs_consider(&s, epoch, loss)    loss: the selected weights' (mbs_selected_loss)
- *   at the end:           mbs_final_weights(&s, &what)     the weights to export, now live
+ *   at the end:           mbs_final_weights(&s, last_epoch, what, cap)   the weights to export, now live
  *
  * The selected weights of an epoch are those an export would write then: the averaged ones
  * when an average exists, else the live ones; --keep-best keeps the epoch whose selected

@@ -756,8 +756,9 @@ static mb_result trainer_finish(trainer *t, mb_result r) {
              mb_dtype_name(o->precision), (unsigned long long)o->seed);
     if (t->plot[0]) MB_TRY(mbt_plot_write(t->plot, o->metrics, title)); /* t->plot: rank 0 only */
     if (t->plot[0] && !o->quiet) printf("loss curves: %s\n", t->plot);
-    if ((o->export_path || t->onnx) && t->lead) { /* the selected weights made live: training is over */
-        MB_TRY(mbs_final_weights(&t->sel, t->rs.epoch, t->m.net.spec.weights, sizeof t->m.net.spec.weights));
+    if ((o->export_path || t->onnx) && t->lead) { /* the selected weights made live: training is over (once: */
+        if (!t->m.net.spec.weights[0])           /* a walk-forward fold has done it to validate them) */
+            MB_TRY(mbs_final_weights(&t->sel, t->rs.epoch, t->m.net.spec.weights, sizeof t->m.net.spec.weights));
         if (!o->quiet) printf("exported weights: %s\n", t->m.net.spec.weights);
     }
     char path[1024];
