@@ -3,7 +3,8 @@
 #   make run         the multi-timeframe example: synthetic data, then training
 #   make test        CPU tests, compile checks (nvcc's too), docs tests; the CUDA programs only
 #                    where a GPU is present (GPU=1 forces them, GPU= leaves them out)
-#   make build       everything buildable on this machine
+#   make build       everything buildable on this machine (the benchmarks only syntax-checked, BENCH=1 builds them)
+#   make bench       the benchmarks (build/bench/), -O3
 #   make cuda        every CUDA source through nvcc -Werror (sm_90 + sm_80)
 #   make gpu-test    run the CUDA tests (what a GPU machine runs)
 #   make gpu-bundle  binaries + shared libraries for a bare GPU machine (build/gpu/)
@@ -20,7 +21,7 @@
 #                    there); CI runs it as its own stage
 #
 # Overrides: NO_CUDA=1 (skip nvcc even when present), NO_CBLAS=1 (plain C gemm),
-# NVCC=..., CUDA_ARCHS="90 80".
+# NVCC=..., CUDA_ARCHS="90 80", BENCH=1 (make build and make test build the benchmarks too).
 
 CC      ?= cc
 CXX     ?= c++
@@ -61,13 +62,15 @@ DEP_LIBS   += -Xlinker -rpath='$$ORIGIN/lib' -Xlinker --disable-new-dtags
 endif
 
 WARN    := -Wall -Wextra -Werror -pedantic
-CFLAGS  ?= -O3 -g   # the LSTM cell loops vectorize at -O2 too (tests/compile/vectorized.sh)
+# -g1: line tables (backtraces, perf), not full debug info, which costs a third of an -O3
+# compile (train_multitf: 15 s of CPU against 22); CFLAGS="-O3 -g" for a debugger's locals
+CFLAGS  ?= -O3 -g1  # the LSTM cell loops vectorize at -O2 too (tests/compile/vectorized.sh)
 # The test programs (build/tests/) at CI's -O1 -g1 unless CFLAGS is given: 2.3x faster to
 # compile, the same numbers (ISO C, no FP contraction), and the -O3 library is still built
 # -Werror and run by the tests through the examples, test_train and Clang's test_lstm.
 TEST_OPT ?= $(if $(filter file,$(origin CFLAGS)),-O1 -g1)
 ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
-CXXFLAGS ?= -O3 -g
+CXXFLAGS ?= -O3 -g1
 ALL_CXXFLAGS := -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -I. -Itests $(DEP_CFLAGS) -pthread
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 NVCC_OPT   ?= -O2 -g # the host code's (CI, which runs no nvcc-built program: -O0)
@@ -89,6 +92,9 @@ EXAMPLE_CUDA := $(patsubst examples/%.cu,$(BUILD)/%,$(wildcard examples/*.cu))
 BENCH_SRCS   := $(wildcard bench/*.c)
 BENCH_BINS   := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CUDA   := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
+# what make build does with the benchmarks without BENCH=1 (see bench: below)
+BENCH_TESTED := $(BUILD)/bench/bench_series
+BENCH_SYNTAX := $(filter-out $(BENCH_TESTED:%=%.syntax),$(BENCH_BINS:%=%.syntax))
 DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh tests/docs/modules.sh tests/docs/api.sh tests/docs/trading.sh
 # issue 45: the plain-cc builds and make install's headers; names, the step walkthrough, one source
 DOC_TESTS    += tests/docs/build_cc.sh tests/docs/walkthrough.sh tests/docs/names.sh tests/docs/one_source.sh
@@ -155,7 +161,7 @@ endif
 endif
 
 .PHONY: mpi-test
-.PHONY: all build run test check-deps compile-checks cuda cuda-check gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean \
+.PHONY: all build bench run test check-deps compile-checks cuda cuda-check gpu-test gpu-bundle asan tsan fuzz fuzz-run fuzz-cov fuzz-seeds install deps clean \
         onnx-venv onnx-test
 all: build
 
@@ -173,8 +179,19 @@ endif
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "✓ GPU: $$(nvidia-smi -L | head -n 1)"; \
 	 else echo "✗ no GPU: $(if $(GPU),GPU=1: nvcc builds the CUDA programs anyway,nvcc builds its compile checks only (make sim-test runs the CUDA tests on the CPU))"; fi
 
-build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(BENCH_BINS) compile-checks $(if $(GPU),$(CUDA_TARGETS),$(CUDA_COMPILE)) \
-       $(MPI_TARGETS)
+build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(if $(BENCH),$(BENCH_BINS),$(BENCH_SYNTAX) $(BENCH_TESTED)) compile-checks \
+       $(if $(GPU),$(CUDA_TARGETS),$(CUDA_COMPILE)) $(if $(BENCH),$(MPI_TARGETS),$(filter-out %bench_dist_mpi,$(MPI_TARGETS)))
+
+# The benchmarks: make bench builds them (-O3, like the examples); make build and make test
+# check only that they compile (gcc -fsyntax-only with the warnings: a tenth of a build's time;
+# test_cli then skips their command lines, saying so), unless BENCH=1, as in CI (.ci/run),
+# which builds them and runs test_cli over them. bench_series reads data files: always built
+# (tests/hostile_tools.sh runs it over the hostile ones).
+bench: $(BENCH_BINS) $(filter %bench_dist_mpi,$(MPI_TARGETS))
+$(BUILD)/bench/%.syntax: bench/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fsyntax-only $<
+	@touch $@
 
 $(BUILD)/tests/% : tests/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -209,6 +226,12 @@ $(BUILD)/% : examples/%.c $(HEADERS)
 # the programs whose tests train for a while keep -O3 when CFLAGS lowers it (CI's -O1: test_train
 # took 130 s there instead of 33, the example's tests 4x as long)
 $(BUILD)/tests/test_train $(BUILD)/train_multitf $(BUILD)/train_multitf_mpi: ALL_CFLAGS += -O3
+# the compile checks that run (C11, C++17, two translation units, the docs' code) at the tests'
+# -O1 -g1 too: they check that the header builds and links in each mode (the examples build
+# the same code at -O3), at 40% of an -O3 compile's time
+COMPILE_RUN := $(addprefix $(BUILD)/compile/,c11 cxx17 two_tu_static snippets_c.o snippets_cxx.o snippets_run docs_live)
+$(COMPILE_RUN): ALL_CFLAGS += $(TEST_OPT)
+$(COMPILE_RUN): ALL_CXXFLAGS += $(TEST_OPT)
 
 $(BUILD)/% : examples/%.cu $(HEADERS) $(wildcard examples/*.c)
 	@mkdir -p $(dir $@)
@@ -228,7 +251,7 @@ compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
                 $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
-                $(if $(NVCC),$(BUILD)/compile/cuda_open) $(BUILD)/compile/vectorized.ok \
+                $(BUILD)/compile/vectorized.ok \
                 $(if $(CLANG),$(BUILD)/compile/vectorized_clang.ok $(BUILD)/compile/test_lstm_clang)
 # the CPU cell rows vectorize at -O2 (a user's usual flags; CI's own builds are -O1), with
 # $(CC) and, where there is one, Clang; under Clang the LSTM tests (its rows' bits) too
@@ -260,6 +283,7 @@ $(BUILD)/compile/snippets_run: tests/docs/snippets.c $(HEADERS)
 $(BUILD)/compile/snippets_cxx.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_CXXFLAGS) -Wno-missing-field-initializers -x c++ -c -o $@ $<
+# (in CI's cuda-check; make test builds the same program by the README's recipe, tests/docs/build_own.sh)
 $(BUILD)/compile/cuda_open: tests/docs/cuda_open.cu $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wno-missing-field-initializers -o $@ $< $(NVCC_LIBS)
@@ -287,10 +311,10 @@ $(BUILD)/compile/two_tu_static: tests/compile/tu_static.c tests/compile/tu_user.
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -DMEGABATCH_NO_CBLAS -o $@ tests/compile/tu_impl.c tests/compile/tu_user.c tests/compile/tu_static.c -lm -lpthread $(HDF5_LIBS)
 # the compile check builds every kernel for sm_90 and sm_80 whatever CUDA_ARCHS is (CI builds the
-# programs for sm_90 alone)
+# programs for sm_90 alone), its host code at -O0 as CI's (an object nothing runs: 30% less time)
 $(BUILD)/compile/nvcc.o: tests/compile/tu_cuda.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) $(foreach a,$(sort $(CUDA_ARCHS) 80 90),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $@ $<
+	$(NVCC) $(filter-out -gencode arch=% $(NVCC_OPT),$(NVCC_FLAGS)) -O0 $(foreach a,$(sort $(CUDA_ARCHS) 80 90),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $@ $<
 
 # the build runs with one job per core (JOBS=1 for a serial build), and so do the tests
 # (tests/run.sh: MB_TEST_JOBS at a time, results printed in order)
@@ -301,7 +325,11 @@ test:
 	@for b in $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two_tu_static $(BUILD)/compile/c11_strict \
 	          $(if $(CLANG),$(BUILD)/compile/test_lstm_clang); do \
 	  $$b >/dev/null || { echo "compile check $$b failed"; exit 1; }; done
-	@sh tests/run.sh $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(SELECT_TESTS) $(if $(and $(NVCC),$(GPU)),$(CUDA_BINS)) $(MPI_TESTS)
+	@sh tests/run.sh $(foreach t,$(SLOW_TESTS),$(filter $(t),$(ALL_TESTS))) $(filter-out $(SLOW_TESTS),$(ALL_TESTS))
+ALL_TESTS := $(TEST_BINS) $(DOC_TESTS) $(HOSTILE_TESTS) $(SELECT_TESTS) $(if $(and $(NVCC),$(GPU)),$(CUDA_BINS)) $(MPI_TESTS)
+# the longest first (a minute or so each on 2 cores), so that no core idles at the end
+SLOW_TESTS := tests/hostile_cli.sh tests/neg_cpu.sh tests/hostile_tools.sh tests/docs/build_own.sh \
+              $(BUILD)/tests/test_train tests/dist/run.sh
 
 # The ONNX export under onnxruntime (docs/TRADING.md, "ONNX"): not part of make test (nothing
 # there needs Python; tests/test_onnx checks the files without it); .ci/run runs it as a stage
@@ -326,7 +354,7 @@ endif
 # they open their data before the device), and with MPI their NCCL builds; not the CUDA tests,
 # which would only skip there (they compile and run under the simulator, make sim-build, and
 # for a GPU run, make gpu-bundle). make cuda builds everything.
-CUDA_CHECK := $(filter-out $(CUDA_BINS),$(CUDA_TARGETS))
+CUDA_CHECK := $(filter-out $(CUDA_BINS),$(CUDA_TARGETS)) $(BUILD)/compile/cuda_open
 cuda-check:
 ifeq ($(NVCC),)
 	@echo "✗ nvcc not found: nothing to compile"; exit 1

@@ -103,6 +103,7 @@ echo "$TOOLS" | while read -r name args; do
     [ -n "$name" ] || continue
     for v in "" _cuda _mpi; do
         bin="$B/$name$v"
+        if [ -z "$v" ] && [ ! -x "$bin" ]; then bad "$bin is not built (make build builds it)"; continue; fi
         [ -x "$bin" ] || continue
         list=$tmp/files; [ -z "$v" ] || list=$tmp/files_builds
         while read -r f; do printf '%s\t%s\t%s\n' "$bin" "$f" "$args"; done < "$list"

@@ -144,8 +144,8 @@ static int expected(int t, int v) {
  * otherwise one line that says so, and the test ends skipped (after the builds that exist). */
 static int missing;
 static void note_missing(const char *bin) {
-    if (env_is("CI", "true")) fail_msg("%s is not built (CI=true: a missing build fails; make build)", bin);
-    printf("skipped: %s is not built (make build)\n", bin);
+    if (env_is("CI", "true")) fail_msg("%s is not built (CI=true: a missing build fails; make build BENCH=1)", bin);
+    printf("skipped: %s is not built (make build; the benchmarks: make bench)\n", bin);
     missing++;
 }
 
