@@ -10,7 +10,9 @@
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
  *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
  *   checks         mbt_inputs_check, mbt_clamp_batch: before the device and the data lines
- *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
+ *   data parallel  mbt_ranks_in_sync: the ranks' weights bitwise the same
+ *   report         mbt_open_report, mbt_epoch_report, mbt_summary: the device and data lines, the
+ *                  per-epoch lines and the `summary:` line
  *   sim counters   mbt_sim_count_from/_to/_text: the work per step under tests/cudasim
  * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
  * copy); the command line is mb_args.h's. */
@@ -434,7 +436,27 @@ MBT_API void mbt_clamp_batch(int64_t *batch, int64_t n, int quiet) {
     *batch = n;
 }
 
+// ---- data parallel ----
+
+/* Several ranks (d): their weights p bitwise the same (after each epoch), else an error. */
+MBT_API mb_result mbt_ranks_in_sync(mb_dist *d, mb_params *p) {
+    int same = 1;
+    if (mb_dist_size(d) > 1) MB_TRY(mb_dist_check_sync(d, p, &same));
+    return same ? MB_OK : MB_FAIL(NULL, MB_ERR_CORRUPT, "the ranks' weights differ (rank %d)", mb_dist_rank(d));
+}
+
 // ---- report ----
+
+/* The lines a run opens with, once every check is done: the ranks (world > 1), the device, the
+ * data (source: its name; segments: the model's) and the parameters, and where a resume starts
+ * (resumed: the checkpoint, NULL: none). */
+MBT_API void mbt_open_report(mb_device *dev, const char *source, const mb_dataset_meta *mt, int segments,
+                             size_t params, int world, const char *resumed, const mbt_run *rs) {
+    if (world > 1) printf("data parallel: %d ranks\n", world);
+    printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n", mb_device_name(dev),
+           source, (long long)mt->n, (long long)mt->t, (long long)mt->f, (long long)mt->k, segments, params);
+    if (resumed) printf("resumed from %s: epoch %lld, step %lld\n", resumed, (long long)rs->epoch, (long long)rs->step);
+}
 
 /* The epoch's line (extra: appended after the losses, "" for none), the f16 loss scale, and
  * the seeds' leak check: a warning when the library's live device memory grew by more than

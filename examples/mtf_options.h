@@ -6,11 +6,13 @@
  *               file a run writes is checked before the data, the device and training
  *   checkpoint  mtf_options_key: the options that shape a run, which a checkpoint holds and a
  *               resume must match; mtf_options_v1: where the older format held them (frozen)
+ *   configs     the library's configs that the options fill: mtf_options_device, _loader,
+ *               _schedule; mtf_options_ckpt (with mb_train.h's mbt_ckpt)
  *   title       mtf_options_title: the run's key options, for the loss-curve picture
  * The hidden size is hidden_size from the flag (--hidden) to the library's
  * mb_lstm_config.hidden_size (through mtf_spec.hidden_size, multitf.h). The schedules' names
  * are the library's (mb_lr_kind_name). Include after megabatch.h, mb_args.h and mb_walk.h
- * (MBW_MAX_FOLDS). All names are mtf_* (static: each including file gets its own copy).
+ * (MBW_MAX_FOLDS) and mb_train.h (mbt_ckpt). All names are mtf_* (static: each including file gets its own copy).
  */
 #ifndef MTF_OPTIONS_H
 #define MTF_OPTIONS_H
@@ -221,6 +223,52 @@ static const mb_ckpt_field mtf_options_v1[MTF_OPTION_KEYS_V1] = {
     {"loss", MB_CKPT_KIND_INT, 152, 4},         {"precision", MB_CKPT_KIND_INT, 156, 4},
     {"seed", MB_CKPT_KIND_UINT, 160, 8},        {"world", MB_CKPT_KIND_INT, 168, 4},
     {"no-ftz", MB_CKPT_KIND_INT, 172, 4}}; /* its bytes 172..175: padding before --no-ftz, zero */
+
+/* ---- configs ---- */
+
+/* The device: streams 0, 1 and one per encoder (2 + s; segments: at most max_seg), warnings to
+ * stderr (mb_train.h), the GPU of this rank on its machine (local_rank). */
+static mb_device_config mtf_options_device(const mtf_options *o, int max_seg, int local_rank) {
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.backend = MTF_BACKEND; dc.streams = 2 + max_seg; dc.threads = o->threads;
+    dc.keep_denormals = o->no_ftz;
+    dc.cpu_kernel = o->cpu_kernel;
+    dc.log.fn = mbt_log_warnings; dc.log.max = MB_LOG_WARN;
+    dc.index = local_rank; /* CUDA: one GPU per rank of this machine */
+    return dc;
+}
+
+/* A loader in time order (--batch, --seed, --chunk-fraction); shard: the ranks whose shards of
+ * each batch it reads (NULL: unsharded). */
+static mb_loader_config mtf_options_loader(const mtf_options *o, const mb_dist *shard) {
+    mb_loader_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.batch = o->batch; lc.shuffle = 0; lc.seed = o->seed; lc.chunk_fraction = o->chunk_fraction;
+    lc.shard_rank = mb_dist_rank(shard); lc.shard_count = mb_dist_size(shard);
+    return lc;
+}
+
+/* The learning-rate schedule over the optimizer steps of the whole run (--epochs of
+ * batches_per_epoch batches, --accum a step). */
+static mb_lr_schedule mtf_options_schedule(const mtf_options *o, int64_t batches_per_epoch) {
+    mb_lr_schedule s;
+    memset(&s, 0, sizeof s);
+    s.kind = o->schedule; s.lr = o->lr;
+    s.total_steps = (int64_t)o->epochs * ((batches_per_epoch + o->accum - 1) / o->accum);
+    if (s.total_steps < 2) s.total_steps = 2;
+    s.warmup_steps = o->warmup < s.total_steps ? o->warmup : s.total_steps / 2;
+    return s;
+}
+
+/* --ckpt: the checkpoint's path and the options a resume must match (key: MTF_OPTION_KEYS
+ * entries, kept by the caller; the older format's layout too). */
+static void mtf_options_ckpt(const mtf_options *o, mb_ckpt_key *key, mbt_ckpt *c) {
+    mtf_options_key(o, key);
+    c->path = o->ckpt;
+    c->key = key; c->key_n = MTF_OPTION_KEYS;
+    c->legacy = mtf_options_v1; c->legacy_n = MTF_OPTION_KEYS_V1; c->legacy_bytes = MTF_OPTIONS_V1_BYTES;
+}
 
 /* ---- title ---- */
 

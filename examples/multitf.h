@@ -531,4 +531,17 @@ MTF_API mb_result mtf_model_load_dropout(mb_ckpt_reader *rd, mtf_model *m) {
     return m->drop_step ? mb_ckpt_get(rd, "dropout_step", m->drop_step, sizeof *m->drop_step) : MB_OK;
 }
 
+/* ---- the model's state in a checkpoint ----
+ * What a checkpoint holds of a model besides its weights: the carried state (a model of a
+ * spec with carry) and the dropout step. */
+MTF_API mb_result mtf_model_save_state(mb_ckpt_writer *w, mtf_model *m) {
+    if (m->spec.carry) MB_TRY(mtf_model_save_carry(w, m));
+    return mtf_model_save_dropout(w, m);
+}
+
+MTF_API mb_result mtf_model_load_state(mb_ckpt_reader *rd, mtf_model *m) {
+    if (m->spec.carry) MB_TRY(mtf_model_load_carry(rd, m));
+    return mtf_model_load_dropout(rd, m);
+}
+
 #endif /* MTF_MULTITF_H */

@@ -1,25 +1,19 @@
 /* train_multitf.c - the multi-timeframe model and its training loop (docs/EXAMPLE.md).
  *
  * Model (examples/multitf.h): five LSTM encoders, one per timeframe segment of a sample (M1
- * 480 bars, M5 288, M15 192, H1 96, H4 48: the `segments` attribute of the file), each
- * handing on its last hidden state; the five states concatenated and a two-layer head
- * predicting the K targets. Loss: MSE (or Huber). AdamW with gradient clipping, a
- * learning-rate schedule, gradient accumulation; f16 adds the dynamic loss scaler.
- *
+ * 480 bars, M5 288, M15 192, H1 96, H4 48: the file's `segments`), their last hidden states
+ * concatenated, a two-layer head predicting the K targets. Loss: MSE (or Huber). AdamW with
+ * clipping, a learning-rate schedule, gradient accumulation; f16 adds the dynamic loss scaler.
  *   build/train_multitf      --train data/train.h5 --val data/val.h5     (CPU, cc)
- *   build/train_multitf_cuda --train data/train.h5 --val data/val.h5     (GPU, nvcc)
+ *   build/train_multitf_cuda --train data/train.h5 --val data/val.h5     (GPU, nvcc: the same source)
  *   build/train_multitf_mpi  under mpirun -np N: data parallel (section "data parallel")
- *
- * The same source is the CUDA program: nvcc compiles it with megabatch_cuda.cuh. Flags:
- * --help. What is not the model or the loop is in examples/mb_train.h: the progress bar,
- * the metrics CSV and its SVG, checkpoints (--ckpt, --resume: bitwise the weights of an
- * uninterrupted run), the epoch lines and the last line, for scripts:
+ * Read top to bottom: what training adds to the model, the run (trainer_open), the step, the
+ * loop (train), the end (trainer_finish). What a reader of the loop need not see is in the
+ * headers below: the flags (--help), progress, metrics, checkpoints (--resume: bitwise the
+ * weights of an uninterrupted run), the lines printed, the last one for scripts:
  *   summary: epochs=.. steps=.. train_loss=.. val_loss=.. baseline_val_loss=.. samples_per_s=.. world=..
- * (under the CUDA simulator, tests/cudasim, also launches_per_step=.. graphs_per_step=.. syncs_per_step=..).
- * A training step never waits for the device, and on the GPU it is one CUDA graph launch
- * (section "the training step").
- * Exit 2 with `error: ...` on bad flags or data.
- */
+ * (under tests/cudasim also launches_per_step=.. graphs_per_step=.. syncs_per_step=..). Exit 2
+ * with `error: ...` on bad flags or data. */
 #define MEGABATCH_IMPLEMENTATION
 #ifdef __CUDACC__
 #include "megabatch_cuda.cuh"
@@ -37,9 +31,9 @@
 #include "mtf_options.h" /* the flags (mtf_options_parse), the options a checkpoint holds, --help */
 
 // ---- model ----
-// The network is multitf.h's mtf_model (built with its backward's buffers); here, what
-// training adds: the loss, the f16 loss scaler, zeros (the baseline's prediction), the meter
-// the losses sum into on the device, and what the graph step needs (section "the training step").
+// The network is multitf.h's mtf_model; here, what training adds: the loss, the f16 loss
+// scaler, zeros (the baseline's prediction), the meter the losses sum into on the device, and
+// what the graph step needs (section "the training step").
 
 enum { MAX_SEG = 5 };
 
@@ -91,13 +85,11 @@ static mb_result model_create(model *m, mb_device *dev, const mtf_spec *spec, co
 
 static void model_destroy(model *m) {
     for (int i = 0; i < STEP_GRAPHS; i++) mb_graph_destroy(m->graph[i]);
+    float *bufs[] = {m->xb, m->yb, m->zeros, m->loss};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mb_free(m->net.dev, bufs[i]);
     mb_meter_destroy(m->meter);
-    mb_free(m->net.dev, m->xb);
-    mb_free(m->net.dev, m->yb);
     mbm_pass_free(&m->metrics);
     mb_scaler_destroy(m->scaler);
-    mb_free(m->net.dev, m->zeros);
-    mb_free(m->net.dev, m->loss);
     mtf_model_destroy(&m->net);
 }
 
@@ -148,42 +140,28 @@ static mb_result evaluate(model *m, mb_loader *val, double *loss, double *baseli
     return r;
 }
 
-// ---- data parallel ----
-// Under mpirun (build/train_multitf_mpi) each rank's training loader reads its shard of
-// every global batch (mb_loader_config.shard_*); rank 0's weights are broadcast at the
-// start; per batch one all-reduce averages the gradients over all ranks' samples before
-// the optimizer step, so clipping and the f16 skip see the same bits on every rank (with
-// NCCL on the device: no host sync). Each rank's batch losses go into its meter; at each
-// fold (epoch end, checkpoint, every MBT_DP_ROWS steps) the ranks sum them (meter_fold), and
-// rank 0 writes the steps' rows. After each epoch the ranks check they are bitwise in sync.
-// Rank 0 alone prints, writes metrics, the picture and checkpoints (which every rank
-// reads on --resume). Validation runs whole on every rank. Refused with several ranks:
-// --accum > 1 and --carry. docs/DIST.md.
-
-static mb_result data_parallel_in_sync(model *m) {
-    int same = 1;
-    if (mb_dist_size(m->dist) > 1) MB_TRY(mb_dist_check_sync(m->dist, m->net.params, &same));
-    return same ? MB_OK : MB_FAIL(NULL, MB_ERR_CORRUPT, "the ranks' weights differ (rank %d)", mb_dist_rank(m->dist));
-}
-
 // ---- the run ----
 // Everything a run holds, opened by trainer_open in one plain sequence, closed by
-// trainer_close (which takes a half-opened trainer too).
+// trainer_close (which takes a half-opened trainer too). Data parallel: under mpirun
+// (build/train_multitf_mpi, docs/DIST.md) each rank's loader reads its shard of every global
+// batch; rank 0's weights are broadcast at the start; per batch one all-reduce averages the
+// gradients over all ranks' samples before the optimizer step (the same bits on every rank);
+// the ranks' losses are summed at each fold (meter_fold); after each epoch the ranks check
+// they are bitwise in sync. Rank 0 alone prints and writes files. Validation runs whole on
+// every rank. Refused with several ranks: --accum > 1 and --carry.
 
 typedef struct trainer {
     mtf_options o;             /* o.world: the ranks */
     mb_ckpt_key key[MTF_OPTION_KEYS]; /* the options that shape the run: a checkpoint holds them */
     int lead;              /* rank 0: prints, writes metrics, the picture and checkpoints */
-    mb_dist *dist;
-    mb_device *dev;
+    mb_dist *dist; mb_device *dev;
     mb_dataset *dtr, *dva;
     mtf_spec spec;         /* the model's, from the training file (with prepare's normalisation) */
     mb_loader *tr, *va;
     model m;
-    mb_adamw *opt;
+    mb_adamw *opt; mb_lr_schedule sched; /* AdamW and its learning-rate schedule */
     mbs_select sel;        /* --ema/--swa-start, --keep-best, --patience (mb_select.h) */
-    mb_lr_schedule sched;
-    mbt_run rs;
+    mbt_run rs;            /* the loop's counters: what a checkpoint holds besides the weights */
     mbt_ckpt ckpt;
     FILE *csv;             /* --metrics */
     char plot[1024];       /* the picture's path, "" for none */
@@ -197,52 +175,30 @@ typedef struct trainer {
     double epoch_t0;
 } trainer;
 
-static mb_result open_loader(trainer *t, mb_dataset *ds, mb_dist *shard, mb_loader **ld) {
-    mb_loader_config lc;
-    memset(&lc, 0, sizeof lc);
-    lc.batch = t->o.batch; lc.shuffle = 0; lc.seed = t->o.seed; lc.chunk_fraction = t->o.chunk_fraction;
-    lc.shard_rank = mb_dist_rank(shard); lc.shard_count = mb_dist_size(shard); /* NULL: unsharded */
-    return mb_loader_open(ld, t->dev, ds, &lc);
-}
-
 /* Batches per epoch: the loader's plan, capped by --max-batches. */
 static int64_t batches_per_epoch(const trainer *t) {
     int64_t nb = mb_loader_get_plan(t->tr)->batches;
     return t->o.max_batches && t->o.max_batches < nb ? t->o.max_batches : nb;
 }
 
-/* The learning-rate schedule over the optimizer steps of the whole run. */
-static void schedule_init(trainer *t) {
-    const mtf_options *o = &t->o;
-    mb_lr_schedule *s = &t->sched;
-    s->kind = o->schedule; s->lr = o->lr;
-    s->total_steps = (int64_t)o->epochs * ((batches_per_epoch(t) + o->accum - 1) / o->accum);
-    if (s->total_steps < 2) s->total_steps = 2;
-    s->warmup_steps = o->warmup < s->total_steps ? o->warmup : s->total_steps / 2;
-}
-
-/* A checkpoint's own state of this program: the carried (h, c) with --carry, the dropout
- * masks' step with --dropout, and the average, the best weights and their epoch (mb_select.h). */
+/* A checkpoint's own state of this program: the model's (--carry's (h, c), --dropout's step)
+ * and the average, the best weights and their epoch (mb_select.h). */
 static mb_result save_state(mb_ckpt_writer *w, void *user) {
     trainer *t = (trainer *)user;
-    if (t->o.carry) MB_TRY(mtf_model_save_carry(w, &t->m.net));
-    MB_TRY(mtf_model_save_dropout(w, &t->m.net)); /* --dropout: the masks' step counter */
+    MB_TRY(mtf_model_save_state(w, &t->m.net));
     return mbs_save(w, &t->sel);
 }
 static mb_result load_state(mb_ckpt_reader *rd, void *user) {
     trainer *t = (trainer *)user;
-    if (t->o.carry) MB_TRY(mtf_model_load_carry(rd, &t->m.net));
-    MB_TRY(mtf_model_load_dropout(rd, &t->m.net));
+    MB_TRY(mtf_model_load_state(rd, &t->m.net));
     return mbs_load(rd, &t->sel);
 }
 
 /* --ckpt: what a checkpoint holds (mb_train.h) and the options a resume must match. */
 static void checkpoint_init(trainer *t) {
     mbt_ckpt *c = &t->ckpt;
-    mtf_options_key(&t->o, t->key);
-    c->dev = t->dev; c->path = t->o.ckpt; c->params = t->m.net.params; c->opt = t->opt; c->scaler = t->m.scaler;
-    c->key = t->key; c->key_n = MTF_OPTION_KEYS;
-    c->legacy = mtf_options_v1; c->legacy_n = MTF_OPTION_KEYS_V1; c->legacy_bytes = MTF_OPTIONS_V1_BYTES;
+    mtf_options_ckpt(&t->o, t->key, c);
+    c->dev = t->dev; c->params = t->m.net.params; c->opt = t->opt; c->scaler = t->m.scaler;
     c->save_state = save_state; c->load_state = load_state; c->ctx = t;
 }
 
@@ -267,18 +223,13 @@ static mb_result trainer_open(trainer *t, const mtf_options *opts) {
     MB_TRY(mb_dist_open(&t->dist, NULL));
     t->o.world = mb_dist_size(t->dist);
     t->lead = mb_dist_rank(t->dist) == 0;
-    mb_device_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.backend = MTF_BACKEND; dc.streams = 2 + MAX_SEG; dc.threads = o->threads; /* encoder s on stream 2 + s */
-    dc.keep_denormals = o->no_ftz;
-    dc.cpu_kernel = o->cpu_kernel;
-    dc.log.fn = mbt_log_warnings; dc.log.max = MB_LOG_WARN;
-    dc.index = mb_dist_local_rank(t->dist); /* CUDA: one GPU per rank of this machine */
+    mb_device_config dc = mtf_options_device(o, MAX_SEG, mb_dist_local_rank(t->dist)); /* encoder s: stream 2 + s */
     MB_TRY(mb_device_open(&t->dev, &dc));
     if (o->world > 1 && (o->accum > 1 || o->carry))
         return MB_FAIL(NULL, MB_ERR_UNSUPPORTED, "--accum > 1 and --carry are not supported with %d ranks", o->world);
-    MB_TRY(open_loader(t, t->dtr, t->dist, &t->tr));
-    MB_TRY(open_loader(t, t->dva, NULL, &t->va));
+    mb_loader_config tl = mtf_options_loader(o, t->dist), vl = mtf_options_loader(o, NULL); /* train: sharded */
+    MB_TRY(mb_loader_open(&t->tr, t->dev, t->dtr, &tl));
+    MB_TRY(mb_loader_open(&t->va, t->dev, t->dva, &vl));
     MB_TRY(mbt_memory_hint(model_create(&t->m, t->dev, &t->spec, mt, o), o->batch)); /* out of memory: the flag */
     t->m.dist = t->dist;
     t->m.losses.csv = &t->csv; t->m.losses.dist = t->dist; t->m.losses.k = t->spec.K;
@@ -300,30 +251,23 @@ static mb_result trainer_open(trainer *t, const mtf_options *opts) {
     }
     if (o->metrics && t->lead) MB_TRY(mbt_plot_path(o->metrics, o->plot, t->plot, sizeof t->plot)); /* checked writable */
     if (o->metrics && t->lead) MB_TRY(mbt_metrics_open(&t->csv, o->metrics, o->resume, &t->rs, t->spec.K));
-    /* every check done (the resume's options too): the device and data lines */
-    if (!o->quiet && t->lead && o->world > 1) printf("data parallel: %d ranks\n", o->world);
-    if (!o->quiet && t->lead)
-        printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n",
-               mb_device_name(t->dev), t->fold ? mt->source : o->train, (long long)mt->n, (long long)mt->t,
-               (long long)mt->f, (long long)mt->k, t->m.net.spec.nseg, mb_params_total(t->m.net.params));
-    if (o->resume && !o->quiet && t->lead)
-        printf("resumed from %s: epoch %lld, step %lld\n", o->ckpt, (long long)t->rs.epoch, (long long)t->rs.step);
-    schedule_init(t);
+    if (!o->quiet && t->lead) /* every check done (the resume's options too): the device and data lines */
+        mbt_open_report(t->dev, t->fold ? mt->source : o->train, mt, t->m.net.spec.nseg, mb_params_total(t->m.net.params),
+                        o->world, o->resume ? o->ckpt : NULL, &t->rs);
+    t->sched = mtf_options_schedule(o, batches_per_epoch(t)); /* over the whole run's optimizer steps */
     return MB_OK;
 }
 
 // ---- the training step ----
 // A step queues its work and never waits for the device (issue 15): the loss adds into the
 // meter on the device, the learning rate comes from the schedule on the device, and the loop
-// queues a read of the meter after each step and takes the reads that landed (mb_meter_step:
-// pinned memory + an event, a poll, no wait), so each step's metrics row is exact, written a
-// little late (section "the losses, read late"). So nothing of a step changes from batch to
-// batch but the batch itself: on the GPU the batch is copied into fixed buffers and the whole
-// step (zero grads, forward, loss, backward, unscale, clip, AdamW, scaler) is captured once as
-// a CUDA graph and replayed, one graph launch per batch, a graph for each variant (step_graph).
-// The first step of a run runs plain (the warm-up the capture needs). Plain launches instead,
-// said once: the CPU, --carry (the encoders' state path changes between batches), several
-// ranks (each all-reduce first sums the ranks' sample counts on the host).
+// reads each step's loss a few steps late (section "the losses, read late"). So nothing of a
+// step changes from batch to batch but the batch: on the GPU the batch is copied into fixed
+// buffers and the whole step (zero grads, forward, loss, backward, unscale, clip, AdamW,
+// scaler) is captured once as a CUDA graph and replayed, a graph for each variant
+// (step_graph), after a first plain step (the warm-up the capture needs). Plain launches
+// instead, said once: the CPU, --carry (the encoders' state path changes between batches),
+// several ranks (each all-reduce first sums the ranks' sample counts on the host).
 
 typedef struct step_args {
     model *m;
@@ -333,8 +277,8 @@ typedef struct step_args {
     int64_t B;
     float grad_scale, lr; /* lr: the window's, for the metrics (the device computes its own) */
     int start, stepped;   /* zero the gradients first, end with the optimizer */
-    int window_end, dp;   /* the accumulation window ends (several ranks: step after the all-reduce) */
-    int warm;             /* a step of this process ran before (the warm-up) */
+    int window_end, dp, warm; /* the accumulation window ends (several ranks: the step after the
+                                 all-reduce); a step of this process ran before (the warm-up) */
 } step_args;
 
 /* One optimizer step. f16: unscale the gradients, AdamW (skipped on the device when any
@@ -389,9 +333,8 @@ static mb_result graph_step(model *m, step_args *a, const mb_batch *b) {
 // ---- the losses, read late ----
 // Meter slot 0 sums the training loss on the device since the last fold (epoch start or
 // checkpoint). After each step mb_meter_step queues a read of it (no reset) and lands those
-// that have landed: mbt_losses_landed (mb_train.h) takes each one's step loss and writes its
-// row; the epoch's sums are the same whenever reads land (a resumed run's epoch sum is the
-// uninterrupted run's, bitwise).
+// that have landed (mbt_losses_landed, mb_train.h, writes each one's row); the epoch's sums are
+// the same whenever reads land (a resumed run's epoch sum is the uninterrupted run's, bitwise).
 
 /* Every step's loss landed (waits), the device's sums folded into the epoch's and restarted
  * (epoch ends, checkpoints, and with several ranks every MBT_DP_ROWS steps: on every rank). */
@@ -513,7 +456,7 @@ static mb_result epoch_end(trainer *t) {
     MB_TRY(epoch_trained(t));
     MB_TRY(evaluate(&t->m, t->va, &rs->val_loss, &rs->baseline, !mbs_averaging(&t->sel, rs->epoch)));
     MB_TRY(select_epoch(t, &t->avg_val_loss, avg_text, sizeof avg_text));
-    MB_TRY(data_parallel_in_sync(&t->m));
+    MB_TRY(mbt_ranks_in_sync(t->dist, t->m.net.params)); /* data parallel: bitwise the same weights */
     double sps = mbt_rate(rs->samples - t->run_samples0, rs->seconds);
     mb_scaler_state st; /* the scale the progress bar shows next epoch (read here: the epoch's end) */
     if (t->m.scaler && mb_scaler_get(t->m.scaler, &st) == MB_OK) t->pb.scale = st.scale;
@@ -595,13 +538,9 @@ static void trainer_close(trainer *t) { /* not the dist: main ends it */
 }
 
 // ---- walk-forward ----
-// --walk-forward K (mb_walk.h): the plan from the file's `times` (K folds in time order, each
-// validating on its block and training on the samples before it, purged of those whose target
-// horizon reaches the block), checked before anything is written; then each fold in turn: its
-// samples in memory, normalised with its training part's statistics only, a fresh model from
-// the same --seed, trained and selected as any run (averages, --keep-best, --patience), its
-// exported weights validated once more for the table (the fold's losses and metrics are those
-// of the weights it exports), a line; then the table with the folds' mean, spread and range.
+// --walk-forward K (mb_walk.h's mbw_run: the plan, the folds in turn, the table): each fold a
+// run of its own on its samples, with a fresh model from the same --seed, trained and selected
+// as any run; its exported weights validated once more for the table.
 
 typedef struct walk { const mtf_options *o; const char *onnx; trainer *t; } walk;
 
@@ -642,8 +581,8 @@ int main(int argc, char **argv) {
     mb_result r = trainer_open(&t, &o);
     if (r == MB_OK) r = train(&t);
     r = trainer_finish(&t, r);
-    mbs_state best = t.sel.st; /* for the summary: trainer_close clears it */
-    int averaged = t.sel.avg != NULL;
+    char extra[256]; /* the summary's selection part: trainer_close clears the selection */
+    int n = mbs_summary_text(extra, sizeof extra, &t.sel.st, t.sel.avg != NULL, t.avg_val_loss);
     trainer_close(&t);
     if (r != MB_OK) {
         mba_fail(mb_last_error()); /* in the user's words (mb_args.h) */
@@ -652,10 +591,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (t.lead) { /* samples: over all ranks */
-        char extra[256];
-        int n = snprintf(extra, sizeof extra, " best_epoch=%lld best_val_loss=%.5f", (long long)best.best_epoch,
-                         best.best_loss);
-        if (averaged) n += snprintf(extra + n, sizeof extra - (size_t)n, " avg_val_loss=%.5f", t.avg_val_loss);
         snprintf(extra + n, sizeof extra - (size_t)n, "%s", mbt_sim_count_text());
         mbt_summary(&t.rs, t.o.world, extra);
     }
