@@ -937,6 +937,9 @@ typedef struct mb_lr_schedule {
 } mb_lr_schedule;
 /* The learning rate at a step (validates the schedule and the step). */
 MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr);
+/* A schedule kind's name, as a command line spells it: "constant", "cosine", "onecycle" (the
+ * enum's order); NULL past the last kind, so `for (k = 0; mb_lr_kind_name(k); k++)` lists all. */
+MBDEF const char *mb_lr_kind_name(mb_lr_kind kind);
 
 /* Weight averaging over the flat parameter buffer: torch.optim.swa_utils.AveragedModel, its
  * n_averaged, its default (SWA) average and get_ema_multi_avg_fn, with the averaged weights on
@@ -7595,6 +7598,11 @@ MBDEF mb_result mb_lr_at(const mb_lr_schedule *s, int64_t step, float *lr) {
     MB_TRY(mb__lr_check(s, step));
     *lr = mb__lr_value(s, step);
     return MB_OK;
+}
+
+MBDEF const char *mb_lr_kind_name(mb_lr_kind kind) {
+    static const char *const names[] = {"constant", "cosine", "onecycle"}; /* mb_lr_kind's order */
+    return (int)kind >= 0 && (int)kind < (int)(sizeof names / sizeof *names) ? names[(int)kind] : NULL;
 }
 
 // -- averaging --

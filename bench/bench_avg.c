@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     static const int64_t seg[5] = {480, 288, 192, 96, 48};
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    s.nseg = 5; s.layers = 1; s.F = F; s.K = 36; s.H = H; s.head = 64;
+    s.nseg = 5; s.layers = 1; s.F = F; s.K = 36; s.hidden_size = H; s.head = 64;
     for (int i = 0; i < 5; i++) { s.seg_len[i] = seg[i]; s.T += seg[i]; }
     mb_device *dev = NULL;
     bench b;

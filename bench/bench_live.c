@@ -41,7 +41,7 @@ static mb_result write_model(const char *path, int64_t F, int64_t H) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
     const int64_t seg[5] = {480, 288, 192, 96, 48};
-    s.nseg = 5; s.layers = 1; s.carry = 1; /* opens in both modes */ s.F = F; s.K = 36; s.H = H; s.head = 64; s.has_norm = 1;
+    s.nseg = 5; s.layers = 1; s.carry = 1; /* opens in both modes */ s.F = F; s.K = 36; s.hidden_size = H; s.head = 64; s.has_norm = 1;
     for (int k = 0; k < 5; k++) { s.seg_len[k] = seg[k]; s.T += seg[k]; }
     snprintf(s.seg_names, sizeof s.seg_names, "M1,M5,M15,H1,H4");
     for (int i = 0; i < 5 * F; i++) { s.mean[i] = 0; s.std[i] = 1; }

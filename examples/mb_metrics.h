@@ -318,4 +318,56 @@ MBM_API int mbm_text(char *buf, size_t cap, const mbm_mean *m) {
     return snprintf(buf, cap, "hit=%s ic=%s rank_ic=%s", v[0], v[1], v[2]);
 }
 
+// ---- a validation pass on a device ----
+// The metrics of a pass whose predictions and targets live on an mb_device: each batch copied
+// into host buffers and added (a host sync a batch: validation is outside the training step),
+// then, at the pass's end, computed per horizon and as their means, the rows dropped.
+//   mbm_pass_init(&p, dev, k, max_rows); each batch: mbm_pass_add(&p, pred, y, rows);
+//   mbm_pass_end(&p, 1): p.per[k], p.mean; mbm_pass_free(&p)
+
+typedef struct mbm_pass {
+    mb_device *dev;
+    float *hpred, *htarg; /* (max_rows, k) host buffers */
+    mbm_acc acc;
+    mbm_horizon *per;     /* the last pass's, per horizon */
+    mbm_mean mean;        /* and their means over the horizons */
+} mbm_pass;
+
+MBM_API mb_result mbm_pass_init(mbm_pass *p, mb_device *dev, int64_t k, int64_t max_rows) {
+    size_t bytes = (size_t)(max_rows * k) * sizeof(float);
+    memset(p, 0, sizeof *p);
+    p->dev = dev;
+    MB_TRY(mb_alloc(dev, MB_MEM_HOST, bytes, (void **)&p->hpred));
+    MB_TRY(mb_alloc(dev, MB_MEM_HOST, bytes, (void **)&p->htarg));
+    p->per = (mbm_horizon *)calloc((size_t)k, sizeof *p->per);
+    if (!p->per) return MB_FAIL(NULL, MB_ERR_OUT_OF_MEMORY, "no memory for the metrics");
+    return mbm_init(&p->acc, k, 0);
+}
+
+MBM_API void mbm_pass_free(mbm_pass *p) {
+    if (p->dev) {
+        mb_free(p->dev, p->hpred);
+        mb_free(p->dev, p->htarg);
+    }
+    mbm_free(&p->acc);
+    free(p->per);
+    memset(p, 0, sizeof *p);
+}
+
+/* A batch: pred and y (rows, k) in device memory, rows <= max_rows. */
+MBM_API mb_result mbm_pass_add(mbm_pass *p, const float *pred, const float *y, int64_t rows) {
+    size_t bytes = (size_t)(rows * p->acc.k) * sizeof(float);
+    MB_TRY(mb_copy(p->dev, MB_STREAM_COMPUTE, p->hpred, pred, bytes));
+    MB_TRY(mb_copy(p->dev, MB_STREAM_COMPUTE, p->htarg, y, bytes));
+    MB_TRY(mb_sync(p->dev, MB_STREAM_COMPUTE));
+    return mbm_add(&p->acc, p->hpred, p->htarg, rows);
+}
+
+/* The pass's end: with compute, its metrics into p->per and p->mean; the rows dropped. */
+MBM_API mb_result mbm_pass_end(mbm_pass *p, int compute) {
+    mb_result r = compute ? mbm_compute(&p->acc, p->per, &p->mean) : MB_OK;
+    mbm_reset(&p->acc);
+    return r;
+}
+
 #endif /* MB_METRICS_H */

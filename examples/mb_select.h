@@ -131,6 +131,15 @@ MBS_API mb_result mbs_final_weights(mbs_select *s, int64_t last_epoch, char *wha
     return mb_sync(dev, MB_STREAM_COMPUTE);
 }
 
+/* The `summary:` line's part (mb_train.h's mbt_summary): " best_epoch=E best_val_loss=L" and,
+ * with an average (averaged), " avg_val_loss=A" (avg_loss: its last validation loss). What
+ * snprintf returns. */
+MBS_API int mbs_summary_text(char *buf, size_t cap, const mbs_state *st, int averaged, double avg_loss) {
+    int n = snprintf(buf, cap, " best_epoch=%lld best_val_loss=%.5f", (long long)st->best_epoch, st->best_loss);
+    if (averaged && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " avg_val_loss=%.5f", avg_loss);
+    return n;
+}
+
 /* Checkpoint: the average, the best weights and the state, so a resume continues them bitwise. */
 MBS_API mb_result mbs_save(mb_ckpt_writer *w, const mbs_select *s) {
     if (s->avg) MB_TRY(mb_ckpt_add_avg(w, s->avg));

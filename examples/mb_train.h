@@ -5,11 +5,14 @@
  *                  accumulation window), the part of a checkpoint that is not weights
  *   logging        mbt_log_warnings (data files: mb_args.h's mba_open_data, probed in a child)
  *   progress bar   mbt_progress_draw: one line on stderr, redrawn in place
- *   metrics        mbt_metrics_open/_step/_epoch: the CSV, kept exact across --resume
+ *   metrics        mbt_metrics_open/_step/_epoch: the CSV, kept exact across --resume;
+ *                  mbt_losses: each step's row kept until its loss, read late from the device, lands
  *   picture        mbt_plot_path, mbt_plot_write: the SVG of the loss curves (mb_plot.h)
  *   checkpoints    mbt_ckpt_save, mbt_ckpt_load: params, AdamW, scaler, run state, options
  *   checks         mbt_inputs_check, mbt_clamp_batch: before the device and the data lines
- *   report         mbt_epoch_report, mbt_summary: the per-epoch lines and the `summary:` line
+ *   data parallel  mbt_ranks_in_sync: the ranks' weights bitwise the same
+ *   report         mbt_open_report, mbt_epoch_report, mbt_summary: the device and data lines, the
+ *                  per-epoch lines and the `summary:` line
  *   sim counters   mbt_sim_count_from/_to/_text: the work per step under tests/cudasim
  * Include after megabatch.h. All names are mbt_* (static: each including file gets its own
  * copy); the command line is mb_args.h's. */
@@ -195,6 +198,62 @@ MBT_API void mbt_metrics_step(FILE *f, const mbt_step_row *row, float loss, int6
     fputc('\n', f);
 }
 
+// ---- step losses, read late ----
+// A trainer's meter (mb_meter) sums the training loss on the device in its slot 0; after each
+// step the trainer queues a read of it (mb_meter_step, no wait) and keeps the step's metrics
+// row here, at the read's id, until the read lands: mbt_losses_landed (the on_read of
+// mb_meter_step and mb_meter_fold) takes the step's loss as the growth since the read before
+// (mb_meter_delta) and writes the row. With several ranks each rank keeps its share of every
+// landed step, and mbt_losses_fold_ranks sums them over the ranks at a fold (epoch end,
+// checkpoint, every MBT_DP_ROWS steps: the same step on every rank), rank 0 writing the rows.
+
+enum { MBT_METER_DEPTH = 64, MBT_DP_ROWS = 256 };
+
+typedef struct mbt_losses {
+    FILE *const *csv;   /* the trainer's metrics file (*csv NULL: none) */
+    mb_dist *dist;      /* the ranks (NULL: one) */
+    int64_t k;          /* the targets (the metrics' columns) */
+    mbt_step_row rows[MBT_METER_DEPTH]; /* the row of meter read id, at id % MBT_METER_DEPTH */
+    double last;        /* the loss of the last step whose read landed */
+    /* several ranks: the dp_n steps landed since the last fold, their rows and this rank's
+     * {loss sum, samples} of each, summed over the ranks at the fold (with the fold's sum) */
+    int dp_n;
+    mbt_step_row dp_rows[MBT_DP_ROWS];
+    double dp_sums[2 * MBT_DP_ROWS + 1];
+} mbt_losses;
+
+/* A step's loss landed (read id; user: the mbt_losses): shown, and written with its row. */
+MBT_API mb_result mbt_losses_landed(void *user, const mb_meter *meter, int64_t id) {
+    mbt_losses *l = (mbt_losses *)user;
+    double sum = 0, w = 0;
+    MB_TRY(mb_meter_delta(meter, 0, &sum, &w));
+    if (w > 0) l->last = sum / w;
+    if (mb_dist_size(l->dist) == 1) {
+        mbt_metrics_step(*l->csv, &l->rows[id % MBT_METER_DEPTH], (float)l->last, l->k);
+        return MB_OK;
+    }
+    l->dp_rows[l->dp_n] = l->rows[id % MBT_METER_DEPTH];
+    l->dp_sums[2 * l->dp_n] = sum;
+    l->dp_sums[2 * l->dp_n + 1] = w;
+    l->dp_n++;
+    return MB_OK;
+}
+
+/* Several ranks: the landed steps' losses and the fold's *sum, summed over the ranks in rank
+ * order (every rank folds at the same step, with the same steps landed); rank 0 writes the rows. */
+MBT_API mb_result mbt_losses_fold_ranks(mbt_losses *l, double *sum) {
+    int n = l->dp_n;
+    l->dp_sums[2 * n] = *sum;
+    MB_TRY(mb_dist_sum(l->dist, l->dp_sums, 2 * n + 1));
+    for (int i = 0; i < n; i++) {
+        l->last = l->dp_sums[2 * i] / l->dp_sums[2 * i + 1];
+        mbt_metrics_step(*l->csv, &l->dp_rows[i], (float)l->last, l->k);
+    }
+    *sum = l->dp_sums[2 * n];
+    l->dp_n = 0;
+    return MB_OK;
+}
+
 /* An epoch's row: its losses, and the validation metrics (per: k horizons, and their means). */
 MBT_API void mbt_metrics_epoch(FILE *f, const mbt_run *rs, double samples_per_s, size_t device_bytes, int64_t k,
                                const mbm_horizon *per, const mbm_mean *mean) {
@@ -377,7 +436,27 @@ MBT_API void mbt_clamp_batch(int64_t *batch, int64_t n, int quiet) {
     *batch = n;
 }
 
+// ---- data parallel ----
+
+/* Several ranks (d): their weights p bitwise the same (after each epoch), else an error. */
+MBT_API mb_result mbt_ranks_in_sync(mb_dist *d, mb_params *p) {
+    int same = 1;
+    if (mb_dist_size(d) > 1) MB_TRY(mb_dist_check_sync(d, p, &same));
+    return same ? MB_OK : MB_FAIL(NULL, MB_ERR_CORRUPT, "the ranks' weights differ (rank %d)", mb_dist_rank(d));
+}
+
 // ---- report ----
+
+/* The lines a run opens with, once every check is done: the ranks (world > 1), the device, the
+ * data (source: its name; segments: the model's) and the parameters, and where a resume starts
+ * (resumed: the checkpoint, NULL: none). */
+MBT_API void mbt_open_report(mb_device *dev, const char *source, const mb_dataset_meta *mt, int segments,
+                             size_t params, int world, const char *resumed, const mbt_run *rs) {
+    if (world > 1) printf("data parallel: %d ranks\n", world);
+    printf("device: %s\ndata: %s N=%lld T=%lld F=%lld K=%lld, %d segments; params: %zu floats\n", mb_device_name(dev),
+           source, (long long)mt->n, (long long)mt->t, (long long)mt->f, (long long)mt->k, segments, params);
+    if (resumed) printf("resumed from %s: epoch %lld, step %lld\n", resumed, (long long)rs->epoch, (long long)rs->step);
+}
 
 /* The epoch's line (extra: appended after the losses, "" for none), the f16 loss scale, and
  * the seeds' leak check: a warning when the library's live device memory grew by more than

@@ -12,6 +12,7 @@
  *               normalisation into a model spec, so an exported fold model carries its own
  *   table       mbw_print_plan, mbw_print_fold, mbw_print_table: a line per fold, then each
  *               fold's losses and metrics with their mean, spread and range
+ *   the walk    mbw_run: all of the above in one process, a fold's training the caller's
  * Every fold is independent of the others (its plan entry and its file ranges): a program may
  * run any subset of them, e.g. one list of folds per rank (mbw_fold_on_rank), the ranks' rows
  * then summed into every rank's table (mbw_scores_gather).
@@ -33,6 +34,7 @@
 #ifndef MB_WALK_H
 #define MB_WALK_H
 
+#include "mb_args.h" /* mba_open_data (mbw_run) */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -656,6 +658,48 @@ MBW_API void mbw_print_table(FILE *out, const mbw_plan *p, const mbw_scores *s, 
             fprintf(out, " %*.6f", w[i], j == 0 ? sp[i].mean : j == 1 ? sp[i].std : j == 2 ? sp[i].min : sp[i].max);
         fputc('\n', out);
     }
+}
+
+/* ---- the whole walk ----
+ * One process, every fold in turn (docs/EXAMPLE.md, "Walk-forward evaluation"): the file at
+ * path opened (probed, mb_args.h), its times read (before any thread starts), the plan made
+ * (cfg->targets: the file's) and printed unless quiet; then each fold: its data loaded, fold
+ * (the caller's training of it) filling its scores, its line; then the table and the last line
+ *   summary: folds=K val_loss_mean=.. val_loss_std=.. val_loss_min=.. val_loss_max=.. */
+typedef mb_result (*mbw_fold_fn)(void *ctx, mbw_fold_data *fd, int k, mbw_scores *sc);
+
+MBW_API mb_result mbw_run(const char *path, mbw_config cfg, int quiet, mbw_fold_fn fold, void *ctx,
+                          const char *const *names, int n_metrics) {
+    static mbw_scores sc[MBW_MAX_FOLDS];
+    mbw_plan plan;
+    mbw_fold_data fd;
+    mb_dataset *file = NULL;
+    int64_t *times = NULL;
+    memset(sc, 0, sizeof sc);
+    memset(&fd, 0, sizeof fd);
+    mb_result r = mba_open_data(path, 1, &file);
+    const mb_dataset_meta *mt = r == MB_OK ? mb_dataset_info(file) : NULL;
+    if (r == MB_OK) r = mbw_read_times(path, mt->n, &times); /* in a child: before any thread starts */
+    if (mt) cfg.targets = mt->k;
+    if (r == MB_OK) r = mbw_plan_make(&plan, times, mt->n, &cfg);
+    if (r == MB_OK && !quiet) mbw_print_plan(stdout, &plan);
+    for (int k = 0; r == MB_OK && k < plan.folds; k++) {
+        r = mbw_fold_load(&fd, file, &plan, k);
+        if (r == MB_OK) r = fold(ctx, &fd, k, &sc[k]);
+        mbw_fold_free(&fd);
+        if (r == MB_OK) mbw_print_fold(stdout, &plan, k, &sc[k], names, n_metrics);
+    }
+    if (r == MB_OK) {
+        double v[MBW_MAX_FOLDS];
+        for (int k = 0; k < plan.folds; k++) v[k] = sc[k].val_loss;
+        mbw_spread vs = mbw_spread_of(v, plan.folds);
+        mbw_print_table(stdout, &plan, sc, names, n_metrics);
+        printf("summary: folds=%d val_loss_mean=%.5f val_loss_std=%.5f val_loss_min=%.5f val_loss_max=%.5f\n",
+               plan.folds, vs.mean, vs.std, vs.min, vs.max);
+    }
+    free(times);
+    mb_dataset_close(file);
+    return r;
 }
 
 #endif /* MB_WALK_H */

@@ -34,10 +34,11 @@
 
 static const int mtf_onnx_gate[4] = {0, 3, 1, 2}; /* ONNX gate j (i, o, f, c) is our gate (i, f, g, o) */
 
-/* rows (4H, cols) in our gate order -> ONNX's, into dst. */
-MTF_API void mtf_onnx_gates(float *dst, const float *src, int64_t H, int64_t cols) {
+/* rows (4H, cols) in our gate order -> ONNX's, into dst (H: hidden_size). */
+MTF_API void mtf_onnx_gates(float *dst, const float *src, int64_t hidden_size, int64_t cols) {
     for (int j = 0; j < 4; j++)
-        memcpy(dst + j * H * cols, src + mtf_onnx_gate[j] * H * cols, (size_t)(H * cols) * sizeof(float));
+        memcpy(dst + j * hidden_size * cols, src + mtf_onnx_gate[j] * hidden_size * cols,
+               (size_t)(hidden_size * cols) * sizeof(float));
 }
 
 /* A parameter's values in the host copy of the flat buffer. */
@@ -65,7 +66,7 @@ MTF_API mb_result mtf_onnx_check(const mtf_model *m) {
 /* One encoder: Slice, normalisation, L LSTM layers, its last hidden state as "enc.s.h". */
 MTF_API void mtf_onnx_encoder(mbo_model *g, const mtf_model *m, const float *host, float *tmp, int s, int64_t off) {
     const mtf_spec *sp = &m->spec;
-    int64_t H = sp->H, one = 1, start = off, end = off + sp->seg_len[s];
+    int64_t hidden_size = sp->hidden_size, one = 1, start = off, end = off + sp->seg_len[s];
     char n[8][64], x[64];
     snprintf(n[0], 64, "enc.%d.start", s);
     snprintf(n[1], 64, "enc.%d.end", s);
@@ -89,16 +90,17 @@ MTF_API void mtf_onnx_encoder(mbo_model *g, const mtf_model *m, const float *hos
         snprintf(x, 64, "%s", n[5]);
     }
     for (int k = 0; k < sp->layers; k++) {
-        int64_t in = k ? H : sp->F, wd[3] = {1, 4 * H, in}, rd[3] = {1, 4 * H, H}, bd[2] = {1, 8 * H};
+        int64_t in = k ? hidden_size : sp->F, wd[3] = {1, 4 * hidden_size, in};
+        int64_t rd[3] = {1, 4 * hidden_size, hidden_size}, bd[2] = {1, 8 * hidden_size};
         snprintf(n[0], 64, "enc.%d.W_l%d", s, k);
         snprintf(n[1], 64, "enc.%d.R_l%d", s, k);
         snprintf(n[2], 64, "enc.%d.B_l%d", s, k);
-        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.weight_ih_l%d", s, k), H, in);
+        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.weight_ih_l%d", s, k), hidden_size, in);
         mbo_tensor_f32(g, n[0], 3, wd, tmp);
-        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.weight_hh_l%d", s, k), H, H);
+        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.weight_hh_l%d", s, k), hidden_size, hidden_size);
         mbo_tensor_f32(g, n[1], 3, rd, tmp);
-        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.bias_ih_l%d", s, k), H, 1);
-        mtf_onnx_gates(tmp + 4 * H, mtf_onnx_param(m, host, "enc%d.bias_hh_l%d", s, k), H, 1);
+        mtf_onnx_gates(tmp, mtf_onnx_param(m, host, "enc%d.bias_ih_l%d", s, k), hidden_size, 1);
+        mtf_onnx_gates(tmp + 4 * hidden_size, mtf_onnx_param(m, host, "enc%d.bias_hh_l%d", s, k), hidden_size, 1);
         mbo_tensor_f32(g, n[2], 2, bd, tmp);
         int last = k == sp->layers - 1;
         snprintf(n[3], 64, "enc.%d.lstm_l%d", s, k);
@@ -106,7 +108,7 @@ MTF_API void mtf_onnx_encoder(mbo_model *g, const mtf_model *m, const float *hos
         snprintf(n[5], 64, last ? "enc.%d.h" : "enc.%d.y_l%d.seq", s, k); /* (B, H) or (len, B, H) */
         const char *lstm_in[] = {x, n[0], n[1], n[2]}, *y_only[] = {n[4]}, *h_only[] = {"", n[4]};
         const char *sq_in[] = {n[4], last ? "axes_0" : "axes_1"}, *sq_out[] = {n[5]};
-        mbo_attr hs = mbo_attr_int("hidden_size", H);
+        mbo_attr hs = mbo_attr_int("hidden_size", hidden_size);
         mbo_node(g, "LSTM", n[3], lstm_in, 4, last ? h_only : y_only, last ? 2 : 1, &hs, 1);
         snprintf(n[6], 64, "enc.%d.squeeze_l%d", s, k);
         mbo_node(g, "Squeeze", n[6], sq_in, 2, sq_out, 1, NULL, 0);
@@ -143,7 +145,7 @@ MTF_API void mtf_onnx_head(mbo_model *g, const mtf_model *m, const float *host) 
     for (int i = 0; i < s->nseg; i++) { snprintf(names[i], 32, "enc.%d.h", i); hs[i] = names[i]; }
     mbo_attr axis = mbo_attr_int("axis", 1);
     mbo_node(g, "Concat", "fused", hs, s->nseg, fused, 1, &axis, 1);
-    mtf_onnx_linear(g, m, host, 1, "fused", "fc1", s->head, s->nseg * s->H);
+    mtf_onnx_linear(g, m, host, 1, "fused", "fc1", s->head, s->nseg * s->hidden_size);
     const float k[4] = {0.044715f, 0.7978845608028654f, 1.0f, 0.5f};
     const char *kn[4] = {"gelu.k", "gelu.c", "gelu.one", "gelu.half"};
     for (int i = 0; i < 4; i++) mbo_tensor_f32(g, kn[i], 0, NULL, &k[i]);
@@ -192,9 +194,9 @@ MTF_API mb_result mtf_onnx_export(mtf_model *m, const char *path) {
     if (!s->T || s->nseg < 1)
         return MB_FAIL(NULL, MB_ERR_FORMAT, "onnx: the model's segment lengths are unknown (its file has no "
                        "segments metadata): the graph needs its window length");
-    int64_t wmax = s->F > s->H ? s->F : s->H;
+    int64_t wmax = s->F > s->hidden_size ? s->F : s->hidden_size;
     float *host = (float *)malloc(mb_params_total(m->params) * sizeof(float) + 1);
-    float *tmp = (float *)malloc((size_t)(4 * s->H * (wmax > 2 ? wmax : 2)) * sizeof(float));
+    float *tmp = (float *)malloc((size_t)(4 * s->hidden_size * (wmax > 2 ? wmax : 2)) * sizeof(float));
     mbo_model g;
     mtf_meta_text t;
     mbo_init(&g);

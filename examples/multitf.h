@@ -26,7 +26,8 @@
 
 typedef struct mtf_spec {
     int nseg, layers, carry;                 /* carry: trained with --carry (metadata) */
-    int64_t F, K, H, head, T;                /* T = sum of seg_len (0 when unknown) */
+    int64_t F, K, hidden_size, head, T;      /* T = sum of seg_len (0 when unknown); hidden_size: the
+                                                LSTMs' (mb_lstm_config.hidden_size), H in shapes */
     int64_t seg_len[MTF_MAX_SEG];            /* 0 when the file does not say */
     char seg_names[256];                     /* "M1,M5,M15,H1,H4" or "" */
     int has_norm;                            /* feature_mean/std present */
@@ -101,20 +102,20 @@ MTF_API mb_result mtf_alloc(mtf_model *m, float **p, int64_t n) {
 MTF_API mb_result mtf_model_buffers(mtf_model *m, const mtf_config *c) {
     const mtf_spec *s = &m->spec;
     int64_t B = c->maxB;
-    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->hlast[i], B * s->H));
-    MB_TRY(mtf_alloc(m, &m->fused, B * s->nseg * s->H));
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->hlast[i], B * s->hidden_size));
+    MB_TRY(mtf_alloc(m, &m->fused, B * s->nseg * s->hidden_size));
     MB_TRY(mtf_alloc(m, &m->z1, B * s->head));
     MB_TRY(mtf_alloc(m, &m->a1, B * s->head));
     MB_TRY(mtf_alloc(m, &m->pred, B * s->K));
-    if (c->dropout > 0.0f) MB_TRY(mtf_alloc(m, &m->fused_drop, B * s->nseg * s->H));
+    if (c->dropout > 0.0f) MB_TRY(mtf_alloc(m, &m->fused_drop, B * s->nseg * s->hidden_size));
     if (!c->train) return MB_OK;
-    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->H));
-    MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->H));
+    for (int i = 0; i < s->nseg; i++) MB_TRY(mtf_alloc(m, &m->dh[i], B * s->hidden_size));
+    MB_TRY(mtf_alloc(m, &m->dfused, B * s->nseg * s->hidden_size));
     MB_TRY(mtf_alloc(m, &m->da1, B * s->head));
     MB_TRY(mtf_alloc(m, &m->dpred, B * s->K));
     if (!c->carry) return MB_OK;
-    MB_TRY(mtf_alloc(m, &m->state_h, s->layers * B * s->H));
-    return mtf_alloc(m, &m->state_c, s->layers * B * s->H);
+    MB_TRY(mtf_alloc(m, &m->state_h, s->layers * B * s->hidden_size));
+    return mtf_alloc(m, &m->state_c, s->layers * B * s->hidden_size);
 }
 
 /* Register the parameters (enc{s}. and head.fc{1,2}., in that order) and the workspaces.
@@ -136,7 +137,7 @@ MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *
         snprintf(prefix, sizeof prefix, "enc%d.", s);
         mb_lstm_config lc;
         memset(&lc, 0, sizeof lc);
-        lc.input_size = spec->F; lc.hidden_size = spec->H; lc.layers = spec->layers; lc.prefix = prefix;
+        lc.input_size = spec->F; lc.hidden_size = spec->hidden_size; lc.layers = spec->layers; lc.prefix = prefix;
         lc.max_steps = spec->seg_len[s]; lc.max_batch = c->maxB; lc.carry_state = c->carry;
         lc.checkpoint = c->checkpoint_k; lc.precision = c->precision; lc.stream = MTF_STREAM(s);
         lc.dropout = c->dropout; lc.dropout_seed = c->dropout_seed + 1 + (uint64_t)s * (uint64_t)spec->layers;
@@ -145,7 +146,7 @@ MTF_API mb_result mtf_model_build(mtf_model *m, mb_device *dev, const mtf_spec *
         mb_lstm_set_training(m->enc[s], m->training);
         m->seg_off[s] = s ? m->seg_off[s - 1] + spec->seg_len[s - 1] : 0;
     }
-    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->H, spec->head));
+    MB_TRY(mb_linear_init(&m->fc1, m->params, "head.fc1", spec->nseg * spec->hidden_size, spec->head));
     MB_TRY(mb_linear_init(&m->fc2, m->params, "head.fc2", spec->head, spec->K));
     MB_TRY(mb_params_finalize(m->params));
     return mtf_model_buffers(m, c);
@@ -169,12 +170,12 @@ MTF_API mb_result mtf_model_create(mtf_model *m, mb_device *dev, const mtf_spec 
 }
 
 /* The spec of a model for a data file: its segments (the whole window when it has none),
- * F and K; H, head and layers chosen by the trainer. */
-MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t H, int64_t head, int layers, int carry) {
+ * F and K; hidden_size, head and layers chosen by the trainer. */
+MTF_API mtf_spec mtf_spec_of_data(const mb_dataset_meta *d, int64_t hidden_size, int64_t head, int layers, int carry) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
     s.nseg = d->segments ? d->segments : 1;
-    s.layers = layers; s.carry = carry; s.F = d->f; s.K = d->k; s.H = H; s.head = head; s.T = d->t;
+    s.layers = layers; s.carry = carry; s.F = d->f; s.K = d->k; s.hidden_size = hidden_size; s.head = head; s.T = d->t;
     for (int i = 0; i < s.nseg && i < MTF_MAX_SEG; i++) {
         s.seg_len[i] = d->segments ? d->segment_len[i] : d->t;
         size_t n = strlen(s.seg_names);
@@ -189,11 +190,11 @@ MTF_API mb_result mtf_model_head(mtf_model *m, int64_t B, const float **pred) {
     const mtf_spec *s = &m->spec;
     int64_t dims[MTF_MAX_SEG];
     const float *hs[MTF_MAX_SEG];
-    for (int i = 0; i < s->nseg; i++) { dims[i] = s->H; hs[i] = m->hlast[i]; }
+    for (int i = 0; i < s->nseg; i++) { dims[i] = s->hidden_size; hs[i] = m->hlast[i]; }
     MB_TRY(mb_concat_forward(m->dev, MB_STREAM_COMPUTE, s->nseg, hs, dims, B, m->fused));
     if (m->drop)
         MB_TRY(mb_dropout_forward_dev(m->dev, MB_STREAM_COMPUTE, m->dropout, m->dropout_seed, m->drop_step, m->fused,
-                                      m->fused_drop, (size_t)(B * s->nseg * s->H)));
+                                      m->fused_drop, (size_t)(B * s->nseg * s->hidden_size)));
     MB_TRY(mb_linear_forward(&m->fc1, MB_STREAM_COMPUTE, m->drop ? m->fused_drop : m->fused, B, m->z1));
     MB_TRY(mb_act_forward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->a1, (size_t)(B * s->head)));
     MB_TRY(mb_linear_forward(&m->fc2, MB_STREAM_COMPUTE, m->a1, B, m->pred));
@@ -227,13 +228,13 @@ MTF_API mb_result mtf_model_forward(mtf_model *m, const float *x, int64_t B, con
 MTF_API mb_result mtf_model_backward(mtf_model *m, int64_t B) {
     const mtf_spec *s = &m->spec;
     int64_t dims[MTF_MAX_SEG];
-    for (int i = 0; i < s->nseg; i++) dims[i] = s->H;
+    for (int i = 0; i < s->nseg; i++) dims[i] = s->hidden_size;
     MB_TRY(mb_linear_backward(&m->fc2, MB_STREAM_COMPUTE, m->a1, m->dpred, B, m->da1));
     MB_TRY(mb_act_backward(m->dev, MB_STREAM_COMPUTE, MB_ACT_GELU, m->z1, m->da1, m->da1, (size_t)(B * s->head)));
     MB_TRY(mb_linear_backward(&m->fc1, MB_STREAM_COMPUTE, m->drop ? m->fused_drop : m->fused, m->da1, B, m->dfused));
     if (m->drop) /* the same mask on the gradient */
         MB_TRY(mb_dropout_backward_dev(m->dev, MB_STREAM_COMPUTE, m->dropout, m->dropout_seed, m->drop_step, m->dfused,
-                                       m->dfused, (size_t)(B * s->nseg * s->H)));
+                                       m->dfused, (size_t)(B * s->nseg * s->hidden_size)));
     MB_TRY(mb_concat_backward(m->dev, MB_STREAM_COMPUTE, s->nseg, m->dfused, dims, B, m->dh));
     return mb_lstm_backward_many(m->call, s->nseg); /* reads the batch again: it must still be valid */
 }
@@ -347,7 +348,7 @@ MTF_API mb_result mtf_spec_of(const mb_st_file *f, const char *path, mtf_spec *s
                        "fc1.weight and fc2.weight (bench/pytorch/multitf.py's names)", path);
     while (s->nseg < MTF_MAX_SEG && mtf_tensor(f, 2, "enc.%d.weight_ih_l%d", s->nseg, 0)) s->nseg++;
     while (s->layers < 64 && mtf_tensor(f, 2, "enc.%d.weight_ih_l%d", 0, s->layers)) s->layers++;
-    s->H = w->shape[0] / 4; s->F = w->shape[1]; s->head = f1->shape[0]; s->K = f2->shape[0];
+    s->hidden_size = w->shape[0] / 4; s->F = w->shape[1]; s->head = f1->shape[0]; s->K = f2->shape[0];
     const char *seg = mb_st_meta_get(f, "segments"), *names = mb_st_meta_get(f, "segment_names");
     double v[MTF_MAX_SEG];
     if (seg && !mtf_parse_list(seg, v, s->nseg))
@@ -363,7 +364,7 @@ MTF_API mb_result mtf_spec_of(const mb_st_file *f, const char *path, mtf_spec *s
     s->carry = carry && !strcmp(carry, "1");
     MB_TRY(mtf_meta_int(f, "features", s->F, path));
     MB_TRY(mtf_meta_int(f, "targets", s->K, path));
-    MB_TRY(mtf_meta_int(f, "hidden", s->H, path));
+    MB_TRY(mtf_meta_int(f, "hidden", s->hidden_size, path));
     MB_TRY(mtf_meta_int(f, "head", s->head, path));
     MB_TRY(mtf_meta_int(f, "layers", s->layers, path));
     return mtf_meta_norm(f, s, path);
@@ -399,7 +400,7 @@ MTF_API mb_result mtf_meta_of(const mtf_spec *s, mtf_meta_text *t) {
     mtf_meta_add(t, "segments", t->buf[k++]);
     if (s->seg_names[0]) mtf_meta_add(t, "segment_names", s->seg_names);
     const char *keys[] = {"features", "targets", "hidden", "head", "layers", "carry"};
-    int64_t vals[] = {s->F, s->K, s->H, s->head, s->layers, s->carry};
+    int64_t vals[] = {s->F, s->K, s->hidden_size, s->head, s->layers, s->carry};
     for (int i = 0; i < 6; i++, k++) {
         snprintf(t->buf[k], sizeof t->buf[k], "%lld", (long long)vals[i]);
         mtf_meta_add(t, keys[i], t->buf[k]);
@@ -492,7 +493,7 @@ MTF_API mb_result mtf_model_save_carry(mb_ckpt_writer *w, mtf_model *m) {
     for (int s = 0; s < m->spec.nseg; s++) {
         mtf_carry_names name = mtf_carry_names_of(s);
         int64_t B = mb_lstm_state_batch(m->enc[s]);
-        size_t bytes = (size_t)(m->spec.layers * B * m->spec.H) * sizeof(float);
+        size_t bytes = (size_t)(m->spec.layers * B * m->spec.hidden_size) * sizeof(float);
         MB_TRY(mb_ckpt_add(w, name.batch, &B, sizeof B));
         if (!B) continue;
         MB_TRY(mb_lstm_final_state(m->enc[s], m->state_h, m->state_c));
@@ -511,7 +512,7 @@ MTF_API mb_result mtf_model_load_carry(mb_ckpt_reader *rd, mtf_model *m) {
         mb_lstm_reset_state(m->enc[s]);
         if (!B) continue;
         if (B < 0 || B > m->maxB) return MB_FAIL(NULL, MB_ERR_FORMAT, "checkpoint: %s = %lld", name.batch, (long long)B);
-        size_t bytes = (size_t)(m->spec.layers * B * m->spec.H) * sizeof(float);
+        size_t bytes = (size_t)(m->spec.layers * B * m->spec.hidden_size) * sizeof(float);
         MB_TRY(mb_ckpt_get(rd, name.h, m->state_h, bytes));
         MB_TRY(mb_ckpt_get(rd, name.c, m->state_c, bytes));
         MB_TRY(mb_lstm_set_state(m->enc[s], B, m->state_h, m->state_c));
@@ -529,6 +530,19 @@ MTF_API mb_result mtf_model_save_dropout(mb_ckpt_writer *w, mtf_model *m) {
 
 MTF_API mb_result mtf_model_load_dropout(mb_ckpt_reader *rd, mtf_model *m) {
     return m->drop_step ? mb_ckpt_get(rd, "dropout_step", m->drop_step, sizeof *m->drop_step) : MB_OK;
+}
+
+/* ---- the model's state in a checkpoint ----
+ * What a checkpoint holds of a model besides its weights: the carried state (a model of a
+ * spec with carry) and the dropout step. */
+MTF_API mb_result mtf_model_save_state(mb_ckpt_writer *w, mtf_model *m) {
+    if (m->spec.carry) MB_TRY(mtf_model_save_carry(w, m));
+    return mtf_model_save_dropout(w, m);
+}
+
+MTF_API mb_result mtf_model_load_state(mb_ckpt_reader *rd, mtf_model *m) {
+    if (m->spec.carry) MB_TRY(mtf_model_load_carry(rd, m));
+    return mtf_model_load_dropout(rd, m);
 }
 
 #endif /* MTF_MULTITF_H */

@@ -18,13 +18,14 @@
 static const char usage[] =
     "usage: train_minimal [--train FILE] [--val FILE] [--epochs N] [--hidden H] [--batch B] [--lr LR] [--seed S]\n"
     "  one LSTM + a linear head trained with AdamW on an HDF5 file of features (N, T, F) and\n"
-    "  targets (N, K); defaults: data/train.h5, data/val.h5 (from `make run`), 4 epochs, H 32,\n"
-    "  B 32, lr 1e-3, seed 1. The files are checked in a child process first. -h, --help: this text.\n"
+    "  targets (N, K); defaults: data/train.h5, data/val.h5 (from `make run`), 4 epochs,\n"
+    "  the LSTM's hidden_size H 32, B 32, lr 1e-3, seed 1. The files are checked in a child process\n"
+    "  first. -h, --help: this text.\n"
     "Exit 2 with one line `error: ...` on stderr on bad flags, files or data.\n";
 
 typedef struct options {
     const char *train, *val;
-    int64_t epochs, hidden, batch;
+    int64_t epochs, hidden_size, batch; /* hidden_size: --hidden */
     uint64_t seed;
     float lr;
 } options;
@@ -34,7 +35,7 @@ typedef struct model {
     mb_params *params;                 /* every weight in one flat buffer, every gradient in another */
     mb_lstm *lstm;
     mb_linear head;
-    int64_t T, K, H;
+    int64_t T, K, hidden_size;
     float *h_last, *dh_last;           /* (B, H) */
     float *pred, *dpred, *zeros;       /* (B, K) */
     float *loss;                       /* one float */
@@ -46,18 +47,18 @@ static mb_result alloc_f32(mb_device *dev, int64_t n, float **p) {
 
 static mb_result model_create(model *m, mb_device *dev, const mb_dataset_meta *d, const options *o) {
     memset(m, 0, sizeof *m);
-    m->dev = dev; m->T = d->t; m->K = d->k; m->H = o->hidden;
+    m->dev = dev; m->T = d->t; m->K = d->k; m->hidden_size = o->hidden_size;
     mb_lstm_config lc;
     memset(&lc, 0, sizeof lc);
-    lc.input_size = d->f; lc.hidden_size = m->H; lc.layers = 1;
+    lc.input_size = d->f; lc.hidden_size = m->hidden_size; lc.layers = 1;
     lc.max_steps = d->t; lc.max_batch = o->batch;           /* checkpoint 0: automatic */
     MB_TRY(mb_params_create(&m->params, dev));
     MB_TRY(mb_lstm_create(&m->lstm, m->params, &lc));      /* weight_ih_l0, weight_hh_l0, ... */
-    MB_TRY(mb_linear_init(&m->head, m->params, "head", m->H, m->K));
+    MB_TRY(mb_linear_init(&m->head, m->params, "head", m->hidden_size, m->K));
     MB_TRY(mb_params_finalize(m->params));
     MB_TRY(mb_params_init(m->params, o->seed));
-    MB_TRY(alloc_f32(dev, o->batch * m->H, &m->h_last));
-    MB_TRY(alloc_f32(dev, o->batch * m->H, &m->dh_last));
+    MB_TRY(alloc_f32(dev, o->batch * m->hidden_size, &m->h_last));
+    MB_TRY(alloc_f32(dev, o->batch * m->hidden_size, &m->dh_last));
     MB_TRY(alloc_f32(dev, o->batch * m->K, &m->pred));
     MB_TRY(alloc_f32(dev, o->batch * m->K, &m->dpred));
     MB_TRY(alloc_f32(dev, o->batch * m->K, &m->zeros));
@@ -177,7 +178,7 @@ int main(int argc, char **argv) {
     options o = {"data/train.h5", "data/val.h5", 4, 32, 32, 1, 1e-3f};
     const mba_flag flags[] = {
         {"--train", MBA_STR, &o.train, 0, 0, NULL},    {"--val", MBA_STR, &o.val, 0, 0, NULL},
-        {"--epochs", MBA_I64, &o.epochs, 1, 1e6, NULL}, {"--hidden", MBA_I64, &o.hidden, 1, 1e6, NULL},
+        {"--epochs", MBA_I64, &o.epochs, 1, 1e6, NULL}, {"--hidden", MBA_I64, &o.hidden_size, 1, 1e6, NULL},
         {"--batch", MBA_I64, &o.batch, 1, 1e6, NULL},   {"--seed", MBA_U64, &o.seed, 1, 1e6, NULL},
         {"--lr", MBA_F32, &o.lr, 1e-9, 10, NULL}};
     if (!mba_parse(argc, argv, flags, (int)(sizeof flags / sizeof *flags))) return 2;

@@ -2,7 +2,7 @@
 # The hostile command-line corpus (docs/RELIABILITY.md, "The output-path rule" and "Hostile
 # command lines"): every mistake of issue 46 by hand, and the same kinds of mistake generated
 # for every flag of every tool from the tools' own flag tables (the {"--flag", MBA_KIND, dst,
-# lo, hi, ...} lines of examples/prepare.c, train_multitf.c, predict.c, inspect.c), so a new
+# lo, hi, ...} lines of examples/prepare.c, mtf_options.h (train_multitf's), predict.c, inspect.c), so a new
 # flag is in the corpus as soon as it is in a table:
 #   every flag        given twice; without its value (last, or before another flag)
 #   a number          abc, '', 12abc, 1e999, nan, below its range, above it, 1.5 (integers)
@@ -58,7 +58,7 @@ base_inspect="val.h5"
 INPUTS=" --csv --train --val --init --model --data "
 OUTPUTS=" --out-train --out-val --write-mt5 --metrics --plot --ckpt --export --export-onnx --out --to-onnx "
 MKDIRS=" prepare:--out-train prepare:--out-val " # outputs whose directories the tool makes
-SRC_prepare=examples/prepare.c SRC_train_multitf=examples/train_multitf.c SRC_predict=examples/predict.c
+SRC_prepare=examples/prepare.c SRC_train_multitf=examples/mtf_options.h SRC_predict=examples/predict.c
 SRC_inspect=examples/inspect.c
 
 # the base a flag's cases start from (predict: --csv, --live, --stateful need --live's; --to-onnx its own)
@@ -141,6 +141,8 @@ for tool in prepare train_multitf predict inspect; do
         if [ "$kind" = MBA_CHOICE ]; then # its first choice: the array its table line names
             arr=$(grep -o -e "$flag\", MBA_CHOICE, [^,]*, 0, 0, [a-z_]*" "$src" | awk '{print $NF}' | head -n 1)
             ok=$(grep -o -e "$arr\[\] = {\"[a-z0-9]*\"" "$src" | head -n 1 | sed 's/.*{"//; s/"$//')
+            # names made at run time (--schedule's, from the library): the tool's own refusal lists them
+            [ -n "$ok" ] || ok=$("$B/$tool" "$flag" '?' 2>&1 | sed -n "s/.*'?': expected \([a-z0-9]*\).*/\1/p")
             [ -n "$ok" ] || { bad "$src: $flag: no choices found"; continue; }
         fi
         add "$tool" "$flag given twice" "$base $flag $ok $flag $ok"

@@ -353,7 +353,7 @@ static void test_lstm_dropout_bad_config(void **state) {
 static mtf_spec small_spec(void) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    s.nseg = 2; s.layers = 2; s.F = 3; s.K = 2; s.H = 5; s.head = 6;
+    s.nseg = 2; s.layers = 2; s.F = 3; s.K = 2; s.hidden_size = 5; s.head = 6;
     s.seg_len[0] = 4; s.seg_len[1] = 3; s.T = 7;
     return s;
 }
@@ -378,7 +378,7 @@ static void test_mtf_dropout(void **state) {
     build(&m, dev, 0.4f, B);
     build(&z, dev, 0.0f, B);
     const mtf_spec *s = &m.spec;
-    size_t nx = (size_t)(B * s->T * s->F), nk = (size_t)(B * s->K), nf = (size_t)(B * s->nseg * s->H);
+    size_t nx = (size_t)(B * s->T * s->F), nk = (size_t)(B * s->K), nf = (size_t)(B * s->nseg * s->hidden_size);
     float *x = tu_alloc_f32(nx), *p1 = tu_alloc_f32(nk), *p2 = tu_alloc_f32(nk), *pz = tu_alloc_f32(nk);
     tu_fill(x, nx, -1, 1);
     const float *pred;
@@ -393,11 +393,11 @@ static void test_mtf_dropout(void **state) {
     tu_ok(mtf_model_backward(&m, B));
     const float *w1 = mb_params_tensor(m.params, m.fc1.weight); /* (head, S H) */
     for (int64_t b = 0; b < B; b++) /* dh = mask * (da1 W1): exactly 0 where dropped */
-        for (int64_t col = 0; col < s->nseg * s->H; col++) {
+        for (int64_t col = 0; col < s->nseg * s->hidden_size; col++) {
             double d = 0;
-            for (int64_t u = 0; u < s->head; u++) d += (double)m.da1[b * s->head + u] * w1[u * s->nseg * s->H + col];
-            size_t i = (size_t)(b * s->nseg * s->H + col);
-            float got = m.dh[col / s->H][b * s->H + col % s->H];
+            for (int64_t u = 0; u < s->head; u++) d += (double)m.da1[b * s->head + u] * w1[u * s->nseg * s->hidden_size + col];
+            size_t i = (size_t)(b * s->nseg * s->hidden_size + col);
+            float got = m.dh[col / s->hidden_size][b * s->hidden_size + col % s->hidden_size];
             if (mb_rng_uniform(99, 1, i) < 0.4f) assert_true(got == 0.0f);
             else assert_true(fabs(got - d / 0.6) <= 1e-5 * (1 + fabs(d)));
         }

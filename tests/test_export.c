@@ -106,7 +106,7 @@ static void test_golden_torch_predicts(void **state) {
     mtf_spec s;
     assert_int_equal(mtf_spec_of(f, "golden", &s), MB_OK);
     assert_int_equal(s.nseg, 5);
-    assert_int_equal(s.F, 3); assert_int_equal(s.K, 2); assert_int_equal(s.H, 4); assert_int_equal(s.head, 5);
+    assert_int_equal(s.F, 3); assert_int_equal(s.K, 2); assert_int_equal(s.hidden_size, 4); assert_int_equal(s.head, 5);
     assert_int_equal(s.layers, 1); assert_int_equal(s.T, 16);
     const mb_st_tensor *x = mb_st_find(io, "x"), *pred = mb_st_find(io, "pred");
     assert_non_null(x); assert_non_null(pred);

@@ -6,6 +6,7 @@
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
 #include "testutil.h"
+#include "../examples/mb_args.h" /* the programs' --schedule parser (mba_parse) */
 
 /* weight (3, 4) + bias (3): indices 0 and 1 */
 static mb_params *make_wb(mb_device *dev) {
@@ -183,6 +184,32 @@ static void test_lr_schedules(void **state) {
     tu_assert_error(mb_lr_at(&bad, 0, &lr), MB_ERR_INVALID_ARG, "pct_start 1.5");
     bad.kind = (mb_lr_kind)9;
     tu_assert_error(mb_lr_at(&bad, 0, &lr), MB_ERR_INVALID_ARG, "unknown schedule kind 9");
+}
+
+/* mb_lr_kind_name: every kind has a name and every name is a kind, the names are distinct, and
+ * each round-trips through the programs' --schedule parser (a choice list built from them) to
+ * its kind; past the last name, the kind is refused (so a new kind without a name fails here). */
+static void test_lr_kind_names(void **state) {
+    (void)state;
+    const char *names[8] = {NULL};
+    int n = 0;
+    while (n < 7 && mb_lr_kind_name((mb_lr_kind)n)) names[n] = mb_lr_kind_name((mb_lr_kind)n), n++;
+    assert_true(n >= 3 && n < 7);
+    assert_null(mb_lr_kind_name((mb_lr_kind)-1));
+    float lr;
+    for (int k = 0; k < n; k++) {
+        for (int j = 0; j < k; j++) assert_string_not_equal(names[j], names[k]);
+        int kind = -1;
+        char *argv[] = {(char *)"prog", (char *)"--schedule", (char *)names[k], NULL};
+        const mba_flag flags[] = {{"--schedule", MBA_CHOICE, &kind, 0, 0, names}};
+        assert_int_equal(mba_parse(3, argv, flags, 1), 1);
+        assert_int_equal(kind, k);
+        assert_string_equal(mb_lr_kind_name((mb_lr_kind)kind), names[k]);
+        mb_lr_schedule s = {.lr = 1e-3f, .kind = (mb_lr_kind)k, .total_steps = 10};
+        tu_ok(mb_lr_at(&s, 0, &lr));
+    }
+    mb_lr_schedule past = {.lr = 1e-3f, .kind = (mb_lr_kind)n, .total_steps = 10};
+    tu_assert_error(mb_lr_at(&past, 0, &lr), MB_ERR_INVALID_ARG, "unknown schedule kind");
 }
 
 static mb_scaler *make_scaler(mb_device *dev, float init, float growth, float backoff, int interval) {
@@ -596,6 +623,7 @@ int main(void) {
         cmocka_unit_test(test_clip_hand_computed),
         cmocka_unit_test(test_adamw_torch_golden),
         cmocka_unit_test(test_lr_schedules),
+        cmocka_unit_test(test_lr_kind_names),
         cmocka_unit_test(test_scaler_torch_sequence),
         cmocka_unit_test(test_scaler_inf_nan_anywhere),
         cmocka_unit_test(test_scaler_limits),

@@ -354,7 +354,7 @@ static void check_topology(const onx_file *o) {
 static mtf_spec random_spec(void) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    s.nseg = tu_int(1, 5); s.F = tu_int(1, 7); s.H = tu_int(1, 6); s.layers = tu_int(1, 3);
+    s.nseg = tu_int(1, 5); s.F = tu_int(1, 7); s.hidden_size = tu_int(1, 6); s.layers = tu_int(1, 3);
     s.head = tu_int(1, 6); s.K = tu_int(1, 5);
     for (int i = 0; i < s.nseg; i++) { s.seg_len[i] = tu_int(1, 9); s.T += s.seg_len[i]; }
     s.has_norm = tu_int(0, 1);
@@ -381,7 +381,7 @@ static void expect_floats(const onx_tensor *t, const float *want, size_t n, size
 /* The LSTM of segment s, layer k: its W, R, B where ONNX wants each gate. */
 static void check_lstm(const onx_file *o, const onx_node *n, mtf_model *m, int s, int k) {
     static const char onnx_gates[] = "iofc", our_gates[] = "ifco"; /* ours: i, f, g (ONNX's c), o */
-    int64_t H = m->spec.H, in = k ? H : m->spec.F;
+    int64_t H = m->spec.hidden_size, in = k ? H : m->spec.F;
     assert_int_equal(n->nin, 4);
     assert_int_equal(n->hidden_size, H);
     const onx_tensor *W = init_of(o, n->in[1]), *R = init_of(o, n->in[2]), *B = init_of(o, n->in[3]);
@@ -491,7 +491,7 @@ static void check_model_file(const char *path, mtf_model *m) {
         fc_seen |= w;
         assert_int_equal(g->trans_b, 1);
         const onx_tensor *W = init_of(o, g->in[1]), *b = init_of(o, g->in[2]);
-        int64_t rows = w == 1 ? sp->head : sp->K, cols = w == 1 ? sp->nseg * sp->H : sp->head;
+        int64_t rows = w == 1 ? sp->head : sp->K, cols = w == 1 ? sp->nseg * sp->hidden_size : sp->head;
         if (W->rank != 2 || W->dims[0] != rows || W->dims[1] != cols || W->bytes != (size_t)(rows * cols) * 4)
             fail_msg("fc%d.weight: rank %d, (%lld, %lld), %zu bytes; want (%lld, %lld)", w, W->rank, (long long)W->dims[0],
                      (long long)W->dims[1], W->bytes, (long long)rows, (long long)cols);
@@ -513,7 +513,7 @@ static void check_model_file(const char *path, mtf_model *m) {
     assert_non_null(strstr(meta_of(o, "input"), sp->has_norm ? "normalised in the graph" : "no normalisation"));
     assert_non_null(strstr(meta_of(o, "output"), sp->target_scale > 0 ? "times target_scale" : "no target_scale"));
     printf("  S=%d T=%lld F=%lld H=%lld L=%d head=%lld K=%lld norm=%d scale=%d: %d nodes, %d initializers, %zu bytes\n",
-           sp->nseg, (long long)sp->T, (long long)sp->F, (long long)sp->H, sp->layers, (long long)sp->head,
+           sp->nseg, (long long)sp->T, (long long)sp->F, (long long)sp->hidden_size, sp->layers, (long long)sp->head,
            (long long)sp->K, sp->has_norm, sp->target_scale > 0, o->nnode, o->ninit, n);
     free(o);
     free(bytes);
@@ -570,7 +570,7 @@ static void test_export_crash_safe(void **state) {
     mb_device *dev = NULL;
     tu_ok(mtf_device_open(&dev, MB_CPU, 1));
     mtf_spec s = random_spec();
-    s.H = 6; s.F = 7; /* a file of a few KB, so the size limit cuts it */
+    s.hidden_size = 6; s.F = 7; /* a file of a few KB, so the size limit cuts it */
     mtf_model a, b;
     make_model(&a, dev, &s);
     make_model(&b, dev, &s); /* other weights */

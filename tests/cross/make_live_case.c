@@ -29,7 +29,7 @@ static mb_result write_model(const char *path, uint64_t seed, int big) {
     const int64_t small[5] = {60, 24, 16, 12, 6}, example[5] = {480, 288, 192, 96, 48};
     const int64_t *seg = big ? example : small;
     s.nseg = 5; s.layers = 1; s.carry = 1; s.has_norm = 1;
-    s.F = big ? 12 : 8; s.K = big ? 36 : 12; s.H = big ? 32 : 16; s.head = big ? 64 : 24;
+    s.F = big ? 12 : 8; s.K = big ? 36 : 12; s.hidden_size = big ? 32 : 16; s.head = big ? 64 : 24;
     for (int k = 0; k < 5; k++) { s.seg_len[k] = seg[k]; s.T += seg[k]; }
     snprintf(s.seg_names, sizeof s.seg_names, "M1,M5,M15,H1,H4");
     for (int i = 0; i < 5 * s.F; i++) { s.mean[i] = (float)(0.2 * uni() - 0.1); s.std[i] = (float)(0.5 + 1.5 * uni()); }

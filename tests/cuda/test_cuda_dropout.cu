@@ -185,7 +185,7 @@ static void test_cuda_lstm_dropout_matches_cpu(void **state) {
 static mtf_spec small_spec(void) {
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    s.nseg = 2; s.layers = 2; s.F = 3; s.K = 2; s.H = 8; s.head = 6;
+    s.nseg = 2; s.layers = 2; s.F = 3; s.K = 2; s.hidden_size = 8; s.head = 6;
     s.seg_len[0] = 6; s.seg_len[1] = 4; s.T = 10;
     return s;
 }
@@ -216,7 +216,7 @@ static void test_cuda_mtf_dropout(void **state) {
     build(&mc, cpu, 0.3f, B);
     build(&mg, gpu, 0.3f, B);
     const mtf_spec *s = &mc.spec;
-    size_t nx = (size_t)(B * s->T * s->F), nk = (size_t)(B * s->K), nf = (size_t)(B * s->nseg * s->H);
+    size_t nx = (size_t)(B * s->T * s->F), nk = (size_t)(B * s->K), nf = (size_t)(B * s->nseg * s->hidden_size);
     size_t np = mb_params_total(mc.params);
     float *x = tu_alloc_f32(nx), *dp = tu_alloc_f32(nk), *hp = tu_alloc_f32(nk), *hf = tu_alloc_f32(nf);
     float *hg = tu_alloc_f32(np), *e1 = tu_alloc_f32(nk), *e2 = tu_alloc_f32(nk), *eg = tu_alloc_f32(np);

@@ -67,7 +67,7 @@ static void net_open(net *n, mb_device *dev, int carry) {
     memset(n, 0, sizeof *n);
     mtf_spec s;
     memset(&s, 0, sizeof s);
-    s.nseg = 2; s.layers = 1; s.carry = carry; s.F = 3; s.K = 2; s.H = 4; s.head = 4;
+    s.nseg = 2; s.layers = 1; s.carry = carry; s.F = 3; s.K = 2; s.hidden_size = 4; s.head = 4;
     s.seg_len[0] = 5; s.seg_len[1] = 3; s.T = 8;
     n->B = 4;
     mtf_config c = {n->B, carry, 1, 2, MB_F32, 0.0f, 0}; /* checkpoint_k 2: each encoder's per-step path on its stream */
