@@ -721,6 +721,11 @@ MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const
 /* Training (1, the default, as a new torch module) or evaluation (0) mode: cfg.dropout applies
  * in training mode only. A backward follows its forward's mode whatever is set in between. */
 MBDEF void mb_lstm_set_training(mb_lstm *l, int training);
+/* frozen = 1: the caller promises that the LSTM's weights do not change until
+ * mb_lstm_freeze(l, 0), so the CPU recurrence packs a one-layer LSTM's weights at the next
+ * forward only, not at every forward (a stateful stream of T = 1 steps: the packing costs
+ * as much as the step). The same bits either way; no effect on a GPU. */
+MBDEF void mb_lstm_freeze(mb_lstm *l, int frozen);
 /* Bytes of activations one forward keeps for backward at (B, T): with full storage and
  * with checkpointing as cfg asks (checkpoint -1 gives the same number twice). */
 MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
@@ -2490,6 +2495,7 @@ static float *mb__widen(const void *x, mb_dtype t, int64_t rows, int64_t cols, i
         for (int64_t c = 0; c < cols; c++) w[r * cols + c] = mb__load(x, t, (size_t)(r * ld + c));
     return w;
 }
+
 
 /* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. */
 static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
@@ -5409,6 +5415,7 @@ struct mb_lstm {
     int x_kept;                    /* fused: xall (xall_lp) holds the last forward's x */
     const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
     float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
+    int frozen, packed;            /* mb_lstm_freeze; wpf holds layer packed - 1 (0: none) */
     float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
     float *wgx, *wgs;              /* CPU recurrence: (G*B, in+H) a block's [x h] rows, (4H, in+H) their
                                       weight gradient */
@@ -5912,6 +5919,10 @@ MBDEF void mb_lstm_set_training(mb_lstm *l, int training) {
     if (l) l->training = training != 0;
 }
 
+MBDEF void mb_lstm_freeze(mb_lstm *l, int frozen) {
+    if (l) { l->frozen = frozen != 0; l->packed = 0; }
+}
+
 MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const float *c_n) {
     if (!l || !h_n || !c_n) return MB_FAIL(l ? mb__lstm_log(l) : NULL, MB_ERR_INVALID_ARG, "mb_lstm_set_state: NULL argument");
     if (B < 1 || B > l->maxB)
@@ -6063,10 +6074,12 @@ static void mb__lstm_rec_backward_step(mb_lstm *l, int li, const float *ga, cons
 static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
     float *w[4] = {0};
     int64_t H = l->H, in = l->layer[li].in, nr = l->rk->nr;
+    if (!backward && l->frozen && l->packed == li + 1) return MB_OK; /* mb_lstm_freeze: packed already */
     MB_TRY(mb__lstm_weights(l, li, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
     if (!backward || l->interval) {
         mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, l->wpf);
         mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, l->wpf);
+        l->packed = li + 1;
     }
     if (backward) {
         mb__rk_pack((int)nr, H, 4 * H, w[MB__LSTM_WHH], 0, 4 * H, 0, l->wpb);
