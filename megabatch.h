@@ -2496,8 +2496,41 @@ static float *mb__widen(const void *x, mb_dtype t, int64_t rows, int64_t cols, i
     return w;
 }
 
+#ifdef MEGABATCH_NO_CBLAS
+/* Row a times rows b[0..3] of B^T (ldb apart; nb < 4: the last one again, its results
+ * dropped), each dot product in 8 lanes (lane j sums k = j, j + 8, ...; then the lanes
+ * pairwise, then the tail in order): a fixed order that the compiler vectorizes, 4 rows
+ * at once to hide the adds' latency; the same bits on every platform, and an element's
+ * bits depend neither on M nor on N. */
+#if defined(__clang__)
+#define MB__DOT_NO_CONTRACT _Pragma("clang fp contract(off)") /* as MB__NO_CONTRACT (lstm) */
+#else
+#define MB__DOT_NO_CONTRACT
+#endif
+static inline void mb__lanes8(float *s, const float *a, const float *b) {
+    MB__DOT_NO_CONTRACT
+    for (int j = 0; j < 8; j++) s[j] += a[j] * b[j];
+}
+static void mb__dot8x4(const float *a, const float *b, int64_t ldb, int nb, int64_t k, float *t) {
+    MB__DOT_NO_CONTRACT
+    const float *r[4];
+    float s[4][8];
+    for (int q = 0; q < 4; q++) r[q] = b + (q < nb ? q : nb - 1) * ldb;
+    memset(s, 0, sizeof s);
+    int64_t p = 0;
+    for (; p + 8 <= k; p += 8) {
+        mb__lanes8(s[0], a + p, r[0] + p); mb__lanes8(s[1], a + p, r[1] + p);
+        mb__lanes8(s[2], a + p, r[2] + p); mb__lanes8(s[3], a + p, r[3] + p);
+    }
+    for (int q = 0; q < nb; q++) {
+        t[q] = ((s[q][0] + s[q][4]) + (s[q][2] + s[q][6])) + ((s[q][1] + s[q][5]) + (s[q][3] + s[q][7]));
+        for (int64_t u = p; u < k; u++) t[q] += a[u] * r[q][u];
+    }
+}
+#endif
 
-/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. */
+/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. Without
+ * CBLAS, A B^T (a linear layer's forward: rows of both contiguous in k) as dot products. */
 static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
 #ifndef MEGABATCH_NO_CBLAS
@@ -2506,6 +2539,15 @@ static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alp
 #else
     for (int64_t i = 0; i < m; i++) {
         float *crow = c + i * ldc;
+        if (!ta && tb) {
+            for (int64_t j = 0; j < n; j += 4) {
+                float t[4];
+                int nb = n - j < 4 ? (int)(n - j) : 4;
+                mb__dot8x4(a + i * lda, b + j * ldb, ldb, nb, k, t);
+                for (int q = 0; q < nb; q++) crow[j + q] = (beta == 0.0f ? 0.0f : beta * crow[j + q]) + alpha * t[q];
+            }
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) crow[j] = beta == 0.0f ? 0.0f : beta * crow[j];
         for (int64_t p = 0; p < k; p++) {
             float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
