@@ -6874,22 +6874,27 @@ MBDEF const char *mb_act_name(mb_act a) {
 }
 
 #define MB__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+/* tanh is the LSTM cell's (mb__ftanh: no libm call, absolute error about 2e-7), so an
+ * activation has the same bits on every platform (glibc's, msvcrt's and CUDA's tanhf differ
+ * in the last bit) and on the CPU and a GPU. */
 static inline MB__HD float mb__act_f(mb_act a, float x) {
+    MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? x : 0.0f;
-    case MB_ACT_GELU: return 0.5f * x * (1.0f + tanhf(MB__GELU_C * (x + 0.044715f * x * x * x)));
-    case MB_ACT_TANH: return tanhf(x);
+    case MB_ACT_GELU: return 0.5f * x * (1.0f + mb__ftanh(MB__GELU_C * (x + 0.044715f * x * x * x)));
+    case MB_ACT_TANH: return mb__ftanh(x);
     default: return x;
     }
 }
 static inline MB__HD float mb__act_df(mb_act a, float x) {
+    MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? 1.0f : 0.0f;
     case MB_ACT_GELU: {
-        float t = tanhf(MB__GELU_C * (x + 0.044715f * x * x * x));
+        float t = mb__ftanh(MB__GELU_C * (x + 0.044715f * x * x * x));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MB__GELU_C * (1.0f + 3.0f * 0.044715f * x * x);
     }
-    case MB_ACT_TANH: { float t = tanhf(x); return 1.0f - t * t; }
+    case MB_ACT_TANH: { float t = mb__ftanh(x); return 1.0f - t * t; }
     default: return 1.0f;
     }
 }
