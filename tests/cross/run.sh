@@ -2,7 +2,9 @@
 # tests/cross/run.sh [DIR] - the cross builds' checks (make cross-test; CI's cross stage).
 # DIR (default build/cross) holds make cross's win/, arm64/ and linux/ binaries.
 #   1. lstm_bits: the LSTM's forward + backward fingerprint, every CPU kernel, on Linux x86-64,
-#      Windows x64 under Wine and ARM64 under qemu-aarch64: one hash for all.
+#      Windows x64 under Wine and ARM64 under qemu-aarch64: one hash for all. live_bits: the
+#      same for the feature engine (every feature of 20,000 bars), its own log/sin/cos and
+#      the plain C gemm's A B^T (the model head).
 #   2. the cmocka tests that fit (tests/cross/cmocka.h) under Wine and under qemu-aarch64;
 #      quickstart (threads, and MEGABATCH_NO_THREADS on Windows).
 #   3. mtf_live.dll: live_host.exe (LoadLibrary/GetProcAddress) replays an MT5 CSV with
@@ -43,6 +45,15 @@ sed 's/^/  /' "$tmp/bits"
 n=$(grep -c 'hash' "$tmp/bits"); u=$(sed -n 's/.* hash //p' "$tmp/bits" | sort -u | wc -l)
 if [ "$n" -ge 5 ] && [ "$u" -eq 1 ]; then ok "lstm_bits: $n runs (Linux, Wine, ARM64; every kernel), one hash"
 else bad "lstm_bits: $n runs, $u different hashes"; fi
+
+# 1b. one fingerprint of the live predictor's feature engine, its log/sin/cos and the plain gemm
+"$D/linux/live_bits" $seed > "$tmp/lbits" 2>&1 || bad "live_bits linux"
+"$WINE" "$D/win/live_bits.exe" $seed 2>&1 | tr -d '\r' >> "$tmp/lbits" || bad "live_bits wine"
+"$QEMU" "$D/arm64/live_bits" $seed >> "$tmp/lbits" 2>&1 || bad "live_bits arm64"
+sed 's/^/  /' "$tmp/lbits"
+n=$(grep -c 'hash' "$tmp/lbits"); u=$(sed -n 's/.* hash //p' "$tmp/lbits" | sort -u | wc -l)
+if [ "$n" -eq 3 ] && [ "$u" -eq 1 ]; then ok "live_bits: Linux, Wine, ARM64: one hash (features, log/sin/cos, gemm)"
+else bad "live_bits: $n runs, $u different hashes"; fi
 
 # 2. the cmocka tests and quickstart
 "$D/linux/test_platform" > "$tmp/out" 2>&1 && ok "linux test_platform" || { bad "linux test_platform"; cat "$tmp/out"; }

@@ -1,0 +1,90 @@
+/* live_bits - one fingerprint of the live predictor's platform-sensitive parts, to compare
+ * across platforms (tests/cross/run.sh: Linux x86-64, Windows x64 under Wine, ARM64 under
+ * qemu-aarch64), as lstm_bits does for the LSTM:
+ *   - the feature engine (examples/mb_features.h): every row of every timeframe, all 169
+ *     features, over a seeded random walk of M1 bars with gaps and weekends;
+ *   - its own log, sin and cos on seeded random arguments (those of the features and wider);
+ *   - the plain C gemm's A B^T (MEGABATCH_NO_CBLAS: the model head's linear layers), odd
+ *     shapes included.
+ * Every result's bytes go into a 64-bit FNV-1a hash; no libm call decides a hashed bit.
+ *   live_bits [seed]     prints "live_bits: seed S hash H" (exit 2 on an error) */
+#define MEGABATCH_IMPLEMENTATION
+#include "megabatch.h"
+#include "examples/mb_features.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bits.h"
+
+static double unifd(double lo, double hi) { return lo + (hi - lo) * (double)(rng_next() >> 11) * 0x1p-53; }
+
+/* 20,000 M1 bars (random walk, 2% gaps of up to 5 hours, weekends): every row's features. */
+static uint64_t features(uint64_t h) {
+    mbf_state *s = (mbf_state *)malloc(sizeof *s);
+    mbf_out *o = (mbf_out *)malloc(sizeof *o);
+    if (!s || !o) { free(s); free(o); return 0; }
+    mbf_init(s, MBF_MAX);
+    mbf_bar b = {1704067200, 1.1, 1.1, 1.1, 1.1, 0};
+    for (int i = 0; i < 20000; i++) {
+        b.t += 60 * (unifd(0, 1) < 0.02 ? 1 + (int64_t)unifd(0, 300) : 1);
+        if ((b.t / 86400 + 3) % 7 >= 5) { i--; continue; }
+        b.o = b.c;
+        b.c = b.o * (1 + unifd(-1e-3, 1e-3));
+        b.h = (b.o > b.c ? b.o : b.c) * (1 + unifd(0, 5e-4));
+        b.l = (b.o < b.c ? b.o : b.c) * (1 - unifd(0, 5e-4));
+        b.v = unifd(0, 1) < 0.05 ? 0 : (double)(int)unifd(1, 500);
+        if (mbf_push(s, &b, o) != MBF_OK) { free(s); free(o); return 0; }
+        for (int j = 0; j < o->n; j++) h = fnv(h, o->row[j].x, MBF_MAX * sizeof(float));
+    }
+    free(s); free(o);
+    return h;
+}
+
+static uint64_t math(uint64_t h) {
+    for (int i = 0; i < 50000; i++) {
+        double x = i % 2 ? 1 + unifd(-1e-2, 1e-2) : unifd(0.5, 1) * ldexp(1.0, (int)unifd(-60, 60)); /* ldexp: exact */
+        double a = i % 3 ? unifd(-4 * 3.141592653589793, 4 * 3.141592653589793) : unifd(-1e6, 1e6);
+        double r[3] = {mbf_log(x), mbf_sin(a), mbf_cos(a)};
+        h = fnv(h, r, sizeof r);
+    }
+    return h;
+}
+
+/* C (m, n) = A (m, k) B (n, k)^T + C through mb_gemm on a 1-thread CPU device. */
+static uint64_t gemm(uint64_t h) {
+    static const int64_t shapes[][3] = {{1, 64, 160}, {1, 36, 64}, {3, 7, 13}, {5, 129, 31}, {2, 4, 8}};
+    mb_device_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.threads = 1;
+    mb_device *dev = NULL;
+    if (mb_device_open(&dev, &dc) != MB_OK) return 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *a = (float *)malloc((size_t)(m * k + n * k + m * n) * sizeof(float)), *b = a + m * k, *c = b + n * k;
+        if (!a) { mb_device_close(dev); return 0; }
+        for (int64_t i = 0; i < m * k + n * k + m * n; i++) a[i] = unif(-1, 1);
+        mb_gemm_args g;
+        memset(&g, 0, sizeof g);
+        g.trans_b = 1; g.m = m; g.n = n; g.k = k; g.alpha = 1.0f; g.beta = s % 2 ? 1.0f : 0.0f;
+        g.a = a; g.lda = k; g.b = b; g.ldb = k; g.c = c; g.ldc = n;
+        mb_result r = mb_gemm(dev, &g);
+        if (r == MB_OK) h = fnv(h, c, (size_t)(m * n) * sizeof(float));
+        free(a);
+        if (r != MB_OK) { mb_device_close(dev); return 0; }
+    }
+    mb_device_close(dev);
+    return h;
+}
+
+int main(int argc, char **argv) {
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
+    rng = seed;
+    uint64_t h = 14695981039346656037ull;
+    if (!(h = features(h)) || !(h = math(h)) || !(h = gemm(h))) {
+        fprintf(stderr, "live_bits: error: %s\n", mb_last_error());
+        return 2;
+    }
+    printf("live_bits: seed %llu hash %016llx\n", (unsigned long long)seed, (unsigned long long)h);
+    return 0;
+}
