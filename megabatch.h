@@ -6877,7 +6877,7 @@ MBDEF const char *mb_act_name(mb_act a) {
 /* tanh is the LSTM cell's (mb__ftanh: no libm call, absolute error about 2e-7), so an
  * activation has the same bits on every platform (glibc's, msvcrt's and CUDA's tanhf differ
  * in the last bit) and on the CPU and a GPU. */
-static inline MB__HD float mb__act_f(mb_act a, float x) {
+MB__CELL_FN float mb__act_f(mb_act a, float x) {
     MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? x : 0.0f;
@@ -6886,7 +6886,7 @@ static inline MB__HD float mb__act_f(mb_act a, float x) {
     default: return x;
     }
 }
-static inline MB__HD float mb__act_df(mb_act a, float x) {
+MB__CELL_FN float mb__act_df(mb_act a, float x) {
     MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? 1.0f : 0.0f;
@@ -6922,11 +6922,33 @@ MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const floa
     return dev->be->layers->act(dev, stream, a, x, dy, dx, n);
 }
 
+/* The CPU's activation loop, compiled as the LSTM rows are (portable, AVX2 + FMA, AVX-512;
+ * the same bits in all): mb__ftanh's fmaf is an instruction in the wide ones, where the
+ * portable build may have only a library call (MinGW-w64's exact one costs 4 ns). */
+#define MB__ACT_ROWS(SUFFIX, ATTR)                                                                                 \
+    ATTR static MB__NOINLINE void mb__act_rows##SUFFIX(mb_act a, const float *x, const float *dy, float *out,       \
+                                                       size_t n) {                                                  \
+        if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];                                \
+        else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);                                            \
+    }
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+MB__ACT_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
+#else
+MB__ACT_ROWS(_base, )
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
+MB__ACT_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
+MB__ACT_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
+#else
+#define mb__act_rows_avx2 mb__act_rows_base
+#define mb__act_rows_avx512 mb__act_rows_base
+#endif
+
 static mb_result mb__cpu_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
                              size_t n) {
-    (void)dev; (void)stream;
-    if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];
-    else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);
+    (void)stream;
+    int v = mb__cpu(dev)->kernel;
+    (v == 0 ? mb__act_rows_avx512 : v == 1 ? mb__act_rows_avx2 : mb__act_rows_base)(a, x, dy, out, n);
     return MB_OK;
 }
 
