@@ -4,7 +4,7 @@
 #   1. lstm_bits: the LSTM's forward + backward fingerprint, every CPU kernel, on Linux x86-64,
 #      Windows x64 under Wine and ARM64 under qemu-aarch64: one hash for all. live_bits: the
 #      same for the feature engine (every feature of 20,000 bars), its own log/sin/cos and
-#      the plain C gemm's A B^T (the model head).
+#      the plain C gemm's A B^T and the activations (the model head), every CPU kernel.
 #   2. the cmocka tests that fit (tests/cross/cmocka.h) under Wine and under qemu-aarch64;
 #      quickstart (threads, and MEGABATCH_NO_THREADS on Windows).
 #   3. mtf_live.dll: live_host.exe (LoadLibrary/GetProcAddress) replays an MT5 CSV with
@@ -36,24 +36,19 @@ t0=$(date +%s)
 "$WINE" cmd /c exit >/dev/null 2>&1 # the Wine prefix, once (about 10 s the first time)
 echo "wine prefix ready in $(( $(date +%s) - t0 )) s"
 
-# 1. one LSTM fingerprint everywhere
+# 1. one fingerprint everywhere: PROG's hashes on Linux, Wine and ARM64 (at least MIN lines)
 seed=$((MB_TEST_SEED % 1000000))
-"$D/linux/lstm_bits" $seed > "$tmp/bits" 2>&1 || bad "lstm_bits linux"
-"$WINE" "$D/win/lstm_bits.exe" $seed 2>&1 | tr -d '\r' >> "$tmp/bits" || bad "lstm_bits wine"
-"$QEMU" "$D/arm64/lstm_bits" $seed >> "$tmp/bits" 2>&1 || bad "lstm_bits arm64"
-sed 's/^/  /' "$tmp/bits"
-n=$(grep -c 'hash' "$tmp/bits"); u=$(sed -n 's/.* hash //p' "$tmp/bits" | sort -u | wc -l)
-if [ "$n" -ge 5 ] && [ "$u" -eq 1 ]; then ok "lstm_bits: $n runs (Linux, Wine, ARM64; every kernel), one hash"
-else bad "lstm_bits: $n runs, $u different hashes"; fi
-
-# 1b. one fingerprint of the live predictor's feature engine, its log/sin/cos and the plain gemm
-"$D/linux/live_bits" $seed > "$tmp/lbits" 2>&1 || bad "live_bits linux"
-"$WINE" "$D/win/live_bits.exe" $seed 2>&1 | tr -d '\r' >> "$tmp/lbits" || bad "live_bits wine"
-"$QEMU" "$D/arm64/live_bits" $seed >> "$tmp/lbits" 2>&1 || bad "live_bits arm64"
-sed 's/^/  /' "$tmp/lbits"
-n=$(grep -c 'hash' "$tmp/lbits"); u=$(sed -n 's/.* hash //p' "$tmp/lbits" | sort -u | wc -l)
-if [ "$n" -eq 3 ] && [ "$u" -eq 1 ]; then ok "live_bits: Linux, Wine, ARM64: one hash (features, log/sin/cos, gemm)"
-else bad "live_bits: $n runs, $u different hashes"; fi
+one_hash() { # PROG MIN WHAT
+    "$D/linux/$1" $seed > "$tmp/bits" 2>&1 || bad "$1 linux"
+    "$WINE" "$D/win/$1.exe" $seed 2>&1 | tr -d '\r' >> "$tmp/bits" || bad "$1 wine"
+    "$QEMU" "$D/arm64/$1" $seed >> "$tmp/bits" 2>&1 || bad "$1 arm64"
+    sed 's/^/  /' "$tmp/bits"
+    n=$(grep -c 'hash' "$tmp/bits"); u=$(sed -n 's/.* hash //p' "$tmp/bits" | sort -u | wc -l)
+    if [ "$n" -ge "$2" ] && [ "$u" -eq 1 ]; then ok "$1: $n runs (Linux, Wine, ARM64; $3), one hash"
+    else bad "$1: $n runs, $u different hashes"; fi
+}
+one_hash lstm_bits 5 "every kernel"
+one_hash live_bits 5 "features, log/sin/cos; gemm, activations on every kernel"
 
 # 2. the cmocka tests and quickstart
 "$D/linux/test_platform" > "$tmp/out" 2>&1 && ok "linux test_platform" || { bad "linux test_platform"; cat "$tmp/out"; }
