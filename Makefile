@@ -583,7 +583,7 @@ $(CROSS)/linux/%: tests/cross/%.c $(CROSS_DEPS)
 .PHONY: cross cross-test cross-deps cross-bench
 cross: $(CROSS_WIN) $(CROSS_ARM64) $(CROSS_LINUX)
 # bench_live under Wine next to Linux (docs/BENCHMARKS.md): make cross-bench
-cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live
+cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live $(CROSS)/linux/make_live_case $(CROSS)/linux/predict
 	@sh tests/cross/bench.sh $(CROSS)
 $(CROSS)/linux/bench_live: bench/bench_live.c $(CROSS_DEPS)
 	@mkdir -p $(dir $@)
