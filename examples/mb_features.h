@@ -20,7 +20,8 @@
  * calendar encodings, then 16 families over 9 windows (3 .. 233 bars). Every feature looks
  * back at most MBF_RING - 1 bars of its timeframe, so an engine started later yields the
  * same rows, bit for bit, once a timeframe has MBF_WARMUP closed bars since it started.
- * Deterministic: the same bars give the same bits on every run.
+ * Deterministic: the same bars give the same bits on every run and every platform (its own
+ * log, sin and cos below, not libm's).
  * C11 and C++17; no allocation (an mbf_state is about 115 KB: allocate it). */
 #ifndef MB_FEATURES_H
 #define MB_FEATURES_H
