@@ -552,14 +552,14 @@ CROSS_FLAGS := -std=c11 $(WARN) -Wvla $(CROSS_OPT) -I. -Itests/cross -Itests -DM
 # (checkpoint + safetensors under a UTF-8 path, replace, cores, memory, clock, threads). More
 # build (numerics_layers params gemm lstm_many graph: CROSS_TESTS="..."), at CI's time cost.
 CROSS_TESTS ?= lstm numerics
-CROSS_WIN   := $(CROSS)/win/mtf_live.dll $(CROSS)/win/live_host.exe $(CROSS)/win/lstm_bits.exe \
+CROSS_WIN   := $(CROSS)/win/mtf_live.dll $(CROSS)/win/live_host.exe $(CROSS)/win/lstm_bits.exe $(CROSS)/win/live_bits.exe \
                $(CROSS)/win/test_platform.exe $(CROSS)/win/quickstart_nothreads.exe $(CROSS)/win/vectorized.o \
                $(CROSS_TESTS:%=$(CROSS)/win/test_%.exe)
-CROSS_ARM64 := $(CROSS)/arm64/lstm_bits $(CROSS)/arm64/test_platform $(CROSS_TESTS:%=$(CROSS)/arm64/test_%)
+CROSS_ARM64 := $(CROSS)/arm64/lstm_bits $(CROSS)/arm64/live_bits $(CROSS)/arm64/test_platform $(CROSS_TESTS:%=$(CROSS)/arm64/test_%)
 CROSS_LINUX := $(CROSS)/linux/predict $(CROSS)/linux/libmtf_live.so $(CROSS)/linux/live_host \
-               $(CROSS)/linux/make_live_case $(CROSS)/linux/cmp_live $(CROSS)/linux/lstm_bits \
+               $(CROSS)/linux/make_live_case $(CROSS)/linux/cmp_live $(CROSS)/linux/lstm_bits $(CROSS)/linux/live_bits \
                $(CROSS)/linux/test_platform
-CROSS_DEPS  := $(HEADERS) examples/dll/mtf_live_dll.h tests/cross/cmocka.h
+CROSS_DEPS  := $(HEADERS) examples/dll/mtf_live_dll.h tests/cross/cmocka.h tests/cross/bits.h
 
 $(CROSS)/win/mtf_live.dll: examples/dll/mtf_live_dll.c $(CROSS_DEPS)
 	@mkdir -p $(dir $@)
@@ -611,7 +611,7 @@ $(CROSS)/linux/%: tests/cross/%.c $(CROSS_DEPS)
 .PHONY: cross cross-test cross-deps cross-bench
 cross: $(CROSS_WIN) $(CROSS_ARM64) $(CROSS_LINUX)
 # bench_live under Wine next to Linux (docs/BENCHMARKS.md): make cross-bench
-cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live
+cross-bench: $(CROSS)/win/bench_live.exe $(CROSS)/linux/bench_live $(CROSS)/linux/make_live_case $(CROSS)/linux/predict
 	@sh tests/cross/bench.sh $(CROSS)
 $(CROSS)/linux/bench_live: bench/bench_live.c $(CROSS_DEPS)
 	@mkdir -p $(dir $@)

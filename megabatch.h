@@ -721,6 +721,11 @@ MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const
 /* Training (1, the default, as a new torch module) or evaluation (0) mode: cfg.dropout applies
  * in training mode only. A backward follows its forward's mode whatever is set in between. */
 MBDEF void mb_lstm_set_training(mb_lstm *l, int training);
+/* frozen = 1: the caller promises that the LSTM's weights do not change until
+ * mb_lstm_freeze(l, 0), so the CPU recurrence packs a one-layer LSTM's weights at the next
+ * forward only, not at every forward (a stateful stream of T = 1 steps: the packing costs
+ * as much as the step). The same bits either way; no effect on a GPU. */
+MBDEF void mb_lstm_freeze(mb_lstm *l, int frozen);
 /* Bytes of activations one forward keeps for backward at (B, T): with full storage and
  * with checkpointing as cfg asks (checkpoint -1 gives the same number twice). */
 MBDEF mb_result mb_lstm_memory(const mb_lstm_config *cfg, int64_t B, int64_t T, size_t *full_bytes,
@@ -2494,7 +2499,41 @@ static float *mb__widen(const void *x, mb_dtype t, int64_t rows, int64_t cols, i
     return w;
 }
 
-/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. */
+#ifdef MEGABATCH_NO_CBLAS
+/* Row a times rows b[0..3] of B^T (ldb apart; nb < 4: the last one again, its results
+ * dropped), each dot product in 8 lanes (lane j sums k = j, j + 8, ...; then the lanes
+ * pairwise, then the tail in order): a fixed order that the compiler vectorizes, 4 rows
+ * at once to hide the adds' latency; the same bits on every platform, and an element's
+ * bits depend neither on M nor on N. */
+#if defined(__clang__)
+#define MB__DOT_NO_CONTRACT _Pragma("clang fp contract(off)") /* as MB__NO_CONTRACT (lstm) */
+#else
+#define MB__DOT_NO_CONTRACT
+#endif
+static inline void mb__lanes8(float *s, const float *a, const float *b) {
+    MB__DOT_NO_CONTRACT
+    for (int j = 0; j < 8; j++) s[j] += a[j] * b[j];
+}
+static void mb__dot8x4(const float *a, const float *b, int64_t ldb, int nb, int64_t k, float *t) {
+    MB__DOT_NO_CONTRACT
+    const float *r[4];
+    float s[4][8];
+    for (int q = 0; q < 4; q++) r[q] = b + (q < nb ? q : nb - 1) * ldb;
+    memset(s, 0, sizeof s);
+    int64_t p = 0;
+    for (; p + 8 <= k; p += 8) {
+        mb__lanes8(s[0], a + p, r[0] + p); mb__lanes8(s[1], a + p, r[1] + p);
+        mb__lanes8(s[2], a + p, r[2] + p); mb__lanes8(s[3], a + p, r[3] + p);
+    }
+    for (int q = 0; q < nb; q++) {
+        t[q] = ((s[q][0] + s[q][4]) + (s[q][2] + s[q][6])) + ((s[q][1] + s[q][5]) + (s[q][3] + s[q][7]));
+        for (int64_t u = p; u < k; u++) t[q] += a[u] * r[q][u];
+    }
+}
+#endif
+
+/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. Without
+ * CBLAS, A B^T (a linear layer's forward: rows of both contiguous in k) as dot products. */
 static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
 #ifndef MEGABATCH_NO_CBLAS
@@ -2503,6 +2542,15 @@ static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alp
 #else
     for (int64_t i = 0; i < m; i++) {
         float *crow = c + i * ldc;
+        if (!ta && tb) {
+            for (int64_t j = 0; j < n; j += 4) {
+                float t[4];
+                int nb = n - j < 4 ? (int)(n - j) : 4;
+                mb__dot8x4(a + i * lda, b + j * ldb, ldb, nb, k, t);
+                for (int q = 0; q < nb; q++) crow[j + q] = (beta == 0.0f ? 0.0f : beta * crow[j + q]) + alpha * t[q];
+            }
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) crow[j] = beta == 0.0f ? 0.0f : beta * crow[j];
         for (int64_t p = 0; p < k; p++) {
             float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
@@ -5412,6 +5460,7 @@ struct mb_lstm {
     int x_kept;                    /* fused: xall (xall_lp) holds the last forward's x */
     const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
     float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
+    int frozen, packed;            /* mb_lstm_freeze; wpf holds layer packed - 1 (0: none) */
     float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
     float *wgx, *wgs;              /* CPU recurrence: (G*B, in+H) a block's [x h] rows, (4H, in+H) their
                                       weight gradient */
@@ -5915,6 +5964,10 @@ MBDEF void mb_lstm_set_training(mb_lstm *l, int training) {
     if (l) l->training = training != 0;
 }
 
+MBDEF void mb_lstm_freeze(mb_lstm *l, int frozen) {
+    if (l) { l->frozen = frozen != 0; l->packed = 0; }
+}
+
 MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const float *c_n) {
     if (!l || !h_n || !c_n) return MB_FAIL(l ? mb__lstm_log(l) : NULL, MB_ERR_INVALID_ARG, "mb_lstm_set_state: NULL argument");
     if (B < 1 || B > l->maxB)
@@ -6066,10 +6119,12 @@ static void mb__lstm_rec_backward_step(mb_lstm *l, int li, const float *ga, cons
 static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
     float *w[4] = {0};
     int64_t H = l->H, in = l->layer[li].in, nr = l->rk->nr;
+    if (!backward && l->frozen && l->packed == li + 1) return MB_OK; /* mb_lstm_freeze: packed already */
     MB_TRY(mb__lstm_weights(l, li, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
     if (!backward || l->interval) {
         mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, l->wpf);
         mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, l->wpf);
+        l->packed = li + 1;
     }
     if (backward) {
         mb__rk_pack((int)nr, H, 4 * H, w[MB__LSTM_WHH], 0, 4 * H, 0, l->wpb);
@@ -6822,22 +6877,27 @@ MBDEF const char *mb_act_name(mb_act a) {
 }
 
 #define MB__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-static inline MB__HD float mb__act_f(mb_act a, float x) {
+/* tanh is the LSTM cell's (mb__ftanh: no libm call, absolute error about 2e-7), so an
+ * activation has the same bits on every platform (glibc's, msvcrt's and CUDA's tanhf differ
+ * in the last bit) and on the CPU and a GPU. */
+MB__CELL_FN float mb__act_f(mb_act a, float x) {
+    MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? x : 0.0f;
-    case MB_ACT_GELU: return 0.5f * x * (1.0f + tanhf(MB__GELU_C * (x + 0.044715f * x * x * x)));
-    case MB_ACT_TANH: return tanhf(x);
+    case MB_ACT_GELU: return 0.5f * x * (1.0f + mb__ftanh(MB__GELU_C * (x + 0.044715f * x * x * x)));
+    case MB_ACT_TANH: return mb__ftanh(x);
     default: return x;
     }
 }
-static inline MB__HD float mb__act_df(mb_act a, float x) {
+MB__CELL_FN float mb__act_df(mb_act a, float x) {
+    MB__NO_CONTRACT
     switch (a) {
     case MB_ACT_RELU: return x > 0.0f ? 1.0f : 0.0f;
     case MB_ACT_GELU: {
-        float t = tanhf(MB__GELU_C * (x + 0.044715f * x * x * x));
+        float t = mb__ftanh(MB__GELU_C * (x + 0.044715f * x * x * x));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MB__GELU_C * (1.0f + 3.0f * 0.044715f * x * x);
     }
-    case MB_ACT_TANH: { float t = tanhf(x); return 1.0f - t * t; }
+    case MB_ACT_TANH: { float t = mb__ftanh(x); return 1.0f - t * t; }
     default: return 1.0f;
     }
 }
@@ -6865,11 +6925,33 @@ MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const floa
     return dev->be->layers->act(dev, stream, a, x, dy, dx, n);
 }
 
+/* The CPU's activation loop, compiled as the LSTM rows are (portable, AVX2 + FMA, AVX-512;
+ * the same bits in all): mb__ftanh's fmaf is an instruction in the wide ones, where the
+ * portable build may have only a library call (MinGW-w64's exact one costs 4 ns). */
+#define MB__ACT_ROWS(SUFFIX, ATTR)                                                                                 \
+    ATTR static MB__NOINLINE void mb__act_rows##SUFFIX(mb_act a, const float *x, const float *dy, float *out,       \
+                                                       size_t n) {                                                  \
+        if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];                                \
+        else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);                                            \
+    }
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+MB__ACT_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
+#else
+MB__ACT_ROWS(_base, )
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
+MB__ACT_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
+MB__ACT_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
+#else
+#define mb__act_rows_avx2 mb__act_rows_base
+#define mb__act_rows_avx512 mb__act_rows_base
+#endif
+
 static mb_result mb__cpu_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
                              size_t n) {
-    (void)dev; (void)stream;
-    if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];
-    else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);
+    (void)stream;
+    int v = mb__cpu(dev)->kernel;
+    (v == 0 ? mb__act_rows_avx512 : v == 1 ? mb__act_rows_avx2 : mb__act_rows_base)(a, x, dy, out, n);
     return MB_OK;
 }
 

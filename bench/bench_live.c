@@ -90,7 +90,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("live predictor, CPU, batch 1, %s mode: F=%lld H=%lld head 64 K=36, T=1104 (480,288,192,96,48), "
-           "threads %d\n", mode ? "stateful" : "window", (long long)F, (long long)H, threads);
+           "threads %d, FTZ/DAZ on (the device's default)\n", mode ? "stateful" : "window", (long long)F, (long long)H,
+           threads);
     double *lat = (double *)malloc((size_t)n * sizeof *lat), *eng = (double *)malloc((size_t)n * sizeof *eng);
     float pred[36];
     int ready = 0, timed = 0;

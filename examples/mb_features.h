@@ -20,7 +20,8 @@
  * calendar encodings, then 16 families over 9 windows (3 .. 233 bars). Every feature looks
  * back at most MBF_RING - 1 bars of its timeframe, so an engine started later yields the
  * same rows, bit for bit, once a timeframe has MBF_WARMUP closed bars since it started.
- * Deterministic: the same bars give the same bits on every run.
+ * Deterministic: the same bars give the same bits on every run and every platform (its own
+ * log, sin and cos below, not libm's).
  * C11 and C++17; no allocation (an mbf_state is about 115 KB: allocate it). */
 #ifndef MB_FEATURES_H
 #define MB_FEATURES_H
@@ -102,6 +103,149 @@ static inline const char *mbf_error_text(int code) {
 
 static inline int64_t mbf__floor_mod(int64_t a, int64_t p) { return (a % p + p) % p; }
 
+/* ---- deterministic log, sin, cos ----
+ * The engine's own log, sin and cos, so that a feature row has the same bits on every
+ * platform (glibc, msvcrt, Apple's libm and MSVC's round differently in the last bit):
+ * fdlibm's algorithms (Sun Microsystems, 1993: "Permission to use, copy, modify, and
+ * distribute this software is freely granted, provided that this notice is preserved"),
+ * in plain IEEE double operations (+ - * /, no library call, no fma), so any C11 or C++
+ * compiler with SSE2 or NEON doubles and round to nearest gives the same bits. The
+ * product-sums must not be contracted into fmas (GCC contracts in GNU and C++ modes on
+ * targets with fma, Clang within an expression): the pragmas around this module turn that
+ * off here (MSVC does not contract unless /fp:fast). The rest of the engine is plain
+ * arithmetic too: build it with -std=c11 (GCC's ISO modes do not contract) or
+ * -ffp-contract=off for the same bits on an fma target. Error below 1 ulp (tests/test_features.c
+ * measures it against libm and long double on fresh random inputs: at most 1 ulp apart).
+ * mbf_sin/mbf_cos reduce by pi/2 in three parts (fdlibm's medium case), exact for
+ * |x| < 2^20 pi/2 (about 1.6e6); beyond that they return NaN (the features' angles are
+ * in [0, 4 pi)). */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__) && !defined(__CUDACC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+static inline uint32_t mbf__hi(double x) { uint64_t u; memcpy(&u, &x, 8); return (uint32_t)(u >> 32); }
+static inline uint32_t mbf__lo(double x) { uint64_t u; memcpy(&u, &x, 8); return (uint32_t)u; }
+static inline double mbf__with_hi(double x, uint32_t hi) {
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    u = (u & 0xffffffffu) | (uint64_t)hi << 32;
+    memcpy(&x, &u, 8);
+    return x;
+}
+
+/* Natural logarithm (fdlibm e_log.c): x = 2^k (1 + f), f in [sqrt(2)/2 - 1, sqrt(2) - 1),
+ * log(1 + f) = 2 s + s R(s^2) with s = f / (2 + f). */
+static inline double mbf_log(double x) {
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01, Lg3 = 2.857142874366239149e-01,
+                 Lg4 = 2.222219843214978396e-01, Lg5 = 1.818357216161805012e-01, Lg6 = 1.531383769920937332e-01,
+                 Lg7 = 1.479819860511658591e-01;
+    int32_t hx = (int32_t)mbf__hi(x), k = 0;
+    if (hx < 0x00100000) {                                   /* x < 2^-1022: zero, negative, subnormal */
+        if (((hx & 0x7fffffff) | (int32_t)mbf__lo(x)) == 0) return -HUGE_VAL;
+        if (hx < 0) return NAN;
+        k -= 54;
+        x *= 18014398509481984.0;                            /* 2^54 */
+        hx = (int32_t)mbf__hi(x);
+    }
+    if (hx >= 0x7ff00000) return x + x;                      /* inf or NaN */
+    k += (hx >> 20) - 1023;
+    hx &= 0x000fffff;
+    int32_t i = (hx + 0x95f64) & 0x100000;
+    x = mbf__with_hi(x, (uint32_t)(hx | (i ^ 0x3ff00000))); /* x or x/2 into [sqrt(2)/2, sqrt(2)) */
+    k += i >> 20;
+    double f = x - 1.0, dk = (double)k;
+    if ((0x000fffff & (2 + hx)) < 3) {                       /* |f| < 2^-20 */
+        if (f == 0.0) return k == 0 ? 0.0 : dk * ln2_hi + dk * ln2_lo;
+        double R = f * f * (0.5 - 0.33333333333333333 * f);
+        return k == 0 ? f - R : dk * ln2_hi - ((R - dk * ln2_lo) - f);
+    }
+    double s = f / (2.0 + f), z = s * s, w = z * z;
+    double t1 = w * (Lg2 + w * (Lg4 + w * Lg6)), t2 = z * (Lg1 + w * (Lg3 + w * (Lg5 + w * Lg7))), R = t2 + t1;
+    if (((hx - 0x6147a) | (0x6b851 - hx)) > 0) {
+        double hfsq = 0.5 * f * f;
+        return k == 0 ? f - (hfsq - s * (hfsq + R)) : dk * ln2_hi - ((hfsq - (s * (hfsq + R) + dk * ln2_lo)) - f);
+    }
+    return k == 0 ? f - s * (f - R) : dk * ln2_hi - ((s * (f - R) - dk * ln2_lo) - f);
+}
+
+/* sin(x + y) and cos(x + y) for |x + y| <= pi/4, y the tail of x (fdlibm k_sin.c, k_cos.c). */
+static inline double mbf__ksin(double x, double y) {
+    const double S1 = -1.66666666666666324348e-01, S2 = 8.33333333332248946124e-03, S3 = -1.98412698298579493134e-04,
+                 S4 = 2.75573137070700676789e-06, S5 = -2.50507602534068634195e-08, S6 = 1.58969099521155010221e-10;
+    if ((mbf__hi(x) & 0x7fffffff) < 0x3e400000) return x;          /* |x| < 2^-27 */
+    double z = x * x, v = z * x, r = S2 + z * (S3 + z * (S4 + z * (S5 + z * S6)));
+    if (y == 0.0) return x + v * (S1 + z * r);
+    return x - ((z * (0.5 * y - v * r) - y) - v * S1);
+}
+static inline double mbf__kcos(double x, double y) {
+    const double C1 = 4.16666666666666019037e-02, C2 = -1.38888888888741095749e-03, C3 = 2.48015872894767294178e-05,
+                 C4 = -2.75573143513906633035e-07, C5 = 2.08757232129817482790e-09, C6 = -1.13596475577881948265e-11;
+    uint32_t ix = mbf__hi(x) & 0x7fffffff;
+    if (ix < 0x3e400000) return 1.0;                                 /* |x| < 2^-27 */
+    double z = x * x, r = z * (C1 + z * (C2 + z * (C3 + z * (C4 + z * (C5 + z * C6)))));
+    if (ix < 0x3fd33333) return 1.0 - (0.5 * z - (z * r - x * y)); /* |x| < 0.3 */
+    double qx = ix > 0x3fe90000 ? 0.28125 : mbf__with_hi(0.0, ix - 0x00200000); /* x/4, rounded down */
+    return (1.0 - qx) - ((0.5 * z - qx) - (z * r - x * y));
+}
+
+/* x = n pi/2 + (y[0] + y[1]), |y| <= pi/4; returns n (mod 4), or -1 when |x| >= 2^20 pi/2
+ * (fdlibm e_rem_pio2.c, the medium case: pi/2 in three parts of 33 bits). */
+static inline int mbf__rem_pio2(double x, double *y) {
+    const double invpio2 = 6.36619772367581382433e-01, pio2_1 = 1.57079632673412561417e+00,
+                 pio2_1t = 6.07710050650619224932e-11, pio2_2 = 6.07710050630396597660e-11,
+                 pio2_2t = 2.02226624879595063154e-21, pio2_3 = 2.02226624871116645580e-21,
+                 pio2_3t = 8.47842766036889956997e-32;
+    uint32_t ix = mbf__hi(x) & 0x7fffffff;
+    if (ix <= 0x3fe921fb) { y[0] = x; y[1] = 0.0; return 0; }       /* |x| <= pi/4 */
+    if (ix > 0x413921fb) return -1;                                  /* |x| >= 2^20 pi/2, inf, NaN */
+    double t = fabs(x);
+    int n = (int)(t * invpio2 + 0.5);
+    double fn = (double)n, r = t - fn * pio2_1, w = fn * pio2_1t;
+    int j = (int)(ix >> 20);
+    y[0] = r - w;
+    if (j - (int)((mbf__hi(y[0]) >> 20) & 0x7ff) > 16) {             /* cancellation: 2nd part */
+        t = r; w = fn * pio2_2; r = t - w; w = fn * pio2_2t - ((t - r) - w); y[0] = r - w;
+        if (j - (int)((mbf__hi(y[0]) >> 20) & 0x7ff) > 49) {         /* 3rd part */
+            t = r; w = fn * pio2_3; r = t - w; w = fn * pio2_3t - ((t - r) - w); y[0] = r - w;
+        }
+    }
+    y[1] = (r - y[0]) - w;
+    if (x < 0) { y[0] = -y[0]; y[1] = -y[1]; n = -n; }
+    return n & 3;
+}
+
+static inline double mbf_sin(double x) {
+    double y[2];
+    switch (mbf__rem_pio2(x, y)) {
+    case 0: return mbf__ksin(y[0], y[1]);
+    case 1: return mbf__kcos(y[0], y[1]);
+    case 2: return -mbf__ksin(y[0], y[1]);
+    case 3: return -mbf__kcos(y[0], y[1]);
+    default: return NAN;
+    }
+}
+
+static inline double mbf_cos(double x) {
+    double y[2];
+    switch (mbf__rem_pio2(x, y)) {
+    case 0: return mbf__kcos(y[0], y[1]);
+    case 1: return -mbf__ksin(y[0], y[1]);
+    case 2: return -mbf__kcos(y[0], y[1]);
+    case 3: return mbf__ksin(y[0], y[1]);
+    default: return NAN;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang fp contract(on)
+#elif defined(__GNUC__) && !defined(__CUDACC__)
+#pragma GCC pop_options
+#endif
+
 /* Days since 1970-01-01 -> civil date (Howard Hinnant's algorithm). */
 static inline void mbf__civil(int64_t z, int *y, int *m, int *d) {
     z += 719468;
@@ -128,20 +272,20 @@ static inline void mbf__base(const mbf_tf *tf, int64_t i, double *f) {
     double top = fmax(b->o, b->c), bot = fmin(b->o, b->c);
     double tod = 6.283185307179586 * (double)mbf__floor_mod(b->t, 86400) / 86400.0;
     double dow = 6.283185307179586 * (double)mbf__floor_mod(b->t / 86400 + 3, 7) / 7.0; /* Monday = 0 */
-    f[0] = log(b->c / prev_c);
-    f[1] = log(b->h / b->l);
-    f[2] = log(b->c / b->o);
-    f[3] = log(b->h / top);
-    f[4] = log(bot / b->l);
-    f[5] = log((b->v + 1.0) / (prev_v + 1.0));
-    f[6] = sin(tod); f[7] = cos(tod); f[8] = sin(dow); f[9] = cos(dow);
+    f[0] = mbf_log(b->c / prev_c);
+    f[1] = mbf_log(b->h / b->l);
+    f[2] = mbf_log(b->c / b->o);
+    f[3] = mbf_log(b->h / top);
+    f[4] = mbf_log(bot / b->l);
+    f[5] = mbf_log((b->v + 1.0) / (prev_v + 1.0));
+    f[6] = mbf_sin(tod); f[7] = mbf_cos(tod); f[8] = mbf_sin(dow); f[9] = mbf_cos(dow);
     int64_t w = i + 1 < 20 ? i + 1 : 20;
     double mean = 0, s1 = 0, s2 = 0;
     for (int64_t j = i + 1 - w; j <= i; j++) {
         const mbf__past *q = mbf__at(tf, j);
         mean += q->b.c; s1 += q->r; s2 += q->r * q->r;
     }
-    f[10] = log(b->c / (mean / (double)w));
+    f[10] = mbf_log(b->c / (mean / (double)w));
     f[11] = sqrt(fmax(s2 / (double)w - (s1 / (double)w) * (s1 / (double)w), 0.0));
 }
 
@@ -156,11 +300,11 @@ static inline void mbf__calendar(int64_t t, double *f) {
     double how = tau * (double)(dow * 86400 + secs) / 604800.0, dom = tau * (double)(d - 1) / dim;
     double moy = tau * ((double)(m - 1) + (double)(d - 1) / dim) / 12.0;
     double moh = tau * (double)(secs % 3600) / 3600.0;
-    f[0] = sin(2 * tod); f[1] = cos(2 * tod);
-    f[2] = sin(how); f[3] = cos(how);
-    f[4] = sin(dom); f[5] = cos(dom);
-    f[6] = sin(moy); f[7] = cos(moy);
-    f[8] = sin(moh); f[9] = cos(moh);
+    f[0] = mbf_sin(2 * tod); f[1] = mbf_cos(2 * tod);
+    f[2] = mbf_sin(how); f[3] = mbf_cos(how);
+    f[4] = mbf_sin(dom); f[5] = mbf_cos(dom);
+    f[6] = mbf_sin(moy); f[7] = mbf_cos(moy);
+    f[8] = mbf_sin(moh); f[9] = mbf_cos(moh);
     f[10] = hour < 9;                 /* Tokyo session, 00-09 UTC */
     f[11] = hour >= 7 && hour < 16;   /* London, 07-16 */
     f[12] = hour >= 12 && hour < 21;  /* New York, 12-21 */
@@ -198,17 +342,17 @@ static inline void mbf__window(const mbf__sums *s, const mbf_bar *b, double w, d
     double corr = va > 0 && vlv > 0 ? (s->arlv / w - (s->ar / w) * (s->lv / w)) / sqrt(va * vlv) : 0.0;
     double v[MBF_FAMILIES] = {
         s->r,                                                             /* ret */
-        log(s->hmax / s->lmin),                                           /* range */
+        mbf_log(s->hmax / s->lmin),                                           /* range */
         sqrt(vr),                                                         /* vol */
-        log((b->v + 1.0) / (s->v / w + 1.0)),                             /* vrel */
-        log(b->c / (s->c / w)),                                           /* madev */
+        mbf_log((b->v + 1.0) / (s->v / w + 1.0)),                             /* vrel */
+        mbf_log(b->c / (s->c / w)),                                           /* madev */
         s->hmax > s->lmin ? (2 * b->c - s->hmax - s->lmin) / (s->hmax - s->lmin) : 0.0, /* pos */
-        sqrt(s->hl2 / w / (4 * log(2.0))),                                /* park */
+        sqrt(s->hl2 / w / (4 * 0.6931471805599453 /* ln 2 */)),                                /* park */
         s->ar > 0 ? s->r / s->ar : 0.0,                                   /* eff */
         sqrt(vlv),                                                        /* vstd */
         (double)(s->up - s->down) / w,                                    /* updown */
         dx > 0 ? -(w * s->xy - s->x * s->y) / dx : 0.0,                   /* slope */
-        log(b->c / vwap),                                                 /* vwapdev */
+        mbf_log(b->c / vwap),                                                 /* vwapdev */
         s->bf / w,                                                        /* bodyfrac */
         vr > 0 ? m3 / (vr * sqrt(vr)) : 0.0,                              /* skew */
         fmax(-1.0, fmin(1.0, corr)),                                      /* rvcorr */
@@ -242,8 +386,8 @@ static inline void mbf__close(mbf_state *s, int k, mbf_out *out) {
     mbf__past *q = &tf->past[i % MBF_RING];
     const mbf_bar *b = &tf->cur;
     q->b = *b;
-    q->r = i ? log(b->c / mbf__at(tf, i - 1)->b.c) : 0.0;
-    q->lv = log(b->v + 1.0); q->hl = log(b->h / b->l); q->lc = log(b->c);
+    q->r = i ? mbf_log(b->c / mbf__at(tf, i - 1)->b.c) : 0.0;
+    q->lv = mbf_log(b->v + 1.0); q->hl = mbf_log(b->h / b->l); q->lc = mbf_log(b->c);
     q->bf = b->h > b->l ? (b->c - b->o) / (b->h - b->l) : 0.0;
     tf->n++;
     tf->forming = 0;

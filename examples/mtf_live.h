@@ -102,6 +102,7 @@ MTF_API mb_result mtf_live_open(mtf_live **out, const char *path, mb_backend bac
     for (int k = 0; r == MB_OK && mode == MTF_LIVE_STATEFUL && k < MBF_TFS; k++)
         r = mtf_alloc(&lv->m, &lv->rowdev[k], 2 * s.F); /* at most two rows of a timeframe close with a bar */
     if (r == MB_OK) r = mtf_model_load(&lv->m, f);
+    for (int k = 0; r == MB_OK && k < s.nseg; k++) mb_lstm_freeze(lv->m.enc[k], 1); /* packed once, not per bar */
     if (r == MB_OK) {
         lv->eng = (mbf_state *)malloc(sizeof *lv->eng);
         lv->x = (float *)malloc((size_t)(s.T * s.F) * sizeof(float));

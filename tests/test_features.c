@@ -8,6 +8,7 @@
 #include "megabatch.h"
 #include "testutil.h"
 #include "../examples/mb_features.h"
+#include <float.h>
 
 typedef struct ref_bars { int64_t *t; double *o, *h, *l, *c, *v; size_t n; } ref_bars;
 
@@ -59,26 +60,28 @@ static void ref_resample(const ref_bars *m1, int minutes, ref_bars *out) {
     }
 }
 
-/* The first prepare's bar_features, verbatim. */
+/* The first prepare's bar_features, verbatim but for libm's log, sin and cos: the engine's
+ * own (mbf_log, mbf_sin, mbf_cos: the same bits on every platform; test_math below checks
+ * them against libm). */
 static void ref_base(const ref_bars *b, size_t i, double *f) {
     double prev_c = i ? b->c[i - 1] : b->o[i], prev_v = i ? b->v[i - 1] : b->v[i];
     double top = fmax(b->o[i], b->c[i]), bot = fmin(b->o[i], b->c[i]);
     double tod = 6.283185307179586 * (double)(b->t[i] % 86400) / 86400.0;
     double dow = 6.283185307179586 * (double)((b->t[i] / 86400 + 3) % 7) / 7.0;
-    f[0] = log(b->c[i] / prev_c);
-    f[1] = log(b->h[i] / b->l[i]);
-    f[2] = log(b->c[i] / b->o[i]);
-    f[3] = log(b->h[i] / top);
-    f[4] = log(bot / b->l[i]);
-    f[5] = log((b->v[i] + 1.0) / (prev_v + 1.0));
-    f[6] = sin(tod); f[7] = cos(tod); f[8] = sin(dow); f[9] = cos(dow);
+    f[0] = mbf_log(b->c[i] / prev_c);
+    f[1] = mbf_log(b->h[i] / b->l[i]);
+    f[2] = mbf_log(b->c[i] / b->o[i]);
+    f[3] = mbf_log(b->h[i] / top);
+    f[4] = mbf_log(bot / b->l[i]);
+    f[5] = mbf_log((b->v[i] + 1.0) / (prev_v + 1.0));
+    f[6] = mbf_sin(tod); f[7] = mbf_cos(tod); f[8] = mbf_sin(dow); f[9] = mbf_cos(dow);
     size_t w = i + 1 < 20 ? i + 1 : 20;
     double mean = 0, s1 = 0, s2 = 0;
     for (size_t j = i + 1 - w; j <= i; j++) {
-        double r = j ? log(b->c[j] / b->c[j - 1]) : 0.0;
+        double r = j ? mbf_log(b->c[j] / b->c[j - 1]) : 0.0;
         mean += b->c[j]; s1 += r; s2 += r * r;
     }
-    f[10] = log(b->c[i] / (mean / (double)w));
+    f[10] = mbf_log(b->c[i] / (mean / (double)w));
     f[11] = sqrt(fmax(s2 / (double)w - (s1 / (double)w) * (s1 / (double)w), 0.0));
 }
 
@@ -326,6 +329,65 @@ static void test_names_documented(void **state) {
     assert_int_equal(MBF_MAX, 169);
 }
 
+/* Distance in ulps between two doubles of the same sign (0 when equal, both NaN, or both
+ * the same infinity). */
+static uint64_t ulps(double a, double b) {
+    if (a == b || (a != a && b != b)) return 0;
+    int64_t x, y;
+    memcpy(&x, &a, 8); memcpy(&y, &b, 8);
+    if ((x < 0) != (y < 0)) return UINT64_MAX;
+    return x > y ? (uint64_t)(x - y) : (uint64_t)(y - x);
+}
+
+typedef struct ulp_count { uint64_t worst, differ, n; double worst_at; } ulp_count;
+
+/* One result of ours against libm's (and long double's, where wider) : at most 1 ulp. */
+static void ulp_check(ulp_count *u, const char *what, double x, double ours, double libm, long double wide) {
+    uint64_t d = ulps(ours, libm);
+    u->n++; u->differ += d != 0;
+    if (d > u->worst) { u->worst = d; u->worst_at = x; }
+    if (d > 1) fail_msg("%s(%.17g): %.17g, libm %.17g: %llu ulps", what, x, ours, libm, (unsigned long long)d);
+    if (LDBL_MANT_DIG > 53 && isfinite(ours)) { /* the true value within 1 ulp of ours */
+        long double err = fabsl((long double)ours - wide), ulp = fabs(nextafter(ours, INFINITY) - ours);
+        if (err > (long double)ulp) fail_msg("%s(%.17g): %.17g is %Lg ulps from %.21Lg", what, x, ours, err / ulp, wide);
+    }
+}
+
+/* mbf_log, mbf_sin, mbf_cos against libm on fresh random inputs: the returns and ratios of
+ * prices, volumes, prices; the calendar's angles and wider; zero, subnormals, negatives,
+ * infinities, NaN. */
+static void test_math(void **state) {
+    (void)state;
+    ulp_count l = {0, 0, 0, 0}, sn = {0, 0, 0, 0}, cs = {0, 0, 0, 0};
+    for (int i = 0; i < 400000; i++) {
+        double u = (double)tu_uniform(0, 1) + (double)tu_uniform(0, 1) * 0x1p-24, x;
+        switch (i % 4) {
+        case 0: x = 1 + (u - 0.5) * 1e-2 * pow(10, -tu_int(0, 8)); break; /* ratios near 1 */
+        case 1: x = exp((u - 0.5) * 1400); break;                          /* 1e-304 .. 1e304 */
+        case 2: x = 1 + u * 1e6; break;                                    /* volumes + 1 */
+        default: x = 0.5 + u * 2; break;                                   /* prices */
+        }
+        ulp_check(&l, "mbf_log", x, mbf_log(x), log(x), logl((long double)x));
+        double a = i % 3 ? (u - 0.5) * 8 * 3.141592653589793 : (u - 0.5) * 2e6; /* |a| < 4 pi; wider */
+        ulp_check(&sn, "mbf_sin", a, mbf_sin(a), sin(a), sinl((long double)a));
+        ulp_check(&cs, "mbf_cos", a, mbf_cos(a), cos(a), cosl((long double)a));
+    }
+    for (int64_t k = 0; k < 86400; k += 60) { /* the calendar's time-of-day angles, exactly as the engine forms them */
+        double a = 6.283185307179586 * (double)k / 86400.0;
+        ulp_check(&sn, "mbf_sin", a, mbf_sin(a), sin(a), sinl((long double)a));
+        ulp_check(&cs, "mbf_cos", a, mbf_cos(a), cos(a), cosl((long double)a));
+    }
+    const double special[] = {0.0, -0.0, 0x1p-1074, 0x1p-1022, 1.0, 2.0, -1.0, INFINITY, -INFINITY, NAN, 1e308};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        assert_int_equal(ulps(mbf_log(special[i]), log(special[i])), 0);
+    assert_true(mbf_sin(0.0) == 0.0 && mbf_cos(0.0) == 1.0 && isnan(mbf_sin(NAN)) && isnan(mbf_cos(INFINITY)));
+    assert_true(isnan(mbf_sin(1e7))); /* outside the documented domain: NaN, not a wrong value */
+    printf("vs libm: log %llu/%llu differ (max %llu ulp), sin %llu/%llu (max %llu), cos %llu/%llu (max %llu)\n",
+           (unsigned long long)l.differ, (unsigned long long)l.n, (unsigned long long)l.worst,
+           (unsigned long long)sn.differ, (unsigned long long)sn.n, (unsigned long long)sn.worst,
+           (unsigned long long)cs.differ, (unsigned long long)cs.n, (unsigned long long)cs.worst);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -333,6 +395,7 @@ int main(void) {
         cmocka_unit_test(test_warmup_and_prefix),
         cmocka_unit_test(test_bad_bars),
         cmocka_unit_test(test_names_documented),
+        cmocka_unit_test(test_math),
     };
     return cmocka_run_group_tests_name("features", tests, NULL, NULL);
 }

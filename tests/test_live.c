@@ -12,7 +12,8 @@
  *   - a gap closes the higher-timeframe bars it ended with the next bar;
  *   - build/predict --csv --live prints one line per row with the same predictions;
  *   - the stateful mode (a --carry model) predicts what the encoders give when run over
- *     the whole history in one call. */
+ *     the whole history in one call; a frozen LSTM (mb_lstm_freeze) gives an unfrozen one's
+ *     bits and sees changed weights once unfrozen. */
 #define _POSIX_C_SOURCE 200809L /* popen, mkdtemp */
 #define MEGABATCH_IMPLEMENTATION
 #include "megabatch.h"
@@ -402,6 +403,54 @@ static void test_stateful_mode(void **state) {
     assert_null(lv);
 }
 
+/* mb_lstm_freeze (the stateful mode's encoders are frozen): T = 1 steps of a frozen LSTM
+ * give the bits of an unfrozen one (1 and 2 layers); a one-layer LSTM really keeps its
+ * packing (a weight changed behind the promise is not seen), and after mb_lstm_freeze(l, 0)
+ * the change is seen. */
+static void run_steps(mb_lstm *l, const float *x, int64_t F, int n, float *h) {
+    mb_lstm_reset_state(l);
+    for (int t = 0; t < n; t++) assert_int_equal(mb_lstm_forward(l, x + t * F, 1, 1, NULL, NULL, NULL, h), MB_OK);
+}
+
+static void test_frozen_lstm(void **state) {
+    (void)state;
+    mb_device *dev = tu_open_cpu();
+    for (int layers = 1; layers <= 2; layers++) {
+        enum { F = 7, H = 19, N = 30 };
+        mb_params *p[2];
+        mb_lstm *l[2];
+        for (int i = 0; i < 2; i++) {
+            mb_lstm_config c;
+            memset(&c, 0, sizeof c);
+            c.input_size = F; c.hidden_size = H; c.layers = layers; c.max_steps = 1; c.max_batch = 1;
+            c.carry_state = 1;
+            assert_int_equal(mb_params_create(&p[i], dev), MB_OK);
+            assert_int_equal(mb_lstm_create(&l[i], p[i], &c), MB_OK);
+            assert_int_equal(mb_params_finalize(p[i]), MB_OK);
+            assert_int_equal(mb_params_init(p[i], 17), MB_OK);
+        }
+        mb_lstm_freeze(l[1], 1);
+        float x[N * F], h0[H], h1[H];
+        tu_fill(x, N * F, -1, 1);
+        run_steps(l[0], x, F, N, h0);
+        run_steps(l[1], x, F, N, h1);
+        assert_memory_equal(h0, h1, sizeof h0);
+        mb_params_data(p[0])[0] += 0.5f; /* W_ih's first weight: the same change to both */
+        mb_params_data(p[1])[0] += 0.5f;
+        float stale[H];
+        run_steps(l[1], x, F, N, stale); /* the promise broken: one layer keeps its packing */
+        run_steps(l[0], x, F, N, h0);
+        if (layers == 1) assert_memory_equal(stale, h1, sizeof h1);
+        else assert_memory_equal(stale, h0, sizeof h0); /* two layers share the buffer: packed each time */
+        assert_true(memcmp(h0, h1, sizeof h0) != 0);
+        mb_lstm_freeze(l[1], 0);
+        run_steps(l[1], x, F, N, h1);
+        assert_memory_equal(h0, h1, sizeof h0);
+        for (int i = 0; i < 2; i++) { mb_lstm_destroy(l[i]); mb_params_destroy(p[i]); }
+    }
+    mb_device_close(dev);
+}
+
 int main(void) {
     tu_seed();
     const struct CMUnitTest tests[] = {
@@ -411,6 +460,7 @@ int main(void) {
         cmocka_unit_test(test_predict_live_replay),
         cmocka_unit_test(test_docs_example_runs),
         cmocka_unit_test(test_stateful_mode),
+        cmocka_unit_test(test_frozen_lstm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

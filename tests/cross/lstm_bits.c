@@ -15,16 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng;
-static float unif(float lo, float hi) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float)(rng >> 40) * (1.0f / 16777216.0f);
-}
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
+#include "bits.h"
 
 /* The hash of one shape's run on kernel k (0 on an error, reported). */
 static uint64_t run(mb_cpu_kernel k, uint64_t seed, int64_t B, int64_t T, int64_t F, int64_t H, int ckpt) {
