@@ -379,9 +379,12 @@ static const mb__series_ops mb__cuda_series_ops = {.gather = mb__cuda_series_gat
 // ---- cuda end series ----
 
 // ---- cuda lstm ----
-// The LSTM's elementwise kernels: fused gates (forward), gate gradients (backward), the
-// strided row copy (batch-major <-> time-major), add and fill. The math is mb__lstm_cell_fwd/bwd
-// from megabatch.h, shared with the CPU; the gemms go through mb_gemm (cuBLAS).
+// The lstm group on the GPU. The per-step path's elementwise kernels: fused gates (forward),
+// gate gradients (backward), the strided row copy (batch-major <-> time-major), add and fill
+// (the math is mb__lstm_cell_fwd/bwd from megabatch.h, shared with the CPU; the gemms go
+// through mb_gemm, cuBLAS). Then the fused recurrence (its types, kernels and host side), the
+// choice between it (1, 2 or 4 blocks a row tile) and the per-step path, with its latency
+// constants, and the group's recurrence operations, which run the choice (mb__cuda_lstm_ops).
 
 __global__ void mb__k_lstm_fwd_gates(int64_t B, int64_t H, float *g, const float *b_ih, const float *b_hh,
                                      const float *c_prev, float *c, float *h) {
