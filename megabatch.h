@@ -1828,9 +1828,11 @@ static inline MB__HD int mb__finite_d(double x) {
  * field name. The tables mb__cpu_backend (the end of this file) and mb__cuda_backend (the
  * end of megabatch_cuda.cuh) name the groups; mb_device_open picks one. A group is all or
  * nothing: every slot filled (mb_device_open checks), or the group pointer NULL where the
- * backend lacks it (fused, dist, graph). A backend's private state (the CPU's threads, pool
- * and LSTM kernel; the CUDA streams and cuBLAS handles) hangs off dev->ctx, which its open
- * makes and its close frees.
+ * backend lacks it (dist, graph). A backend's private state (the CPU's threads, pool and
+ * kernel variant; the CUDA streams and cuBLAS handles) hangs off dev->ctx, which its open
+ * makes and its close frees; its state for one LSTM (the CPU's packed weights, the GPU's
+ * choice of recurrence and fused workspace) off l->be_lstm, which its lstm group's create
+ * makes and destroy frees.
  *
  * Adding an operation: a field in the module's group (and its MB__OPS_CHECK count), its CPU
  * body and initializer line at the end of the module's CPU part, its CUDA body and
@@ -1900,7 +1902,6 @@ typedef struct mb__backend {
     const struct mb__params_ops *params;
     const struct mb__series_ops *series;
     const struct mb__lstm_ops *lstm;
-    const struct mb__fused_ops *fused;   /* the LSTM's fused recurrence; NULL: none */
     const struct mb__layers_ops *layers;
     const struct mb__loss_ops *loss;
     const struct mb__amp_ops *amp;
@@ -5151,8 +5152,8 @@ MB__OPS_END
 /* Names in this module: H is the hidden size everywhere (mb_lstm_config.hidden_size; the CUDA
  * kernels' Hp is H padded to their tile); `li` a layer index (layer 0 reads x); `interval` the
  * checkpoint interval (steps of T a segment recomputes; 0: full storage; mb__lstm_auto_k
- * picks it), `interval_max` the largest one the buffers hold; `l->rk` / `kern` the CPU's row
- * kernel (mb__rk, gemm module). */
+ * picks it), `interval_max` the largest one the buffers hold; `kern` the CPU's row kernel (mb__rk,
+ * the row-independent product of the gemm module). */
 
 /* The cell's functions below are declared MB__CELL_FN: always inlined (the row loops
  * vectorize only with the cell inside; Clang's inliner left the call out of line, measured:
@@ -5245,10 +5246,27 @@ MB__CELL_FN void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float 
     *dc = dcv * f;
 }
 
-/* The backend's lstm group: a step's gates forward (g: the pre-activations in, activated out;
- * need_h 0: h may be left unwritten, a recompute) and backward (dh = dh_rec + dout), strided
- * rows (mb__lstm_copy_strided: f32 in, dt out), y += x, y = v. On the LSTM's stream. */
+/* The backend's lstm group. The recurrence, a layer at a time: create makes the backend's
+ * per-LSTM state (l->be_lstm: which strategy runs, its workspace; l->fused_blocks for
+ * mb_lstm_fused_blocks) at the end of mb_lstm_create's allocations, and refuses a
+ * cfg.fused_blocks it cannot run; destroy frees it (also after a failed create);
+ * full_extra: the device bytes create would add at full storage (the checkpoint default counts
+ * them; SIZE_MAX on overflow); layer_forward: layer li over the last forward's T steps
+ * (mb__lstm_steps_forward is the per-step path any backend may run); layer_backward: its
+ * backward, dout (T, B, H) its output gradients, d_in its input's (NULL: not needed; layer 0:
+ * the caller's dx); many: mb_lstm_*_many's checked calls (mb__lstm_run_each runs them one by
+ * one, on up to that many threads).
+ * The per-step path's elementwise operations, on the LSTM's stream: a step's gates forward
+ * (g: the pre-activations in, activated out; need_h 0: h may be left unwritten, a recompute)
+ * and backward (dh = dh_rec + dout), strided rows (mb__lstm_copy_strided: f32 in, dt out),
+ * y += x, y = v. */
 typedef struct mb__lstm_ops {
+    mb_result (*create)(mb_lstm *l);
+    void (*destroy)(mb_lstm *l);
+    size_t (*full_extra)(mb_device *dev, const mb_lstm_config *cfg);
+    mb_result (*layer_forward)(mb_lstm *l, int li);
+    mb_result (*layer_backward)(mb_lstm *l, int li, const float *dout, float *d_in);
+    mb_result (*many)(mb_lstm_call *calls, int n, int backward);
     mb_result (*fwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, float *g, const float *b_ih,
                            const float *b_hh, const float *c_prev, float *c, float *h, int need_h);
     mb_result (*bwd_gates)(mb_device *dev, int stream, int64_t B, int64_t H, const float *a, const float *c_prev,
@@ -5258,158 +5276,8 @@ typedef struct mb__lstm_ops {
     mb_result (*add)(mb_device *dev, int stream, float *y, const float *x, size_t n);
     mb_result (*fill)(mb_device *dev, int stream, float *y, float v, size_t n);
 } mb__lstm_ops;
-MB__OPS_CHECK(mb__lstm_ops, 5);
+MB__OPS_CHECK(mb__lstm_ops, 11);
 
-// -- the fused recurrence: types --
-// The persistent fused recurrence of megabatch_cuda.cuh (its section "the fused recurrence";
-// the host side is the section of that name at the end of this module). One descriptor per
-// LSTM layer in a launch, passed by value. A row tile of 8 batch rows of one LSTM is owned by
-// `cl` blocks (1, or a thread-block cluster of 2 or 4 on sm_90), block c of them by the hidden
-// units c*Hc .. c*Hc+Hc-1 (Hc = Hp/cl, Hp = H rounded up to 16 cl), and its warp w by units
-// c*Hc + 16w .. +15 of those rows, all four gates: Hc/16 warps a block.
-
-enum { MB__FUSED_ROWS = 8, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
-
-typedef struct mb__fused_desc {
-    float *g;              /* (T, B, 4H) gates: x W_ih^T in, activated out (forward) */
-    float *cs, *hs;        /* (T+1, B, H) cells and outputs, slot 0 = c0, h0 */
-    void *hs_op;           /* hs in the operand type, NULL in f32 */
-    const void *whh;       /* (4H, H) in the operand type */
-    const float *bih, *bhh;
-    const float *dout;     /* backward: (T, B, H) gradient w.r.t. the outputs */
-    float *dg;             /* backward: (T, B, 4H) gate gradients in f32, NULL in bf16/f16 */
-    void *dg_op;           /* backward: dg in the operand type, NULL in f32 */
-    float *dsum;           /* backward: (B, 4H) each row's gate gradients summed over the steps, from
-                              t = T-1 down (the bias gradients' source) */
-    float *dh0, *dc0;      /* backward: (B, H) */
-    int B, T, H, tile0;    /* tile0: the first block of this layer in the launch */
-} mb__fused_desc;
-
-typedef struct mb__fused_args {
-    int n, cl; /* descriptors; blocks a row tile */
-    mb__fused_desc d[MB__FUSED_MAX];
-} mb__fused_args;
-
-/* The backend's fused group (NULL: none): the shared memory a block may opt into and the
- * largest cluster of blocks (1: none), and one launch of the a->n layers' forward or backward
- * recurrence over `blocks` blocks. */
-typedef struct mb__fused_ops {
-    void (*limits)(mb_device *dev, size_t *smem, int *cluster);
-    mb_result (*run)(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a, unsigned blocks);
-} mb__fused_ops;
-MB__OPS_CHECK(mb__fused_ops, 2);
-
-/* A block's shared memory at hidden size H, cl blocks a row tile (byte offsets;
- * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, row-major, rows
- * wld elements apart (forward: its units' rows of all four gates, (4Hc, Hp); backward: its
- * units' columns as rows, (Hc, 4Hp)); the operand tiles (forward: two of h (8, Hp), backward:
- * one of dg (8, 4Hp)) in the operand type at `tiles`, rows tld apart; then per warp, `warp`
- * bytes from `warps`: its step inputs staged in f32 (8 rows, sld floats apart, of `seg`
- * segments of its 16 units: forward the 4 input gates, backward the 4 activated gates, c_{t-1}
- * and dout). Rows are padded by 16 bytes so that the 8 rows an ldmatrix or a warp's 16-byte
- * loads touch fall in different banks (a row is then an odd number of 16 bytes); regions are
- * 128-byte aligned. bytes: the total; 0 when H or cl is out of range. */
-typedef struct mb__fused_layout {
-    size_t tiles, warps, warp, bytes;
-    int Hp, Hc, seg, wld, tld, sld;
-} mb__fused_layout;
-
-static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward, int cl) {
-    mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (H < 1 || H > 4096 || (cl != 1 && cl != 2 && cl != 4) || (es != 2 && es != 4)) return y;
-    size_t Hp = (size_t)(H + 16 * cl - 1) / (16 * cl) * (16 * cl), Hc = Hp / (size_t)cl, R = MB__FUSED_ROWS;
-    y.Hp = (int)Hp;
-    y.Hc = (int)Hc;
-    y.seg = backward ? 6 : 4;
-    y.wld = y.tld = (int)((backward ? 4 * Hp : Hp) + 16 / es);
-    y.sld = 16 * y.seg + 4;
-    y.tiles = ((backward ? Hc : 4 * Hc) * (size_t)y.wld * es + 127) / 128 * 128;
-    y.warps = y.tiles + ((backward ? 1 : 2) * R * (size_t)y.tld * es + 127) / 128 * 128;
-    y.warp = R * (size_t)y.sld * sizeof(float);
-    y.bytes = y.warps + Hc / 16 * y.warp;
-    return y;
-}
-
-/* Threads of a block at hidden size H, cl blocks a row tile: a warp per 16 of its units. At most
- * 256 (8 warps): a block may then use all 255 registers a thread can have. */
-enum { MB__FUSED_THREADS_MAX = 256 };
-static unsigned mb__lstm_fused_threads(int64_t H, int cl) {
-    return (unsigned)((H + 16 * cl - 1) / (16 * cl) * 32);
-}
-
-/* Shared memory of a block at hidden size H, cl blocks a row tile: the larger of forward and
- * backward; 0 when out of range. */
-static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op, int cl) {
-    size_t f = mb__fused_layout_of(H, mb_dtype_size(op), 0, cl).bytes;
-    size_t b = mb__fused_layout_of(H, mb_dtype_size(op), 1, cl).bytes;
-    return f > b ? f : b;
-}
-
-/* The fused recurrence can run here with cl blocks a row tile: the backend has it (and
- * clusters of cl), a block has at most MB__FUSED_THREADS_MAX threads, and its shared memory
- * fits a block's. */
-static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
-    size_t smem = 0, need = mb__lstm_fused_smem(H, op, cl);
-    int maxcl = 0;
-    if (!dev->be->fused) return 0;
-    dev->be->fused->limits(dev, &smem, &maxcl);
-    return cl <= maxcl && need && need <= smem && mb__lstm_fused_threads(H, cl) <= MB__FUSED_THREADS_MAX;
-}
-
-/* The recurrence's time per timestep of one layer, forward + backward, in microseconds on an
- * H100 at B = 128, T = 480, bf16 (the latency model of docs/BENCHMARKS.md): the fused kernel
- * with cl blocks a row tile, or for cl = 0 the per-step gemms (a chain of launches a timestep).
- * Fused: a fixed part (the cell update, the fetches and stores of a warp's tile), a part that
- * grows with the product's length Hp, a part for the warps past four a block (two then share a
- * scheduler) and the cluster's barriers. The fused constants fit the model's prediction for
- * these kernels (bench/latency_model.sh, its table of the 8-row kernels, H = 32 .. 256, cl 1, 2,
- * 4: within 9%, the same choice at every H but 128, where 2 and 4 blocks tie here and the model
- * prefers 4 by 9%); no GPU has run them yet. The per-step constant fits the H100 runs of
- * 2026-11-26 (bench/results/2026-11-26-h100-fused, run 3: 44.7 at H = 256). */
-#define MB__US_STEP 1.3
-#define MB__US_K 0.0175
-#define MB__US_CROWD 0.07
-#define MB__US_CLUSTER 1.8
-#define MB__US_PERSTEP 38.3
-static double mb__lstm_step_us(int64_t H, int cl) {
-    if (cl == 0) return MB__US_PERSTEP + 0.025 * (double)H;
-    double Hp = (double)((H + 16 * cl - 1) / (16 * cl) * (16 * cl)), warps = Hp / cl / 16;
-    return MB__US_STEP + MB__US_K * Hp + MB__US_CROWD * (warps > 4 ? warps - 4 : 0) * Hp / 16 + (cl > 1 ? MB__US_CLUSTER : 0);
-}
-
-/* How an LSTM of hidden size H with full storage runs its recurrence on dev: the fused kernel
- * with that many blocks a row tile (1, 2 or 4), or 0: the per-step gemms. forced (the config's
- * fused_blocks): -1 the per-step gemms, n > 0 that n (0 when it does not fit); 0: the cheapest
- * of those that fit, by mb__lstm_step_us. */
-static int mb__lstm_fused_choice(mb_device *dev, int64_t H, mb_dtype op, int forced) {
-    if (forced) return forced > 0 && mb__lstm_fused_fits(dev, H, op, forced) ? forced : 0;
-    int best = 0;
-    for (int cl = 1; cl <= 4; cl *= 2)
-        if (mb__lstm_fused_fits(dev, H, op, cl) && mb__lstm_step_us(H, cl) < mb__lstm_step_us(H, best)) best = cl;
-    return best;
-}
-
-/* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps
- * (T*B, F) in f32 and the gate gradients (T*B, 4H) in the operand type, in bf16/f16 x's
- * operand copy too, and each row's gate gradients summed over the steps (B, 4H). SIZE_MAX on
- * overflow. */
-static size_t mb__lstm_fused_bytes(int64_t B, int64_t T, int64_t F, int64_t H, mb_dtype op) {
-    size_t rows, a, b, out, es = mb_dtype_size(op);
-    size_t row = (size_t)F * (sizeof(float) + (op == MB_F32 ? 0 : es)) + 4 * (size_t)H * es; /* a row of all steps */
-    if (!mb_size_mul((size_t)B, (size_t)T, &rows) || !mb_size_mul(rows, row, &a) ||
-        !mb_size_mul((size_t)B, 4 * (size_t)H * sizeof(float), &b) || !mb_size_add(a, b, &out))
-        return SIZE_MAX;
-    return out;
-}
-
-struct mb_lstm;
-static int mb__lstm_fused_on(const struct mb_lstm *l);
-static mb_result mb__lstm_fused_alloc(struct mb_lstm *l);
-static void mb__lstm_fused_free(struct mb_lstm *l);
-static mb_result mb__lstm_fused_layer_forward(struct mb_lstm *l, int li);
-static mb_result mb__lstm_fused_layer_backward(struct mb_lstm *l, int li, const float *dout, float *d_in);
-static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n);
-static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward);
 
 enum { MB__LSTM_WIH = 0, MB__LSTM_WHH = 1, MB__LSTM_BIH = 2, MB__LSTM_BHH = 3 };
 
@@ -5452,147 +5320,17 @@ struct mb_lstm {
     int have_fwd, have_state;
     int training;    /* mb_lstm_set_training (1 at creation) */
     int drop;        /* the last forward dropped between its layers (cfg.dropout, training, layers > 1) */
-    int fused;                     /* the fused recurrence runs this LSTM with that many blocks a row tile
-                                      (section "the fused recurrence"); 0: the per-step gemms */
-    float *xall, *dgs, *dsum;      /* fused: (T*B, F) x, (T*B, 4H) gate gradients (f32 only), (B, 4H)
-                                      each row's gate gradients summed over the steps */
-    void *xall_lp, *dgs_lp;        /* fused, low precision: x's operand copy, the gate gradients */
-    int x_kept;                    /* fused: xall (xall_lp) holds the last forward's x */
-    const struct mb__rk *rk;       /* the CPU recurrence's kernel (f32 on the CPU; NULL: per-step gemms) */
-    float *wpf, *wpb, *wpi;        /* CPU recurrence, packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
-    int frozen, packed;            /* mb_lstm_freeze; wpf holds layer packed - 1 (0: none) */
-    float *dbs;                    /* CPU recurrence: (4H) a block's bias gradient */
-    float *wgx, *wgs;              /* CPU recurrence: (G*B, in+H) a block's [x h] rows, (4H, in+H) their
-                                      weight gradient */
+    int fused_blocks; /* what mb_lstm_fused_blocks reports: the backend's create sets it */
+    void *be_lstm;    /* the backend's own state for this LSTM (its create and destroy), as dev->ctx is
+                         the device's: the CPU's packed weights, the GPU's fused workspace */
+    int frozen;       /* mb_lstm_freeze: the caller promises the weights do not change */
+    unsigned freezes; /* mb_lstm_freeze's calls: a backend that keeps what it derived from the weights
+                         (the CPU's packing) sees that a new promise began */
 };
 
 static const mb_logger *mb__lstm_log(const mb_lstm *l) { return &l->dev->cfg.log; }
 
-// -- elementwise operations (CPU here, CUDA kernels in megabatch_cuda.cuh) --
-
-/* One row of cells on the CPU. The rows' arrays never overlap (restrict), so the compiler
- * vectorizes the loop (kept out of line, where GCC 12 does). */
-#if defined(__GNUC__) && !defined(__CUDACC__)
-#define MB__NOINLINE __attribute__((noinline))
-#else
-#define MB__NOINLINE
-#endif
-/* The row functions are compiled three times on x86 with GCC or Clang: for the baseline
- * (SSE2, 4 lanes), for AVX2 + FMA (8 lanes; the default build targets plain x86-64) and for
- * AVX-512 (16 lanes); the device's kernel variant picks one (mb__cpu_ctx.kernel). With
- * contraction off in all (ISO C's default, forced there), the three compute the same
- * operations, mb__fexp's explicit fmaf included, so the same bits (tested, with GCC and
- * Clang; tests/compile/vectorized.sh checks that the wide ones vectorize). */
-typedef void (*mb__lstm_fwd_row_fn)(int64_t, float *MB__RESTRICT, const float *MB__RESTRICT,
-                                    const float *MB__RESTRICT, const float *MB__RESTRICT, float *MB__RESTRICT,
-                                    float *MB__RESTRICT);
-typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const float *MB__RESTRICT,
-                                    const float *MB__RESTRICT, const float *MB__RESTRICT, const float *MB__RESTRICT,
-                                    float *MB__RESTRICT, float *MB__RESTRICT);
-#define MB__LSTM_ROWS(SUFFIX, ATTR)                                                                                \
-    ATTR static MB__NOINLINE void mb__lstm_fwd_row##SUFFIX(int64_t H, float *MB__RESTRICT g4,                    \
-        const float *MB__RESTRICT b_ih, const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev,        \
-        float *MB__RESTRICT c, float *MB__RESTRICT h) { /* h NULL: not needed (a recompute) */               \
-        if (h)                                                                                                   \
-            for (int64_t j = 0; j < H; j++)                                                                      \
-                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
-                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
-                                  c_prev[j], &c[j], &h[j]);                                                      \
-        else                                                                                                     \
-            for (int64_t j = 0; j < H; j++) {                                                                    \
-                float unused; /* its tanh(c) is dead code: one exp in five saved */                              \
-                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
-                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
-                                  c_prev[j], &c[j], &unused);                                                    \
-            }                                                                                                    \
-    }                                                                                                            \
-    ATTR static MB__NOINLINE void mb__lstm_bwd_row##SUFFIX(int64_t H, const float *MB__RESTRICT a4,              \
-        const float *MB__RESTRICT c_prev, const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,         \
-        const float *MB__RESTRICT dout, float *MB__RESTRICT dc, float *MB__RESTRICT d4) {                        \
-        for (int64_t j = 0; j < H; j++) {                                                                        \
-            float dcj = dc[j];                                                                                   \
-            mb__lstm_cell_bwd(a4, H, j, c_prev[j], c[j], dh_rec[j] + dout[j], &dcj, d4);                         \
-            dc[j] = dcj;                                                                                         \
-        }                                                                                                        \
-    }
-/* No contraction in any: GCC's (its default outside ISO C modes) by attribute, Clang's by
- * MB__NO_CONTRACT in the cell's functions. GCC vectorizes them at any -O level (it does
- * not by itself below -O3: the rows ran 10x slower at -O2, measured); Clang does at -O2. */
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define MB__ROWS_GCC "fp-contract=off", "tree-loop-vectorize", "vect-cost-model=dynamic"
-#define MB__ROWS_ATTR(t) __attribute__((target(t), optimize(MB__ROWS_GCC)))
-MB__LSTM_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
-#else
-#define MB__ROWS_ATTR(t) __attribute__((target(t)))
-MB__LSTM_ROWS(_base, )
-#endif
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
-MB__LSTM_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
-MB__LSTM_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
-#else
-#define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
-#define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
-#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_base
-#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_base
-#endif
-
-/* The row functions of the CPU device's kernel variant (mb__cpu_ctx.kernel: 0 AVX-512, 1
- * AVX2+FMA, 2 portable; the device checked at open that this CPU runs it). */
-static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) {
-    int v = mb__cpu(dev)->kernel;
-    return v == 0 ? mb__lstm_fwd_row_avx512 : v == 1 ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
-}
-static mb__lstm_bwd_row_fn mb__lstm_bwd_row_of(const mb_device *dev) {
-    int v = mb__cpu(dev)->kernel;
-    return v == 0 ? mb__lstm_bwd_row_avx512 : v == 1 ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
-}
-
-static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
-                                        const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
-                                        int need_h) {
-    (void)stream;
-    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(dev);
-    for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
-    return MB_OK;
-}
-
-static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
-                                        const float *c_prev, const float *c, const float *dh_rec, const float *dout,
-                                        float *dc, float *dg) {
-    (void)stream;
-    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(dev);
-    for (int64_t b = 0; b < B; b++)
-        row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
-                         dg + b * 4 * H);
-    return MB_OK;
-}
-
-static mb_result mb__cpu_copy_strided(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
-                                      const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
-    (void)dev; (void)stream;
-    for (int64_t i = 0; i < n0; i++)
-        for (int64_t j = 0; j < n1; j++) {
-            const float *a = src + i * ss0 + j * ss1;
-            size_t o = (size_t)(i * ds0 + j * ds1);
-            if (dt == MB_F32) memcpy((float *)dst + o, a, (size_t)d * sizeof(float));
-            else for (int64_t q = 0; q < d; q++) mb__store(dst, dt, o + (size_t)q, a[q]);
-        }
-    return MB_OK;
-}
-
-/* y += x; they never overlap (restrict: vectorized at -O2 too, without an alias check) */
-static mb_result mb__cpu_add(mb_device *dev, int stream, float *MB__RESTRICT y, const float *MB__RESTRICT x, size_t n) {
-    (void)dev; (void)stream;
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
-    return MB_OK;
-}
-
-static mb_result mb__cpu_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
-    (void)dev; (void)stream;
-    for (size_t i = 0; i < n; i++) y[i] = v;
-    return MB_OK;
-}
-
+// -- the per-step path's operations (the CPU's at the module's end, CUDA's in megabatch_cuda.cuh) --
 static mb_result mb__lstm_fwd_gates(mb_lstm *l, int64_t B, float *g, const float *b_ih, const float *b_hh,
                                     const float *c_prev, float *c, float *h) {
     /* a recompute's h (hscr) equals the kept one: the CPU skips it */
@@ -5801,9 +5539,17 @@ MBDEF int64_t mb_lstm_checkpoint_steps(const mb_lstm *l, int64_t T) {
     return interval ? interval : -1;
 }
 
-MBDEF int mb_lstm_fused_blocks(const mb_lstm *l) { return l ? l->fused : 0; }
+MBDEF int mb_lstm_fused_blocks(const mb_lstm *l) { return l ? l->fused_blocks : 0; }
 
 // -- create / destroy --
+
+/* A backend's create when it cannot run cfg.fused_blocks > 0. */
+static mb_result mb__lstm_fused_refused(const mb_lstm *l) {
+    return MB_FAIL(mb__lstm_log(l), MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence with %d "
+                   "blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 when memory allows) "
+                   "and H=%lld in %s to fit a block's shared memory", l->cfg.fused_blocks, l->cfg.fused_blocks,
+                   (long long)l->H, mb_dtype_name(l->op));
+}
 
 static mb_result mb__lstm_register(mb_lstm *l) {
     const char *pre = l->cfg.prefix ? l->cfg.prefix : "";
@@ -5864,16 +5610,7 @@ static mb_result mb__lstm_alloc_all(mb_lstm *l) {
     if (l->L > 1) MB_TRY(mb__lstm_alloc(l, &l->dB, s.dbuf));
     MB_TRY(mb__lstm_alloc(l, &l->hn, s.state));
     MB_TRY(mb__lstm_alloc(l, &l->cn, s.state));
-    if (l->fused) MB_TRY(mb__lstm_fused_alloc(l));
-    if (l->rk) {
-        int64_t in = l->F > l->H ? l->F : l->H; /* the widest layer input */
-        MB_TRY(mb__lstm_alloc(l, &l->wpf, mb__rk_packed_size(4 * l->H, in + l->H)));
-        MB_TRY(mb__lstm_alloc(l, &l->wpb, mb__rk_packed_size(l->H, 4 * l->H)));
-        MB_TRY(mb__lstm_alloc(l, &l->wpi, mb__rk_packed_size(in, 4 * l->H)));
-        MB_TRY(mb__lstm_alloc(l, &l->dbs, (size_t)(4 * l->H)));
-        MB_TRY(mb__lstm_alloc(l, &l->wgx, s.ones * (size_t)(in + l->H)));
-        MB_TRY(mb__lstm_alloc(l, &l->wgs, (size_t)(4 * l->H * (in + l->H))));
-    }
+    MB_TRY(l->dev->be->lstm->create(l)); /* the backend's state: its strategy and workspace */
     return mb__lstm_fill(l, l->ones, 1.0f, s.ones);
 }
 
@@ -5887,10 +5624,10 @@ MBDEF void mb_lstm_destroy(mb_lstm *l) {
             mb_free(d, l->layer[li].xd); mb_free(d, l->layer[li].xd_lp);
         }
     float *bufs[] = {l->xblk, l->seg_g, l->seg_c, l->hscr, l->gblk, l->ones, l->dh, l->dc, l->dA, l->dB, l->hn,
-                     l->cn, l->wpf, l->wpb, l->wpi, l->dbs, l->wgx, l->wgs};
+                     l->cn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(d, bufs[i]);
     mb_free(d, l->x_lp); mb_free(d, l->g_lp);
-    mb__lstm_fused_free(l);
+    d->be->lstm->destroy(l);
     MB_FREE(l->layer);
     MB_FREE(l);
 }
@@ -5909,8 +5646,7 @@ static int mb__lstm_full_fits(mb_device *dev, const mb_lstm_config *cfg) {
     size_t full = 0, total = 0, free_bytes = 0, ws = 0;
     if (mb_lstm_memory(cfg, cfg->max_batch, cfg->max_steps, &full, NULL) != MB_OK) { mb_clear_error(); return 0; }
     if (mb_device_memory(dev, &total, &free_bytes) != MB_OK) { mb_clear_error(); return 0; }
-    if (mb__lstm_fused_choice(dev, cfg->hidden_size, cfg->precision, cfg->fused_blocks))
-        ws = mb__lstm_fused_bytes(cfg->max_batch, cfg->max_steps, cfg->input_size, cfg->hidden_size, cfg->precision);
+    ws = dev->be->lstm->full_extra(dev, cfg);
     return mb_size_add(full, ws, &full) && mb__lstm_full_fits_in(full, free_bytes);
 }
 
@@ -5934,16 +5670,6 @@ MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_params *params, const mb_lstm_c
     l->maxT = cfg->max_steps; l->maxB = cfg->max_batch;
     int ck = l->cfg.checkpoint;
     l->interval_max = ck < 0 ? 0 : ck > 0 ? (ck < l->maxT ? ck : l->maxT) : mb__lstm_auto_k(l->maxT, l->G);
-    l->fused = mb__lstm_fused_on(l);
-    l->rk = l->op == MB_F32 && mb__cpu(dev) ? mb__rk_of(mb__cpu(dev)->kernel) : NULL; /* the CPU's own recurrence */
-    if (cfg->fused_blocks > 0 && !l->fused) {
-        mb_result e = MB_FAIL(&dev->cfg.log, MB_ERR_UNSUPPORTED, "mb_lstm_create: fused_blocks=%d: the fused recurrence "
-                              "with %d blocks a row tile needs a GPU that has it, full storage (checkpoint -1, or 0 "
-                              "when memory allows) and H=%lld in %s to fit a block's shared memory",
-                              cfg->fused_blocks, cfg->fused_blocks, (long long)l->H, mb_dtype_name(l->op));
-        MB_FREE(l);
-        return e;
-    }
     l->layer = (mb__lstm_layer *)mb__host_calloc((size_t)l->L, sizeof *l->layer);
     mb_result r = l->layer ? MB_OK : MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
     for (int li = 0; r == MB_OK && li < l->L; li++) l->layer[li].in = li ? l->H : l->F;
@@ -5965,7 +5691,7 @@ MBDEF void mb_lstm_set_training(mb_lstm *l, int training) {
 }
 
 MBDEF void mb_lstm_freeze(mb_lstm *l, int frozen) {
-    if (l) { l->frozen = frozen != 0; l->packed = 0; }
+    if (l) { l->frozen = frozen != 0; l->freezes++; }
 }
 
 MBDEF mb_result mb_lstm_set_state(mb_lstm *l, int64_t B, const float *h_n, const float *c_n) {
@@ -5992,147 +5718,6 @@ static mb_result mb__lstm_weights(mb_lstm *l, int li, float **w, int grad, const
     return MB_OK;
 }
 
-// -- the CPU recurrence --
-/* On the CPU in f32 (l->rk, the device's kernel: gemm module, "the row-independent
- * product") a layer's steps run on our own product instead of BLAS calls. Its weights are
- * packed once per layer and call. Forward: for a chunk of rows, z = [x_t, h_{t-1}] [W_ih
- * W_hh]^T in one product (the input projection folded in: no pass of its own), then the
- * chunk's gate rows right after, while z is still in cache; one call covers the steps of a
- * block of G (x gathered for them), rows in time order, in chunks of at most B rows, so
- * the rows of step t-1 (their h) are done before a chunk of step t reads them. Backward,
- * a step at a time: a chunk's gate-gradient rows, then its dh = dg W_hh and d_in = dg
- * W_ih (written straight into dx for layer 0). A row's arithmetic never depends on the
- * chunk, the call or the thread it runs in: the recompute of a segment gives the
- * forward's bits, and so does every thread count. BLAS keeps the weight gradients (dg^T
- * [x h] over G*B rows, one gemm a block: mb__lstm_flush_block). Several threads (outside a pool job, a product of at least
- * MB__REC_SPLIT_FLOPS a step): each step's rows are split over the pool, one step after
- * the other. */
-enum { MB__REC_CACHE = 131072, MB__REC_SPLIT_FLOPS = 1 << 24 }; /* bytes of a chunk's input rows; flops a step */
-
-typedef struct mb__rec_job {
-    mb_lstm *l;
-    int backward, next, parts;
-    int64_t r0, n, part, in;         /* rows [r0, r0 + n) of the call, in parts of `part` rows; input width */
-    const float *x, *a, *bih, *bhh;  /* forward: row r's input x + r in, its h_{t-1} a + r H */
-    float *g, *c, *h;                /* g (rows, 4H); c (rows + B, H): row r's c_{t-1} at r, c_t at r + B; h or NULL */
-    const float *ga, *cp, *ct, *dout; /* backward, one step: activated gates (B, 4H), c_{t-1}, c_t, dout (B, H) */
-    float *dg, *din;                 /* backward: gate gradients (B, 4H); d_in rows ldin apart, or NULL */
-    int64_t ldin;
-} mb__rec_job;
-
-/* Rows of a chunk: its product's input rows (width floats each) in about MB__REC_CACHE
- * bytes of L2 (the packed weights then stream once a chunk), a multiple of kernel k's rows,
- * at most B. */
-static int64_t mb__rec_chunk(const mb__rk *kern, int64_t B, int64_t width) {
-    int64_t mr = kern->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
-    if (mc < mr) mc = mr;
-    return mc < B ? mc : B;
-}
-
-static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
-    mb_lstm *l = j->l;
-    int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(l->rk, B, in + H);
-    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(l->dev);
-    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
-        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
-        mb__rk_a A = {j->x + c0 * in, j->a + c0 * H, in, H, in, H};
-        mb__rk_product(l->rk, n, 4 * H, &A, l->wpf, j->g + c0 * 4 * H, 4 * H, 0);
-        for (int64_t r = c0; r < c0 + n; r++)
-            row(H, j->g + r * 4 * H, j->bih, j->bhh, j->c + r * H, j->c + (r + B) * H, j->h ? j->h + r * H : NULL);
-    }
-}
-
-static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
-    mb_lstm *l = j->l;
-    int64_t H = l->H, mc = mb__rec_chunk(l->rk, l->B, 4 * H);
-    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(l->dev);
-    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
-        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
-        for (int64_t r = c0; r < c0 + n; r++) /* reads dh (from step t+1) before the product overwrites it */
-            row(H, j->ga + r * 4 * H, j->cp + r * H, j->ct + r * H, l->dh + r * H, j->dout + r * H, l->dc + r * H,
-                j->dg + r * 4 * H);
-        mb__rk_a A = mb__rk_a1(j->dg + c0 * 4 * H, 4 * H, 4 * H);
-        mb__rk_product(l->rk, n, H, &A, l->wpb, l->dh + c0 * H, H, 0);
-        if (j->din) mb__rk_product(l->rk, n, j->in, &A, l->wpi, j->din + c0 * j->ldin, j->ldin, 0);
-    }
-}
-
-/* A pool job: parts taken in turn by whichever thread is free (all of them by the caller's
- * thread inside another job). */
-static void mb__rec_part(void *arg) {
-    mb__rec_job *j = (mb__rec_job *)arg;
-    for (;;) {
-        mb__pool_lock(j->l->dev, 1);
-        int i = j->next++;
-        mb__pool_lock(j->l->dev, 0);
-        if (i >= j->parts) return;
-        int64_t a = j->r0 + i * j->part, b = a + j->part < j->r0 + j->n ? a + j->part : j->r0 + j->n;
-        if (j->backward) mb__rec_bwd_rows(j, a, b);
-        else mb__rec_fwd_rows(j, a, b);
-    }
-}
-
-/* Whether each step's rows are split over the device's threads. */
-static int mb__rec_split(const mb_lstm *l) {
-    return mb__cpu(l->dev)->threads > 1 && mb__pool_free(l->dev) &&
-           8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
-}
-
-/* Rows [r0, r0 + n): on this thread, or split over the pool in parts of whole kernel tiles. */
-static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
-    mb_device *dev = j->l->dev;
-    int64_t mr = j->l->rk->mr, th = split ? mb__cpu(dev)->threads : 1;
-    j->r0 = r0; j->n = n; j->next = 0;
-    j->part = ((n + th - 1) / th + mr - 1) / mr * mr;
-    j->parts = (int)((n + j->part - 1) / j->part);
-    mb__pool_run(dev, split ? j->parts - 1 : 0, mb__rec_part, j);
-}
-
-/* Steps [u0, u1) of layer k (within one block of G): x their input rows ((u1-u0)*B, in), g
- * their gate rows, c the cells with slot 0 = c_{u0}, h where h_{u0+1}.. go (NULL: a
- * recompute, not needed). */
-static void mb__lstm_rec_forward(mb_lstm *l, int li, const float *x, const float *bih, const float *bhh, int64_t u0,
-                                 int64_t u1, float *g, float *c, float *h) {
-    mb__rec_job j;
-    memset(&j, 0, sizeof j);
-    j.l = l; j.in = l->layer[li].in; j.x = x; j.a = l->layer[li].hs + u0 * l->B * l->H;
-    j.bih = bih; j.bhh = bhh; j.g = g; j.c = c; j.h = h;
-    int64_t rows = (u1 - u0) * l->B;
-    if (!mb__rec_split(l)) mb__rec_run(&j, 0, rows, 0);
-    else for (int64_t r0 = 0; r0 < rows; r0 += l->B) mb__rec_run(&j, r0, l->B, 1);
-}
-
-/* One step backward: dg from the activated gates ga, c_{t-1}, c_t, dh (l->dh) + dout and dc
- * (l->dc, updated); then l->dh = dg W_hh and, when din is not NULL, its rows (ldin apart) =
- * dg W_ih. */
-static void mb__lstm_rec_backward_step(mb_lstm *l, int li, const float *ga, const float *cp, const float *ct,
-                                       const float *dout, float *dg, float *din, int64_t ldin) {
-    mb__rec_job j;
-    memset(&j, 0, sizeof j);
-    j.l = l; j.backward = 1; j.in = l->layer[li].in; j.ga = ga; j.cp = cp; j.ct = ct; j.dout = dout; j.dg = dg;
-    j.din = din; j.ldin = ldin;
-    mb__rec_run(&j, 0, l->B, mb__rec_split(l));
-}
-
-/* Layer k's weights packed: forward (also the backward's recompute, when checkpointing)
- * [W_ih W_hh] for z; backward W_hh for dh and W_ih for d_in. */
-static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
-    float *w[4] = {0};
-    int64_t H = l->H, in = l->layer[li].in, nr = l->rk->nr;
-    if (!backward && l->frozen && l->packed == li + 1) return MB_OK; /* mb_lstm_freeze: packed already */
-    MB_TRY(mb__lstm_weights(l, li, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
-    if (!backward || l->interval) {
-        mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, l->wpf);
-        mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, l->wpf);
-        l->packed = li + 1;
-    }
-    if (backward) {
-        mb__rk_pack((int)nr, H, 4 * H, w[MB__LSTM_WHH], 0, 4 * H, 0, l->wpb);
-        mb__rk_pack((int)nr, in, 4 * H, w[MB__LSTM_WIH], 0, 4 * H, 0, l->wpi);
-    }
-    return MB_OK;
-}
-
 /* Layer k's input rows of steps [a, a+n), time-major (n*B, in): above layer 0 the kept
  * outputs of the layer below; for layer 0 the caller's x gathered into xblk. */
 static mb_result mb__lstm_block_input(mb_lstm *l, int li, int64_t a, int64_t n, const void **rows) {
@@ -6153,12 +5738,13 @@ static void mb__lstm_w_ops(const mb_lstm *l, int li, float *const *w, const void
 /* First step of the block holding step t (blocks of G steps from t = 0). */
 static int64_t mb__lstm_block0(const mb_lstm *l, int64_t t) { return t - t % l->G; }
 
-/* Steps [s0, s1) of layer k. Gates g (rows from a0 = block start of s0, B, 4H), cells c
+// -- the per-step path: any backend's recurrence on its gemm and elementwise operations --
+
+/* Steps [s0, s1) of layer li. Gates g (rows from a0 = block start of s0, B, 4H), cells c
  * (s1-s0+1, B, H) with slot 0 holding c_{s0}. The input projection runs one gemm per
  * whole block of G steps, so the forward and a recompute make the very same gemm calls
  * (same shapes, same rows) whatever the segment: bitwise identical gates. h goes to hs
- * (forward) or to a scratch row (recompute: the same bits as kept). On the CPU in f32 the
- * steps of each block in [s0, s1) are one call of the CPU recurrence instead (above). */
+ * (forward) or to a scratch row (recompute: the same bits as kept). */
 static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
     int64_t B = l->B, H = l->H, in = l->layer[li].in, a0 = mb__lstm_block0(l, s0);
     float *w[4] = {0};
@@ -6166,13 +5752,6 @@ static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, fl
     float *hs = l->layer[li].hs;
     MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
     mb__lstm_w_ops(l, li, w, &wih, &whh);
-    for (int64_t a = a0; l->rk && a < s1; a += l->G) {
-        int64_t u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1;
-        MB_TRY(mb__lstm_block_input(l, li, u0, u1 - u0, &x));
-        mb__lstm_rec_forward(l, li, (const float *)x, w[MB__LSTM_BIH], w[MB__LSTM_BHH], u0, u1,
-                             g + (u0 - a0) * B * 4 * H, c + (u0 - s0) * B * H, keep_h ? hs + (u0 + 1) * B * H : NULL);
-    }
-    if (l->rk) return MB_OK;
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
         MB_TRY(mb__lstm_block_input(l, li, a, n, &x));
@@ -6188,22 +5767,29 @@ static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, fl
     return MB_OK;
 }
 
-/* Layer k over all T steps: one segment with full storage, else segments of k steps
- * keeping the cell state at each segment start. */
-static mb_result mb__lstm_layer_forward(mb_lstm *l, int li) {
+/* A segment's forward (mb__lstm_segment's arguments) and backward (mb__lstm_segment_backward's):
+ * the per-step path's, or a backend's own (the CPU's row kernels). */
+typedef mb_result (*mb__lstm_seg_fn)(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h);
+typedef mb_result (*mb__lstm_seg_back_fn)(mb_lstm *l, int li, int64_t s0, int64_t s1, const float *g,
+                                          const float *c, const float *dout, float *d_in);
+
+/* The checkpoint plan, forward: layer li over all T steps in one segment with full storage,
+ * else in segments of `interval` steps keeping the cell state at each segment start. */
+static mb_result mb__lstm_plan_forward(mb_lstm *l, int li, mb__lstm_seg_fn seg) {
     mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    if (l->fused) return mb__lstm_fused_layer_forward(l, li);
-    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, li, 0));
-    if (!l->interval) return mb__lstm_segment(l, li, 0, l->T, y->gates, y->cs, 1);
+    if (!l->interval) return seg(l, li, 0, l->T, y->gates, y->cs, 1);
     for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->interval) {
         int64_t s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-        MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 1));
+        MB_TRY(seg(l, li, s0, s1, l->seg_g, l->seg_c, 1));
         MB_TRY(mb__lstm_copy(l, y->cs + (s + 1) * bh, l->seg_c + (s1 - s0) * bh, bh));
     }
     return MB_OK;
 }
+
+/* Layer li forward on the per-step path. */
+static mb_result mb__lstm_steps_forward(mb_lstm *l, int li) { return mb__lstm_plan_forward(l, li, mb__lstm_segment); }
 
 /* c_T of layer k after its forward. */
 static float *mb__lstm_c_last(mb_lstm *l, int li) {
@@ -6298,7 +5884,7 @@ static mb_result mb__lstm_forward(mb_lstm *l, const float *x, int64_t xs, int64_
                                   const float *c0, float *out_seq, float *h_last) {
     MB_TRY(mb__lstm_forward_begin(l, x, xs, B, T, h0, c0));
     for (int li = 0; li < l->L; li++) {
-        MB_TRY(mb__lstm_layer_forward(l, li));
+        MB_TRY(l->dev->be->lstm->layer_forward(l, li));
         MB_TRY(mb__lstm_drop_forward(l, li));
     }
     return mb__lstm_forward_end(l, out_seq, h_last);
@@ -6335,27 +5921,10 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_t nb
     MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
     mb__lstm_w_ops(l, li, w, &wih, &whh);
     MB_TRY(mb__lstm_block_input(l, li, t0, nb, &x));
-    if (l->rk) { /* CPU recurrence (f32): dW_ih and dW_hh as one gemm over [x h] rows into wgs, then
-                    added, so BLAS packs the gate gradients once, not twice (perf at H=64: that packing
-                    took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows
-                    in order (the block fixes the bits) */
-        int64_t wd = in + H;
-        MB_TRY(mb__lstm_copy_strided(l, l->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
-        MB_TRY(mb__lstm_copy_strided(l, l->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
-        MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, gb, 4 * H, l->wgx, wd, 0.0f, l->wgs, wd));
-        for (int64_t m = 0; m < 4 * H; m++) {
-            mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, l->wgs + m * wd, (size_t)in);
-            mb__cpu_add(l->dev, 0, dw[MB__LSTM_WHH] + m * H, l->wgs + m * wd + in, (size_t)H);
-        }
-        memset(l->dbs, 0, (size_t)(4 * H) * sizeof(float));
-        for (int64_t r = 0; r < rows; r++) mb__cpu_add(l->dev, 0, l->dbs, l->gblk + r * 4 * H, (size_t)(4 * H));
-        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) mb__cpu_add(l->dev, 0, dw[i], l->dbs, (size_t)(4 * H));
-    } else {
-        MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-        MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
-        for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
-            MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
-    }
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
+    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
+        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
     float *dst = li ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
     MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
@@ -6380,28 +5949,24 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int li, int64_t s0, int64
         float *dg = l->gblk + (t - t0) * B * 4 * H;
         const void *dgop = l->op == MB_F32 ? (const void *)dg : mb__lstm_el(l, l->g_lp, (t - t0) * B * 4 * H);
         const float *ct = c + (t - s0) * bh;
-        if (l->rk) { /* the CPU recurrence: gate gradients, dh = dg W_hh, d_in = dg W_ih */
-            float *din = !d_in ? NULL : li ? d_in + t * bh : d_in + t * l->F; /* layer 0: dx (B, T, F) */
-            mb__lstm_rec_backward_step(l, li, g + (t - a0) * B * 4 * H, ct, ct + bh, dout + t * bh, dg, din,
-                                       li ? H : l->xs);
-        } else {
-            MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
-            MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
-            MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
-        }
-        if (t == t0) MB_TRY(mb__lstm_flush_block(l, li, t0, nb, l->rk ? NULL : d_in));
+        MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
+        MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
+        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
+        if (t == t0) MB_TRY(mb__lstm_flush_block(l, li, t0, nb, d_in));
     }
     return MB_OK;
 }
 
-static mb_result mb__lstm_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+/* The checkpoint plan, backward: layer li's segments from the last, each recomputed by seg from
+ * its kept cell state (but the forward's last, still in seg_g / seg_c), then back through by
+ * back. */
+static mb_result mb__lstm_plan_backward(mb_lstm *l, int li, const float *dout, float *d_in, mb__lstm_seg_fn seg,
+                                        mb__lstm_seg_back_fn back) {
     mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    if (l->fused) return mb__lstm_fused_layer_backward(l, li, dout, d_in);
-    if (l->rk) MB_TRY(mb__lstm_rec_pack(l, li, 1));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
     MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
-    if (!l->interval) return mb__lstm_segment_backward(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
+    if (!l->interval) return back(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
     int64_t nseg = (l->T + l->interval - 1) / l->interval;
     int kept = l->seg_kept == li; /* the forward's last segment is still in seg_g / seg_c */
     l->seg_kept = -1;            /* overwritten below */
@@ -6409,11 +5974,16 @@ static mb_result mb__lstm_layer_backward(mb_lstm *l, int li, const float *dout, 
         int64_t s0 = s * l->interval, s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         if (!(kept && s == nseg - 1)) {
             MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-            MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 0));
+            MB_TRY(seg(l, li, s0, s1, l->seg_g, l->seg_c, 0));
         }
-        MB_TRY(mb__lstm_segment_backward(l, li, s0, s1, l->seg_g, l->seg_c, dout, d_in));
+        MB_TRY(back(l, li, s0, s1, l->seg_g, l->seg_c, dout, d_in));
     }
     return MB_OK;
+}
+
+/* Layer li backward on the per-step path. */
+static mb_result mb__lstm_steps_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+    return mb__lstm_plan_backward(l, li, dout, d_in, mb__lstm_segment, mb__lstm_segment_backward);
 }
 
 /* The gradient w.r.t. layer k's outputs: dA for the top layer, then dB, dA, ... */
@@ -6443,7 +6013,7 @@ static mb_result mb__lstm_backward(mb_lstm *l, const float *dh_last, const float
                                    float *dc0) {
     MB_TRY(mb__lstm_backward_begin(l, dh_last, dout_seq));
     for (int li = l->L - 1; li >= 0; li--) {
-        MB_TRY(mb__lstm_layer_backward(l, li, mb__lstm_dout(l, li), li ? mb__lstm_dout(l, li - 1) : dx));
+        MB_TRY(l->dev->be->lstm->layer_backward(l, li, mb__lstm_dout(l, li), li ? mb__lstm_dout(l, li - 1) : dx));
         MB_TRY(mb__lstm_drop_backward(l, li));
         MB_TRY(mb__lstm_backward_tail(l, li, dh0, dc0));
     }
@@ -6516,21 +6086,26 @@ static double mb__lstm_work(const mb_lstm_call *c) {
     return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
 }
 
-/* Up to `threads` threads (the caller's and the device's pool workers) drain the calls,
- * longest first; their gemms run unsplit (inside a pool job), BLAS is single-threaded. */
-static void mb__lstm_pool_run(mb_device *dev, mb__lstm_pool *p, int threads) {
-    for (int i = 0; i < p->n; i++) p->order[i] = i;
-    for (int i = 1; i < p->n; i++) /* insertion sort, stable: ties keep their order */
-        for (int j = i; j > 0 && mb__lstm_work(&p->calls[p->order[j]]) > mb__lstm_work(&p->calls[p->order[j - 1]]); j--) {
-            int t = p->order[j]; p->order[j] = p->order[j - 1]; p->order[j - 1] = t;
+/* The calls one by one on up to `threads` threads (the caller's and the device's pool workers),
+ * longest first; their gemms run unsplit (inside a pool job), BLAS is single-threaded. The
+ * result: the first failing call's (in order), the other calls still ran. A backend's many. */
+static mb_result mb__lstm_run_each(mb_lstm_call *calls, int n, int backward, int threads) {
+    mb__lstm_pool p; /* on the stack: no allocation per batch */
+    memset(&p, 0, sizeof p);
+    p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
+    for (int i = 0; i < p.n; i++) p.order[i] = i;
+    for (int i = 1; i < p.n; i++) /* insertion sort, stable: ties keep their order */
+        for (int j = i; j > 0 && mb__lstm_work(&p.calls[p.order[j]]) > mb__lstm_work(&p.calls[p.order[j - 1]]); j--) {
+            int t = p.order[j]; p.order[j] = p.order[j - 1]; p.order[j - 1] = t;
         }
 #ifndef MEGABATCH_NO_THREADS
-    mb__mutex_init(&p->mu); /* also serves the caller's thread alone */
+    mb__mutex_init(&p.mu); /* also serves the caller's thread alone */
 #endif
-    mb__pool_run(dev, threads - 1, mb__lstm_worker, p);
+    mb__pool_run(calls[0].lstm->dev, (threads < n ? threads : n) - 1, mb__lstm_worker, &p);
 #ifndef MEGABATCH_NO_THREADS
-    mb__mutex_destroy(&p->mu);
+    mb__mutex_destroy(&p.mu);
 #endif
+    return p.failed < n ? MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg) : MB_OK; /* logged already */
 }
 
 static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
@@ -6546,19 +6121,10 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
                                calls[j].lstm == calls[i].lstm ? "are the same LSTM" : "are on different devices");
     }
     mb_device *dev = calls[0].lstm->dev;
-    mb__lstm_pool p; /* on the stack: no allocation per batch */
-    memset(&p, 0, sizeof p);
-    p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
     for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));
     mb__fpenv fe = mb__fp_enter(dev);
-    mb_result r = MB_OK;
-    if (mb__lstm_fused_many_ok(calls, n)) r = mb__lstm_fused_many(calls, n, backward); /* one launch per layer */
-    else {
-        int threads = mb__cpu(dev) ? mb__cpu(dev)->threads : 1; /* a GPU runs the calls from this thread */
-        mb__lstm_pool_run(dev, &p, threads < n ? threads : n);
-    }
+    mb_result r = dev->be->lstm->many(calls, n, backward);
     mb__fp_leave(fe);
-    if (p.failed < n) r = MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg); /* logged already */
     for (int i = 0; i < n; i++) {
         mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
         if (r == MB_OK) r = w;
@@ -6569,190 +6135,405 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
 MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 0); }
 MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 1); }
 
-// -- the fused recurrence --
-// Host side of the persistent fused recurrence (kernels: megabatch_cuda.cuh, "fused LSTM").
-// Per layer: the input projection of all T steps as one gemm into the gates, one launch for
-// the recurrence, and after the backward recurrence the weight gradients as one gemm each over
-// all T*B rows. mb_lstm_*_many runs a layer of every LSTM in one launch.
+// -- the CPU's lstm group --
+/* The CPU backend's recurrence, the elementwise operations of its per-step path, and its
+ * instance of the group. In f32 a layer runs on the CPU recurrence (below: the row kernels
+ * inside the row-independent product, the weight gradients on BLAS); in bf16/f16 on the
+ * per-step path (mb__lstm_steps_forward / _backward), whose gemms BLAS rounds. */
 
-/* The one place that decides: a GPU, full activation storage (no checkpointing), and the fused
- * kernel chosen (mb__lstm_fused_choice): its blocks a row tile. Else (0) the per-step cuBLAS
- * path runs. */
-static int mb__lstm_fused_on(const mb_lstm *l) {
-    return l->interval_max == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
+/* The CPU's state for one LSTM (l->be_lstm). */
+typedef struct mb__cpu_lstm {
+    const struct mb__rk *rk; /* the CPU recurrence's kernel (f32: the device's; NULL: the per-step path) */
+    float *wpf, *wpb, *wpi;  /* packed: [W_ih W_hh] for z, W_hh for dh, W_ih for d_in */
+    int packed;              /* wpf holds layer packed - 1 (0: none), packed under ... */
+    unsigned packed_at;      /* ... the mb_lstm_freeze call l->freezes counted then */
+    float *dbs;              /* (4H) a block's bias gradient */
+    float *wgx, *wgs;        /* (G*B, in+H) a block's [x h] rows, (4H, in+H) their weight gradient */
+} mb__cpu_lstm;
+
+static mb__cpu_lstm *mb__cpu_lstm_of(const mb_lstm *l) { return (mb__cpu_lstm *)l->be_lstm; }
+
+/* One row of cells on the CPU. The rows' arrays never overlap (restrict), so the compiler
+ * vectorizes the loop (kept out of line, where GCC 12 does). */
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define MB__NOINLINE __attribute__((noinline))
+#else
+#define MB__NOINLINE
+#endif
+/* The row functions are compiled three times on x86 with GCC or Clang: for the baseline
+ * (SSE2, 4 lanes), for AVX2 + FMA (8 lanes; the default build targets plain x86-64) and for
+ * AVX-512 (16 lanes); the device's kernel variant picks one (mb__cpu_ctx.kernel). With
+ * contraction off in all (ISO C's default, forced there), the three compute the same
+ * operations, mb__fexp's explicit fmaf included, so the same bits (tested, with GCC and
+ * Clang; tests/compile/vectorized.sh checks that the wide ones vectorize). */
+typedef void (*mb__lstm_fwd_row_fn)(int64_t, float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    const float *MB__RESTRICT, const float *MB__RESTRICT, float *MB__RESTRICT,
+                                    float *MB__RESTRICT);
+typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    const float *MB__RESTRICT, const float *MB__RESTRICT, const float *MB__RESTRICT,
+                                    float *MB__RESTRICT, float *MB__RESTRICT);
+#define MB__LSTM_ROWS(SUFFIX, ATTR)                                                                                \
+    ATTR static MB__NOINLINE void mb__lstm_fwd_row##SUFFIX(int64_t H, float *MB__RESTRICT g4,                    \
+        const float *MB__RESTRICT b_ih, const float *MB__RESTRICT b_hh, const float *MB__RESTRICT c_prev,        \
+        float *MB__RESTRICT c, float *MB__RESTRICT h) { /* h NULL: not needed (a recompute) */               \
+        if (h)                                                                                                   \
+            for (int64_t j = 0; j < H; j++)                                                                      \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &h[j]);                                                      \
+        else                                                                                                     \
+            for (int64_t j = 0; j < H; j++) {                                                                    \
+                float unused; /* its tanh(c) is dead code: one exp in five saved */                              \
+                mb__lstm_cell_fwd(g4, H, j, b_ih[j] + b_hh[j], b_ih[H + j] + b_hh[H + j],                        \
+                                  b_ih[2 * H + j] + b_hh[2 * H + j], b_ih[3 * H + j] + b_hh[3 * H + j],          \
+                                  c_prev[j], &c[j], &unused);                                                    \
+            }                                                                                                    \
+    }                                                                                                            \
+    ATTR static MB__NOINLINE void mb__lstm_bwd_row##SUFFIX(int64_t H, const float *MB__RESTRICT a4,              \
+        const float *MB__RESTRICT c_prev, const float *MB__RESTRICT c, const float *MB__RESTRICT dh_rec,         \
+        const float *MB__RESTRICT dout, float *MB__RESTRICT dc, float *MB__RESTRICT d4) {                        \
+        for (int64_t j = 0; j < H; j++) {                                                                        \
+            float dcj = dc[j];                                                                                   \
+            mb__lstm_cell_bwd(a4, H, j, c_prev[j], c[j], dh_rec[j] + dout[j], &dcj, d4);                         \
+            dc[j] = dcj;                                                                                         \
+        }                                                                                                        \
+    }
+/* No contraction in any: GCC's (its default outside ISO C modes) by attribute, Clang's by
+ * MB__NO_CONTRACT in the cell's functions. GCC vectorizes them at any -O level (it does
+ * not by itself below -O3: the rows ran 10x slower at -O2, measured); Clang does at -O2. */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define MB__ROWS_GCC "fp-contract=off", "tree-loop-vectorize", "vect-cost-model=dynamic"
+#define MB__ROWS_ATTR(t) __attribute__((target(t), optimize(MB__ROWS_GCC)))
+MB__LSTM_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
+#else
+#define MB__ROWS_ATTR(t) __attribute__((target(t)))
+MB__LSTM_ROWS(_base, )
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
+MB__LSTM_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
+MB__LSTM_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
+#else
+#define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
+#define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
+#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_base
+#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_base
+#endif
+
+/* The row functions of the CPU device's kernel variant (mb__cpu_ctx.kernel: 0 AVX-512, 1
+ * AVX2+FMA, 2 portable; the device checked at open that this CPU runs it). */
+static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) {
+    int v = mb__cpu(dev)->kernel;
+    return v == 0 ? mb__lstm_fwd_row_avx512 : v == 1 ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
+}
+static mb__lstm_bwd_row_fn mb__lstm_bwd_row_of(const mb_device *dev) {
+    int v = mb__cpu(dev)->kernel;
+    return v == 0 ? mb__lstm_bwd_row_avx512 : v == 1 ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
 }
 
-/* All steps' x gathered time-major (T*B, F) with its operand copy, the gate gradients of all
- * steps (T*B, 4H) in the operand type (f32 in f32: they are the gemms' operand as they are),
- * and their sums over the steps (B, 4H), from which the bias gradients come:
- * mb__lstm_fused_bytes, which the GPU's full-storage default counts. */
-static mb_result mb__lstm_fused_alloc(mb_lstm *l) {
-    size_t rows = (size_t)(l->maxT * l->maxB), es = mb_dtype_size(l->op);
-    MB_TRY(mb__lstm_alloc(l, &l->xall, rows * (size_t)l->F));
-    MB_TRY(mb__lstm_alloc(l, &l->dsum, (size_t)l->maxB * 4 * (size_t)l->H));
-    if (l->op == MB_F32) return mb__lstm_alloc(l, &l->dgs, rows * 4 * (size_t)l->H);
-    MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * (size_t)l->F * es, &l->xall_lp));
-    return mb_alloc(l->dev, MB_MEM_DEVICE, rows * 4 * (size_t)l->H * es, &l->dgs_lp);
-}
-
-static void mb__lstm_fused_free(mb_lstm *l) {
-    mb_free(l->dev, l->xall); mb_free(l->dev, l->dgs); mb_free(l->dev, l->dsum);
-    mb_free(l->dev, l->xall_lp); mb_free(l->dev, l->dgs_lp);
-}
-
-/* Layer k's input rows of all T steps (T*B, in) as gemm operands. Layer 0's are the caller's
- * x gathered time-major by the forward; the backward gathers them again only where layer 0's
- * d_in has used xall as its scratch since (f32). */
-static mb_result mb__lstm_fused_input(mb_lstm *l, int li, int backward, const void **rows) {
-    int64_t B = l->B, F = l->F;
-    if (li) { *rows = mb__lstm_in_op(l, li); return MB_OK; }
-    void *dst = l->op == MB_F32 ? (void *)l->xall : l->xall_lp;
-    *rows = dst;
-    if (backward && l->x_kept) return MB_OK;
-    MB_TRY(mb__lstm_copy_strided(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F));
-    l->x_kept = 1;
+static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
+                                        const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
+                                        int need_h) {
+    (void)stream;
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(dev);
+    for (int64_t b = 0; b < B; b++) row(H, g + b * 4 * H, b_ih, b_hh, c_prev + b * H, c + b * H, need_h ? h + b * H : NULL);
     return MB_OK;
 }
 
-/* The input projection of all steps: gates = x W_ih^T, one gemm. */
-static mb_result mb__lstm_fused_project(mb_lstm *l, int li) {
-    int64_t in = l->layer[li].in;
+static mb_result mb__cpu_lstm_bwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, const float *a,
+                                        const float *c_prev, const float *c, const float *dh_rec, const float *dout,
+                                        float *dc, float *dg) {
+    (void)stream;
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(dev);
+    for (int64_t b = 0; b < B; b++)
+        row(H, a + b * 4 * H, c_prev + b * H, c + b * H, dh_rec + b * H, dout + b * H, dc + b * H,
+                         dg + b * 4 * H);
+    return MB_OK;
+}
+
+static mb_result mb__cpu_copy_strided(mb_device *dev, int stream, void *dst, mb_dtype dt, int64_t ds0, int64_t ds1,
+                                      const float *src, int64_t ss0, int64_t ss1, int64_t n0, int64_t n1, int64_t d) {
+    (void)dev; (void)stream;
+    for (int64_t i = 0; i < n0; i++)
+        for (int64_t j = 0; j < n1; j++) {
+            const float *a = src + i * ss0 + j * ss1;
+            size_t o = (size_t)(i * ds0 + j * ds1);
+            if (dt == MB_F32) memcpy((float *)dst + o, a, (size_t)d * sizeof(float));
+            else for (int64_t q = 0; q < d; q++) mb__store(dst, dt, o + (size_t)q, a[q]);
+        }
+    return MB_OK;
+}
+
+/* y += x; they never overlap (restrict: vectorized at -O2 too, without an alias check) */
+static mb_result mb__cpu_add(mb_device *dev, int stream, float *MB__RESTRICT y, const float *MB__RESTRICT x, size_t n) {
+    (void)dev; (void)stream;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    return MB_OK;
+}
+
+static mb_result mb__cpu_fill(mb_device *dev, int stream, float *y, float v, size_t n) {
+    (void)dev; (void)stream;
+    for (size_t i = 0; i < n; i++) y[i] = v;
+    return MB_OK;
+}
+
+
+// -- the CPU recurrence --
+/* On the CPU in f32 (mb__cpu_lstm.rk, the device's kernel: gemm module, "the row-independent
+ * product") a layer's steps run on our own product instead of BLAS calls. Its weights are
+ * packed once per layer and call. Forward: for a chunk of rows, z = [x_t, h_{t-1}] [W_ih
+ * W_hh]^T in one product (the input projection folded in: no pass of its own), then the
+ * chunk's gate rows right after, while z is still in cache; one call covers the steps of a
+ * block of G (x gathered for them), rows in time order, in chunks of at most B rows, so
+ * the rows of step t-1 (their h) are done before a chunk of step t reads them. Backward,
+ * a step at a time: a chunk's gate-gradient rows, then its dh = dg W_hh and d_in = dg
+ * W_ih (written straight into dx for layer 0). A row's arithmetic never depends on the
+ * chunk, the call or the thread it runs in: the recompute of a segment gives the
+ * forward's bits, and so does every thread count. BLAS keeps the weight gradients (dg^T
+ * [x h] over G*B rows, one gemm a block: mb__lstm_flush_block). Several threads (outside a pool job, a product of at least
+ * MB__REC_SPLIT_FLOPS a step): each step's rows are split over the pool, one step after
+ * the other. */
+enum { MB__REC_CACHE = 131072, MB__REC_SPLIT_FLOPS = 1 << 24 }; /* bytes of a chunk's input rows; flops a step */
+
+typedef struct mb__rec_job {
+    mb_lstm *l;
+    int backward, next, parts;
+    int64_t r0, n, part, in;         /* rows [r0, r0 + n) of the call, in parts of `part` rows; input width */
+    const float *x, *a, *bih, *bhh;  /* forward: row r's input x + r in, its h_{t-1} a + r H */
+    float *g, *c, *h;                /* g (rows, 4H); c (rows + B, H): row r's c_{t-1} at r, c_t at r + B; h or NULL */
+    const float *ga, *cp, *ct, *dout; /* backward, one step: activated gates (B, 4H), c_{t-1}, c_t, dout (B, H) */
+    float *dg, *din;                 /* backward: gate gradients (B, 4H); d_in rows ldin apart, or NULL */
+    int64_t ldin;
+} mb__rec_job;
+
+/* Rows of a chunk: its product's input rows (width floats each) in about MB__REC_CACHE
+ * bytes of L2 (the packed weights then stream once a chunk), a multiple of kernel k's rows,
+ * at most B. */
+static int64_t mb__rec_chunk(const mb__rk *kern, int64_t B, int64_t width) {
+    int64_t mr = kern->mr, mc = MB__REC_CACHE / (4 * width) / mr * mr;
+    if (mc < mr) mc = mr;
+    return mc < B ? mc : B;
+}
+
+static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+    mb_lstm *l = j->l;
+    const mb__cpu_lstm *st = mb__cpu_lstm_of(l);
+    int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(st->rk, B, in + H);
+    mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(l->dev);
+    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
+        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
+        mb__rk_a A = {j->x + c0 * in, j->a + c0 * H, in, H, in, H};
+        mb__rk_product(st->rk, n, 4 * H, &A, st->wpf, j->g + c0 * 4 * H, 4 * H, 0);
+        for (int64_t r = c0; r < c0 + n; r++)
+            row(H, j->g + r * 4 * H, j->bih, j->bhh, j->c + r * H, j->c + (r + B) * H, j->h ? j->h + r * H : NULL);
+    }
+}
+
+static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+    mb_lstm *l = j->l;
+    const mb__cpu_lstm *st = mb__cpu_lstm_of(l);
+    int64_t H = l->H, mc = mb__rec_chunk(st->rk, l->B, 4 * H);
+    mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(l->dev);
+    for (int64_t c0 = r0; c0 < r1; c0 += mc) {
+        int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
+        for (int64_t r = c0; r < c0 + n; r++) /* reads dh (from step t+1) before the product overwrites it */
+            row(H, j->ga + r * 4 * H, j->cp + r * H, j->ct + r * H, l->dh + r * H, j->dout + r * H, l->dc + r * H,
+                j->dg + r * 4 * H);
+        mb__rk_a A = mb__rk_a1(j->dg + c0 * 4 * H, 4 * H, 4 * H);
+        mb__rk_product(st->rk, n, H, &A, st->wpb, l->dh + c0 * H, H, 0);
+        if (j->din) mb__rk_product(st->rk, n, j->in, &A, st->wpi, j->din + c0 * j->ldin, j->ldin, 0);
+    }
+}
+
+/* A pool job: parts taken in turn by whichever thread is free (all of them by the caller's
+ * thread inside another job). */
+static void mb__rec_part(void *arg) {
+    mb__rec_job *j = (mb__rec_job *)arg;
+    for (;;) {
+        mb__pool_lock(j->l->dev, 1);
+        int i = j->next++;
+        mb__pool_lock(j->l->dev, 0);
+        if (i >= j->parts) return;
+        int64_t a = j->r0 + i * j->part, b = a + j->part < j->r0 + j->n ? a + j->part : j->r0 + j->n;
+        if (j->backward) mb__rec_bwd_rows(j, a, b);
+        else mb__rec_fwd_rows(j, a, b);
+    }
+}
+
+/* Whether each step's rows are split over the device's threads. */
+static int mb__rec_split(const mb_lstm *l) {
+    return mb__cpu(l->dev)->threads > 1 && mb__pool_free(l->dev) &&
+           8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
+}
+
+/* Rows [r0, r0 + n): on this thread (straight to the rows: no pool job), or split over the
+ * pool in parts of whole kernel tiles. */
+static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
+    if (!split) {
+        if (j->backward) mb__rec_bwd_rows(j, r0, r0 + n);
+        else mb__rec_fwd_rows(j, r0, r0 + n);
+        return;
+    }
+    mb_device *dev = j->l->dev;
+    int64_t mr = mb__cpu_lstm_of(j->l)->rk->mr, th = mb__cpu(dev)->threads;
+    j->r0 = r0; j->n = n; j->next = 0;
+    j->part = ((n + th - 1) / th + mr - 1) / mr * mr;
+    j->parts = (int)((n + j->part - 1) / j->part);
+    mb__pool_run(dev, j->parts - 1, mb__rec_part, j);
+}
+
+/* Layer k's weights packed: forward (also the backward's recompute, when checkpointing)
+ * [W_ih W_hh] for z; backward W_hh for dh and W_ih for d_in. */
+static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
+    mb__cpu_lstm *st = mb__cpu_lstm_of(l);
     float *w[4] = {0};
-    const void *wih, *whh, *x;
+    int64_t H = l->H, in = l->layer[li].in, nr = st->rk->nr;
+    if (!backward && l->frozen && st->packed == li + 1 && st->packed_at == l->freezes)
+        return MB_OK; /* mb_lstm_freeze: packed already under this promise */
+    MB_TRY(mb__lstm_weights(l, li, w, 0, backward ? "mb_lstm_backward" : "mb_lstm_forward"));
+    if (!backward || l->interval) {
+        mb__rk_pack((int)nr, 4 * H, in, w[MB__LSTM_WIH], 1, in + H, 0, st->wpf);
+        mb__rk_pack((int)nr, 4 * H, H, w[MB__LSTM_WHH], 1, in + H, in, st->wpf);
+        st->packed = li + 1;
+        st->packed_at = l->freezes;
+    }
+    if (backward) {
+        mb__rk_pack((int)nr, H, 4 * H, w[MB__LSTM_WHH], 0, 4 * H, 0, st->wpb);
+        mb__rk_pack((int)nr, in, 4 * H, w[MB__LSTM_WIH], 0, 4 * H, 0, st->wpi);
+    }
+    return MB_OK;
+}
+
+
+/* Steps [s0, s1) of layer li on the CPU recurrence (mb__lstm_segment's arguments): the steps
+ * [u0, u1) of each block of G in [s0, s1) are one call (one job: x their input rows ((u1-u0)*B,
+ * in), gathered once, g their gate rows, c the cells with slot 0 = c_{u0}, h where h_{u0+1}..
+ * go, NULL in a recompute), split a step at a time over the threads when mb__rec_split. */
+static mb_result mb__cpu_lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
+    int64_t B = l->B, H = l->H, a0 = mb__lstm_block0(l, s0);
+    float *w[4] = {0}, *hs = l->layer[li].hs;
+    const void *x;
+    int split = mb__rec_split(l);
     MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
-    mb__lstm_w_ops(l, li, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, li, 0, &x));
-    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[li].gates, 4 * l->H);
-}
-
-/* Layer k's descriptor; backward: dout its output gradients, dh0/dc0 into l->dh, l->dc. */
-static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int li, const float *dout, mb__fused_desc *d) {
-    mb__lstm_layer *y = &l->layer[li];
-    float *w[4] = {0};
-    const void *wih, *whh;
-    MB_TRY(mb__lstm_weights(l, li, w, 0, dout ? "mb_lstm_backward" : "mb_lstm_forward"));
-    mb__lstm_w_ops(l, li, w, &wih, &whh);
-    memset(d, 0, sizeof *d);
-    d->g = y->gates; d->cs = y->cs; d->hs = y->hs; d->hs_op = l->op == MB_F32 ? NULL : y->hs_lp;
-    d->whh = whh; d->bih = w[MB__LSTM_BIH]; d->bhh = w[MB__LSTM_BHH];
-    d->dout = dout; d->dg = l->dgs; d->dg_op = l->op == MB_F32 ? NULL : l->dgs_lp; d->dsum = l->dsum;
-    d->dh0 = l->dh; d->dc0 = l->dc;
-    d->B = (int)l->B; d->T = (int)l->T; d->H = (int)l->H;
+    for (int64_t a = a0; a < s1; a += l->G) {
+        int64_t u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1, rows = (u1 - u0) * B;
+        MB_TRY(mb__lstm_block_input(l, li, u0, u1 - u0, &x));
+        mb__rec_job j;
+        memset(&j, 0, sizeof j);
+        j.l = l; j.in = l->layer[li].in; j.x = (const float *)x; j.a = hs + u0 * B * H;
+        j.bih = w[MB__LSTM_BIH]; j.bhh = w[MB__LSTM_BHH];
+        j.g = g + (u0 - a0) * B * 4 * H; j.c = c + (u0 - s0) * B * H; j.h = keep_h ? hs + (u0 + 1) * B * H : NULL;
+        for (int64_t r0 = 0; r0 < rows; r0 += split ? B : rows) mb__rec_run(&j, r0, split ? B : rows, split);
+    }
     return MB_OK;
 }
 
-static mb_result mb__lstm_fused_launch(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
-                                       unsigned *blocks) {
-    MB_TRY(dev->be->fused->run(dev, stream, op, backward, a, *blocks));
-    a->n = 0;
-    *blocks = 0;
-    return MB_OK;
-}
-
-/* One launch per precision, per blocks a row tile and per MB__FUSED_MAX layers: layer k of each
- * of the n LSTMs that have one (douts[i]: LSTM i's output gradients, backward; NULL forward),
- * in the order given (the longest T first keeps a launch that needs more blocks than the GPU
- * holds at once short). A lone LSTM runs on its stream; several on MB_STREAM_COMPUTE, after
- * their streams and before them again. */
-static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int li, int backward) {
-    mb_device *dev = ls[0]->dev;
-    int stream = n == 1 ? ls[0]->cfg.stream : MB_STREAM_COMPUTE;
-    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, stream, ls[i]->cfg.stream));
-    for (int op = MB_F32; op <= MB_F16; op++)
-        for (int cl = 1; cl <= 4; cl *= 2) {
-            mb__fused_args a;
-            a.n = 0;
-            a.cl = cl;
-            unsigned blocks = 0; /* row tiles; the launch has cl blocks each */
-            for (int i = 0; i < n; i++) {
-                if (ls[i]->L <= li || (int)ls[i]->op != op || ls[i]->fused != cl) continue;
-                MB_TRY(mb__lstm_fused_desc_of(ls[i], li, backward ? douts[i] : NULL, &a.d[a.n]));
-                a.d[a.n++].tile0 = (int)blocks;
-                blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
-                if (a.n == MB__FUSED_MAX) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
-            }
-            if (a.n) MB_TRY(mb__lstm_fused_launch(dev, stream, (mb_dtype)op, backward, &a, &blocks));
-        }
-    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, ls[i]->cfg.stream, stream));
-    return MB_OK;
-}
-
-static mb_result mb__lstm_fused_layer_forward(mb_lstm *l, int li) {
-    MB_TRY(mb__lstm_fused_project(l, li));
-    return mb__lstm_fused_run(&l, NULL, 1, li, 0);
-}
-
-/* After the backward recurrence of layer k: dW_ih, dW_hh and d_in, each one gemm over all T*B
- * rows (d_in NULL: not needed; layer 0: scattered into the caller's dx); the biases' from the
- * recurrence's sums over the steps, one gemm over B rows each. */
-static mb_result mb__lstm_fused_grads(mb_lstm *l, int li, float *d_in) {
-    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = l->T * B;
-    float *w[4] = {0}, *dw[4] = {0};
-    const void *wih, *whh, *x, *dg = l->op == MB_F32 ? (const void *)l->dgs : l->dgs_lp;
-    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_backward"));
+/* The weight and bias gradients of the block of steps [t0, t0+nb) whose gate gradients are in
+ * gblk (the CPU recurrence wrote d_in already): dW_ih and dW_hh as one gemm over [x h] rows into
+ * wgs, then added, so BLAS packs the gate gradients once, not twice (perf at H=64: that packing
+ * took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows in order
+ * (the block fixes the bits). */
+static mb_result mb__cpu_lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_t nb) {
+    mb__cpu_lstm *st = mb__cpu_lstm_of(l);
+    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = nb * B, wd = in + H;
+    float *dw[4] = {0};
+    const void *x, *hp = mb__lstm_el(l, mb__lstm_hs_op(l, li), t0 * B * H);
     MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
-    mb__lstm_w_ops(l, li, w, &wih, &whh);
-    MB_TRY(mb__lstm_fused_input(l, li, 1, &x));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, li), H, 1.0f, dw[MB__LSTM_WHH], H));
-    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, l->dsum, 4 * H, 1.0f, dw[i], 4 * H));
-    if (!d_in) return MB_OK;
-    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, li ? d_in : l->xall, in));
-    if (li) return MB_OK;
-    l->x_kept = l->op != MB_F32; /* f32: the scratch was x's rows */
-    return mb__lstm_copy_strided(l, d_in, MB_F32, l->xs, in, l->xall, in, B * in, B, l->T, in);
-}
-
-static mb_result mb__lstm_fused_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
-    MB_TRY(mb__lstm_fused_run(&l, &dout, 1, li, 1));
-    return mb__lstm_fused_grads(l, li, d_in);
-}
-
-/* mb_lstm_*_many in one launch per layer: every LSTM fused and on the device of the first. */
-static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n) {
-    for (int i = 0; i < n; i++)
-        if (!calls[i].lstm->fused) return 0;
-    return n > 1;
-}
-
-static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
-    mb_lstm *ls[MB__LSTM_MANY_MAX];
-    const float *douts[MB__LSTM_MANY_MAX];
-    int L = 0;
-    for (int i = 0; i < n; i++) {
-        mb_lstm_call *c = &calls[i];
-        ls[i] = c->lstm;
-        L = ls[i]->L > L ? ls[i]->L : L;
-        if (backward) MB_TRY(mb__lstm_backward_begin(ls[i], c->dh_last, c->dout_seq));
-        else MB_TRY(mb__lstm_forward_begin(ls[i], c->x, c->x_stride ? c->x_stride : c->T * ls[i]->F, c->B, c->T,
-                                           c->h0, c->c0));
+    MB_TRY(mb__lstm_block_input(l, li, t0, nb, &x));
+    MB_TRY(mb__lstm_copy_strided(l, st->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
+    MB_TRY(mb__lstm_copy_strided(l, st->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, l->gblk, 4 * H, st->wgx, wd, 0.0f, st->wgs, wd));
+    for (int64_t m = 0; m < 4 * H; m++) {
+        mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, st->wgs + m * wd, (size_t)in);
+        mb__cpu_add(l->dev, 0, dw[MB__LSTM_WHH] + m * H, st->wgs + m * wd + in, (size_t)H);
     }
-    for (int j = 0; j < L; j++) {
-        int li = backward ? L - 1 - j : j;
-        for (int i = 0; i < n; i++) {
-            douts[i] = mb__lstm_dout(ls[i], li);
-            if (!backward && li < ls[i]->L) MB_TRY(mb__lstm_fused_project(ls[i], li));
-        }
-        MB_TRY(mb__lstm_fused_run(ls, douts, n, li, backward));
-        for (int i = 0; !backward && i < n; i++)
-            if (li < ls[i]->L) MB_TRY(mb__lstm_drop_forward(ls[i], li));
-        for (int i = 0; backward && i < n; i++)
-            if (li < ls[i]->L) {
-                MB_TRY(mb__lstm_fused_grads(ls[i], li, li ? mb__lstm_dout(ls[i], li - 1) : calls[i].dx));
-                MB_TRY(mb__lstm_drop_backward(ls[i], li));
-                MB_TRY(mb__lstm_backward_tail(ls[i], li, calls[i].dh0, calls[i].dc0));
-            }
-    }
-    for (int i = 0; !backward && i < n; i++) MB_TRY(mb__lstm_forward_end(ls[i], calls[i].out_seq, calls[i].h_last));
+    memset(st->dbs, 0, (size_t)(4 * H) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) mb__cpu_add(l->dev, 0, st->dbs, l->gblk + r * 4 * H, (size_t)(4 * H));
+    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) mb__cpu_add(l->dev, 0, dw[i], st->dbs, (size_t)(4 * H));
     return MB_OK;
+}
+
+/* Steps [s0, s1) of layer li backwards on the CPU recurrence (mb__lstm_segment_backward's
+ * arguments): a step's gate gradients, dh = dg W_hh, d_in = dg W_ih; a block's weight
+ * gradients at its first step. */
+static mb_result mb__cpu_lstm_segment_backward(mb_lstm *l, int li, int64_t s0, int64_t s1, const float *g,
+                                               const float *c, const float *dout, float *d_in) {
+    int64_t B = l->B, H = l->H, bh = B * H, a0 = mb__lstm_block0(l, s0);
+    int split = mb__rec_split(l);
+    for (int64_t t = s1 - 1; t >= s0; t--) {
+        int64_t t0 = mb__lstm_block0(l, t), nb = t0 + l->G < l->T ? l->G : l->T - t0;
+        const float *ct = c + (t - s0) * bh;
+        mb__rec_job j; /* one step: dg from the activated gates, c_{t-1}, c_t, dh (l->dh) + dout and dc (l->dc,
+                          updated); then l->dh = dg W_hh and d_in's rows (ldin apart; layer 0: dx) = dg W_ih */
+        memset(&j, 0, sizeof j);
+        j.l = l; j.backward = 1; j.in = l->layer[li].in; j.ga = g + (t - a0) * B * 4 * H; j.cp = ct; j.ct = ct + bh;
+        j.dout = dout + t * bh; j.dg = l->gblk + (t - t0) * B * 4 * H;
+        j.din = !d_in ? NULL : li ? d_in + t * bh : d_in + t * l->F; j.ldin = li ? H : l->xs;
+        mb__rec_run(&j, 0, B, split);
+        if (t == t0) MB_TRY(mb__cpu_lstm_flush_block(l, li, t0, nb));
+    }
+    return MB_OK;
+}
+
+/* The group's layer operations: the CPU recurrence in f32 (weights packed once a layer and
+ * call), the per-step path in bf16/f16. */
+static mb_result mb__cpu_lstm_layer_forward(mb_lstm *l, int li) {
+    if (!mb__cpu_lstm_of(l)->rk) return mb__lstm_steps_forward(l, li);
+    MB_TRY(mb__lstm_rec_pack(l, li, 0));
+    return mb__lstm_plan_forward(l, li, mb__cpu_lstm_segment);
+}
+
+static mb_result mb__cpu_lstm_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+    if (!mb__cpu_lstm_of(l)->rk) return mb__lstm_steps_backward(l, li, dout, d_in);
+    MB_TRY(mb__lstm_rec_pack(l, li, 1));
+    return mb__lstm_plan_backward(l, li, dout, d_in, mb__cpu_lstm_segment, mb__cpu_lstm_segment_backward);
+}
+
+/* The state: the kernel, and in f32 the packed weights and a block's weight-gradient rows (for
+ * the widest layer input). No fused recurrence: cfg.fused_blocks > 0 is refused. */
+static mb_result mb__cpu_lstm_create(mb_lstm *l) {
+    if (l->cfg.fused_blocks > 0) return mb__lstm_fused_refused(l);
+    mb__cpu_lstm *st = (mb__cpu_lstm *)mb__host_calloc(1, sizeof *st);
+    if (!st) return MB_FAIL(mb__lstm_log(l), MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
+    l->be_lstm = st;
+    if (l->op != MB_F32) return MB_OK;
+    st->rk = mb__rk_of(mb__cpu(l->dev)->kernel);
+    int64_t H = l->H, in = l->F > H ? l->F : H, gb = (int64_t)l->G * l->maxB;
+    MB_TRY(mb__lstm_alloc(l, &st->wpf, mb__rk_packed_size(4 * H, in + H)));
+    MB_TRY(mb__lstm_alloc(l, &st->wpb, mb__rk_packed_size(H, 4 * H)));
+    MB_TRY(mb__lstm_alloc(l, &st->wpi, mb__rk_packed_size(in, 4 * H)));
+    MB_TRY(mb__lstm_alloc(l, &st->dbs, (size_t)(4 * H)));
+    MB_TRY(mb__lstm_alloc(l, &st->wgx, (size_t)gb * (size_t)(in + H)));
+    return mb__lstm_alloc(l, &st->wgs, (size_t)(4 * H * (in + H)));
+}
+
+static void mb__cpu_lstm_destroy(mb_lstm *l) {
+    mb__cpu_lstm *st = mb__cpu_lstm_of(l);
+    if (!st) return;
+    float *bufs[] = {st->wpf, st->wpb, st->wpi, st->dbs, st->wgx, st->wgs};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mb_free(l->dev, bufs[i]);
+    MB_FREE(st);
+    l->be_lstm = NULL;
+}
+
+/* Full storage adds nothing the checkpoint default counts (the packed weights are small). */
+static size_t mb__cpu_lstm_full_extra(mb_device *dev, const mb_lstm_config *cfg) {
+    (void)dev; (void)cfg;
+    return 0;
+}
+
+/* mb_lstm_*_many: the calls side by side on the device's threads. */
+static mb_result mb__cpu_lstm_many(mb_lstm_call *calls, int n, int backward) {
+    return mb__lstm_run_each(calls, n, backward, mb__cpu(calls[0].lstm->dev)->threads);
 }
 
 MB__OPS_BEGIN
 static const mb__lstm_ops mb__cpu_lstm_ops = {
+    .create = mb__cpu_lstm_create, .destroy = mb__cpu_lstm_destroy, .full_extra = mb__cpu_lstm_full_extra,
+    .layer_forward = mb__cpu_lstm_layer_forward, .layer_backward = mb__cpu_lstm_layer_backward,
+    .many = mb__cpu_lstm_many,
     .fwd_gates = mb__cpu_lstm_fwd_gates, .bwd_gates = mb__cpu_lstm_bwd_gates, .copy_strided = mb__cpu_copy_strided,
     .add = mb__cpu_add, .fill = mb__cpu_fill,
-}; /* no fused recurrence: the CPU backend's fused group is NULL */
+};
 MB__OPS_END
 
 // ---- end lstm ----
@@ -9844,7 +9625,6 @@ static const mb__backend mb__cpu_table = {
     .params = &mb__cpu_params_ops,
     .series = &mb__cpu_series_ops,
     .lstm = &mb__cpu_lstm_ops,
-    .fused = NULL, /* no fused recurrence */
     .layers = &mb__cpu_layers_ops,
     .loss = &mb__cpu_loss_ops,
     .amp = &mb__cpu_amp_ops,
@@ -9861,7 +9641,7 @@ static const mb__backend *mb__cpu_backend(void) { return &mb__cpu_table; }
 static int mb__backend_complete(const mb__backend *be) {
 #define MB__GROUP(g, optional) ((optional && !be->g) || (be->g && mb__ops_complete(be->g, sizeof *be->g)))
     return MB__GROUP(rt, 0) && MB__GROUP(gemm, 0) && MB__GROUP(params, 0) && MB__GROUP(series, 0) &&
-           MB__GROUP(lstm, 0) && MB__GROUP(fused, 1) && MB__GROUP(layers, 0) && MB__GROUP(loss, 0) &&
+           MB__GROUP(lstm, 0) && MB__GROUP(layers, 0) && MB__GROUP(loss, 0) &&
            MB__GROUP(amp, 0) && MB__GROUP(optim, 0) && MB__GROUP(step, 0) && MB__GROUP(dist, 1) &&
            MB__GROUP(graph, 1);
 #undef MB__GROUP

@@ -379,9 +379,12 @@ static const mb__series_ops mb__cuda_series_ops = {.gather = mb__cuda_series_gat
 // ---- cuda end series ----
 
 // ---- cuda lstm ----
-// The LSTM's elementwise kernels: fused gates (forward), gate gradients (backward), the
-// strided row copy (batch-major <-> time-major), add and fill. The math is mb__lstm_cell_fwd/bwd
-// from megabatch.h, shared with the CPU; the gemms go through mb_gemm (cuBLAS).
+// The lstm group on the GPU. The per-step path's elementwise kernels: fused gates (forward),
+// gate gradients (backward), the strided row copy (batch-major <-> time-major), add and fill
+// (the math is mb__lstm_cell_fwd/bwd from megabatch.h, shared with the CPU; the gemms go
+// through mb_gemm, cuBLAS). Then the fused recurrence (its types, kernels and host side), the
+// choice between it (1, 2 or 4 blocks a row tile) and the per-step path, with its latency
+// constants, and the group's recurrence operations, which run the choice (mb__cuda_lstm_ops).
 
 __global__ void mb__k_lstm_fwd_gates(int64_t B, int64_t H, float *g, const float *b_ih, const float *b_hh,
                                      const float *c_prev, float *c, float *h) {
@@ -444,10 +447,87 @@ static mb_result mb__cuda_fill(mb_device *dev, int stream, float *y, float v, si
     return MB__RUN_N(dev, stream, mb__k_lstm_fill, n, y, v, n);
 }
 
+// -- the fused recurrence: types --
+// The kernels' descriptors and shared-memory layout (the host side below fills them). One descriptor per
+// LSTM layer in a launch, passed by value. A row tile of 8 batch rows of one LSTM is owned by
+// `cl` blocks (1, or a thread-block cluster of 2 or 4 on sm_90), block c of them by the hidden
+// units c*Hc .. c*Hc+Hc-1 (Hc = Hp/cl, Hp = H rounded up to 16 cl), and its warp w by units
+// c*Hc + 16w .. +15 of those rows, all four gates: Hc/16 warps a block.
+
+enum { MB__FUSED_ROWS = 8, MB__FUSED_MAX = 16 }; /* rows per block, layers per launch */
+
+typedef struct mb__fused_desc {
+    float *g;              /* (T, B, 4H) gates: x W_ih^T in, activated out (forward) */
+    float *cs, *hs;        /* (T+1, B, H) cells and outputs, slot 0 = c0, h0 */
+    void *hs_op;           /* hs in the operand type, NULL in f32 */
+    const void *whh;       /* (4H, H) in the operand type */
+    const float *bih, *bhh;
+    const float *dout;     /* backward: (T, B, H) gradient w.r.t. the outputs */
+    float *dg;             /* backward: (T, B, 4H) gate gradients in f32, NULL in bf16/f16 */
+    void *dg_op;           /* backward: dg in the operand type, NULL in f32 */
+    float *dsum;           /* backward: (B, 4H) each row's gate gradients summed over the steps, from
+                              t = T-1 down (the bias gradients' source) */
+    float *dh0, *dc0;      /* backward: (B, H) */
+    int B, T, H, tile0;    /* tile0: the first block of this layer in the launch */
+} mb__fused_desc;
+
+typedef struct mb__fused_args {
+    int n, cl; /* descriptors; blocks a row tile */
+    mb__fused_desc d[MB__FUSED_MAX];
+} mb__fused_args;
+
+
+/* A block's shared memory at hidden size H, cl blocks a row tile (byte offsets;
+ * megabatch_cuda.cuh carves it so): its slice of W_hh in the operand type at 0, row-major, rows
+ * wld elements apart (forward: its units' rows of all four gates, (4Hc, Hp); backward: its
+ * units' columns as rows, (Hc, 4Hp)); the operand tiles (forward: two of h (8, Hp), backward:
+ * one of dg (8, 4Hp)) in the operand type at `tiles`, rows tld apart; then per warp, `warp`
+ * bytes from `warps`: its step inputs staged in f32 (8 rows, sld floats apart, of `seg`
+ * segments of its 16 units: forward the 4 input gates, backward the 4 activated gates, c_{t-1}
+ * and dout). Rows are padded by 16 bytes so that the 8 rows an ldmatrix or a warp's 16-byte
+ * loads touch fall in different banks (a row is then an odd number of 16 bytes); regions are
+ * 128-byte aligned. bytes: the total; 0 when H or cl is out of range. */
+typedef struct mb__fused_layout {
+    size_t tiles, warps, warp, bytes;
+    int Hp, Hc, seg, wld, tld, sld;
+} mb__fused_layout;
+
+static inline MB__HD mb__fused_layout mb__fused_layout_of(int64_t H, size_t es, int backward, int cl) {
+    mb__fused_layout y = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (H < 1 || H > 4096 || (cl != 1 && cl != 2 && cl != 4) || (es != 2 && es != 4)) return y;
+    size_t Hp = (size_t)(H + 16 * cl - 1) / (16 * cl) * (16 * cl), Hc = Hp / (size_t)cl, R = MB__FUSED_ROWS;
+    y.Hp = (int)Hp;
+    y.Hc = (int)Hc;
+    y.seg = backward ? 6 : 4;
+    y.wld = y.tld = (int)((backward ? 4 * Hp : Hp) + 16 / es);
+    y.sld = 16 * y.seg + 4;
+    y.tiles = ((backward ? Hc : 4 * Hc) * (size_t)y.wld * es + 127) / 128 * 128;
+    y.warps = y.tiles + ((backward ? 1 : 2) * R * (size_t)y.tld * es + 127) / 128 * 128;
+    y.warp = R * (size_t)y.sld * sizeof(float);
+    y.bytes = y.warps + Hc / 16 * y.warp;
+    return y;
+}
+
+/* Threads of a block at hidden size H, cl blocks a row tile: a warp per 16 of its units. At most
+ * 256 (8 warps): a block may then use all 255 registers a thread can have. */
+enum { MB__FUSED_THREADS_MAX = 256 };
+static unsigned mb__lstm_fused_threads(int64_t H, int cl) {
+    return (unsigned)((H + 16 * cl - 1) / (16 * cl) * 32);
+}
+
+/* Shared memory of a block at hidden size H, cl blocks a row tile: the larger of forward and
+ * backward; 0 when out of range. */
+static size_t mb__lstm_fused_smem(int64_t H, mb_dtype op, int cl) {
+    size_t f = mb__fused_layout_of(H, mb_dtype_size(op), 0, cl).bytes;
+    size_t b = mb__fused_layout_of(H, mb_dtype_size(op), 1, cl).bytes;
+    return f > b ? f : b;
+}
+
+
 // -- the fused recurrence --
 // The persistent fused recurrence (docs/LSTM.md, "The fused recurrence on the GPU"). One launch
 // runs a layer of every LSTM given: a tile of 8 batch rows of one LSTM is owned by cl blocks
-// (1, or a cluster of 2 or 4 on sm_90, each with its slice of W_hh: megabatch.h,
+// (1, or a cluster of 2 or 4 on sm_90, each with its slice of W_hh:
 // mb__fused_layout_of), and batch rows being independent, no tile waits for another. Warp w of
 // a block owns 16 hidden units of its rows, all four gates (a gate tile each, below), and
 // keeps for all T steps, in registers, what the recurrence carries for them: the cell state
@@ -1061,16 +1141,20 @@ template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int st
 }
 
 /* One launch for the a->n descriptors (all of operand type op, a->cl blocks a row tile);
- * blocks: their row tiles. The widest layer sets the threads and the shared memory. */
-static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, const mb__fused_args *a,
-                                     unsigned blocks) {
+ * *blocks: their row tiles. The widest layer sets the threads and the shared memory. Empties
+ * a and *blocks for the next launch. */
+static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
+                                     unsigned *blocks) {
     int64_t H = 1;
     for (int i = 0; i < a->n; i++) H = a->d[i].H > H ? a->d[i].H : H;
     size_t smem = mb__fused_layout_of(H, mb_dtype_size(op), backward, a->cl).bytes;
     unsigned threads = mb__lstm_fused_threads(H, a->cl);
-    if (op == MB_BF16) return mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, blocks, threads, smem);
-    if (op == MB_F16) return mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, blocks, threads, smem);
-    return mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, blocks, threads, smem);
+    mb_result r = op == MB_BF16 ? mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, *blocks, threads, smem)
+                  : op == MB_F16 ? mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, *blocks, threads, smem)
+                                 : mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, *blocks, threads, smem);
+    a->n = 0;
+    *blocks = 0;
+    return r;
 }
 
 /* The shared memory a block may opt into on this device, and its largest cluster for the fused
@@ -1086,12 +1170,288 @@ static void mb__cuda_fused_limits(mb_device *dev, size_t *smem, int *cluster) {
     *cluster = c ? 4 : 1;
 }
 
+// -- the choice of recurrence --
+/* The fused recurrence can run here with cl blocks a row tile: the GPU has clusters of cl, a
+ * block has at most MB__FUSED_THREADS_MAX threads, and its shared memory fits a block's. */
+static int mb__lstm_fused_fits(mb_device *dev, int64_t H, mb_dtype op, int cl) {
+    size_t smem = 0, need = mb__lstm_fused_smem(H, op, cl);
+    int maxcl = 0;
+    mb__cuda_fused_limits(dev, &smem, &maxcl);
+    return cl <= maxcl && need && need <= smem && mb__lstm_fused_threads(H, cl) <= MB__FUSED_THREADS_MAX;
+}
+
+/* The recurrence's time per timestep of one layer, forward + backward, in microseconds on an
+ * H100 at B = 128, T = 480, bf16 (the latency model of docs/BENCHMARKS.md): the fused kernel
+ * with cl blocks a row tile, or for cl = 0 the per-step gemms (a chain of launches a timestep).
+ * Fused: a fixed part (the cell update, the fetches and stores of a warp's tile), a part that
+ * grows with the product's length Hp, a part for the warps past four a block (two then share a
+ * scheduler) and the cluster's barriers. The fused constants fit the model's prediction for
+ * these kernels (bench/latency_model.sh, its table of the 8-row kernels, H = 32 .. 256, cl 1, 2,
+ * 4: within 9%, the same choice at every H but 128, where 2 and 4 blocks tie here and the model
+ * prefers 4 by 9%); no GPU has run them yet. The per-step constant fits the H100 runs of
+ * 2026-11-26 (bench/results/2026-11-26-h100-fused, run 3: 44.7 at H = 256). */
+#define MB__US_STEP 1.3
+#define MB__US_K 0.0175
+#define MB__US_CROWD 0.07
+#define MB__US_CLUSTER 1.8
+#define MB__US_PERSTEP 38.3
+static double mb__lstm_step_us(int64_t H, int cl) {
+    if (cl == 0) return MB__US_PERSTEP + 0.025 * (double)H;
+    double Hp = (double)((H + 16 * cl - 1) / (16 * cl) * (16 * cl)), warps = Hp / cl / 16;
+    return MB__US_STEP + MB__US_K * Hp + MB__US_CROWD * (warps > 4 ? warps - 4 : 0) * Hp / 16 + (cl > 1 ? MB__US_CLUSTER : 0);
+}
+
+/* How an LSTM of hidden size H with full storage runs its recurrence on dev: the fused kernel
+ * with that many blocks a row tile (1, 2 or 4), or 0: the per-step gemms. forced (the config's
+ * fused_blocks): -1 the per-step gemms, n > 0 that n (0 when it does not fit); 0: the cheapest
+ * of those that fit, by mb__lstm_step_us. */
+static int mb__lstm_fused_choice(mb_device *dev, int64_t H, mb_dtype op, int forced) {
+    if (forced) return forced > 0 && mb__lstm_fused_fits(dev, H, op, forced) ? forced : 0;
+    int best = 0;
+    for (int cl = 1; cl <= 4; cl *= 2)
+        if (mb__lstm_fused_fits(dev, H, op, cl) && mb__lstm_step_us(H, cl) < mb__lstm_step_us(H, best)) best = cl;
+    return best;
+}
+
+/* Device bytes of its workspace at (B, T) (what mb__lstm_fused_alloc takes): x of all steps
+ * (T*B, F) in f32 and the gate gradients (T*B, 4H) in the operand type, in bf16/f16 x's
+ * operand copy too, and each row's gate gradients summed over the steps (B, 4H). SIZE_MAX on
+ * overflow. */
+static size_t mb__lstm_fused_bytes(int64_t B, int64_t T, int64_t F, int64_t H, mb_dtype op) {
+    size_t rows, a, b, out, es = mb_dtype_size(op);
+    size_t row = (size_t)F * (sizeof(float) + (op == MB_F32 ? 0 : es)) + 4 * (size_t)H * es; /* a row of all steps */
+    if (!mb_size_mul((size_t)B, (size_t)T, &rows) || !mb_size_mul(rows, row, &a) ||
+        !mb_size_mul((size_t)B, 4 * (size_t)H * sizeof(float), &b) || !mb_size_add(a, b, &out))
+        return SIZE_MAX;
+    return out;
+}
+
+
+/* CUDA's state for one LSTM (l->be_lstm): which recurrence runs it, and the fused one's
+ * workspace (mb__lstm_fused_alloc). */
+typedef struct mb__cuda_lstm {
+    int fused;                /* the fused recurrence with that many blocks a row tile; 0: the per-step gemms */
+    float *xall, *dgs, *dsum; /* (T*B, F) x, (T*B, 4H) gate gradients (f32 only), (B, 4H) each row's gate
+                                 gradients summed over the steps */
+    void *xall_lp, *dgs_lp;   /* low precision: x's operand copy, the gate gradients */
+    int x_kept;               /* xall (xall_lp) holds the last forward's x */
+} mb__cuda_lstm;
+
+static mb__cuda_lstm *mb__cuda_lstm_of(const mb_lstm *l) { return (mb__cuda_lstm *)l->be_lstm; }
+
+// -- the fused recurrence: the host side --
+// Host side of the persistent fused recurrence (its kernels above).
+// Per layer: the input projection of all T steps as one gemm into the gates, one launch for
+// the recurrence, and after the backward recurrence the weight gradients as one gemm each over
+// all T*B rows. mb_lstm_*_many runs a layer of every LSTM in one launch.
+
+/* All steps' x gathered time-major (T*B, F) with its operand copy, the gate gradients of all
+ * steps (T*B, 4H) in the operand type (f32 in f32: they are the gemms' operand as they are),
+ * and their sums over the steps (B, 4H), from which the bias gradients come:
+ * mb__lstm_fused_bytes, which the GPU's full-storage default counts. */
+static mb_result mb__lstm_fused_alloc(mb_lstm *l) {
+    mb__cuda_lstm *st = mb__cuda_lstm_of(l);
+    size_t rows = (size_t)(l->maxT * l->maxB), es = mb_dtype_size(l->op);
+    MB_TRY(mb__lstm_alloc(l, &st->xall, rows * (size_t)l->F));
+    MB_TRY(mb__lstm_alloc(l, &st->dsum, (size_t)l->maxB * 4 * (size_t)l->H));
+    if (l->op == MB_F32) return mb__lstm_alloc(l, &st->dgs, rows * 4 * (size_t)l->H);
+    MB_TRY(mb_alloc(l->dev, MB_MEM_DEVICE, rows * (size_t)l->F * es, &st->xall_lp));
+    return mb_alloc(l->dev, MB_MEM_DEVICE, rows * 4 * (size_t)l->H * es, &st->dgs_lp);
+}
+
+static void mb__lstm_fused_free(mb_lstm *l) {
+    mb__cuda_lstm *st = mb__cuda_lstm_of(l);
+    mb_free(l->dev, st->xall); mb_free(l->dev, st->dgs); mb_free(l->dev, st->dsum);
+    mb_free(l->dev, st->xall_lp); mb_free(l->dev, st->dgs_lp);
+}
+
+/* Layer k's input rows of all T steps (T*B, in) as gemm operands. Layer 0's are the caller's
+ * x gathered time-major by the forward; the backward gathers them again only where layer 0's
+ * d_in has used xall as its scratch since (f32). */
+static mb_result mb__lstm_fused_input(mb_lstm *l, int li, int backward, const void **rows) {
+    mb__cuda_lstm *st = mb__cuda_lstm_of(l);
+    int64_t B = l->B, F = l->F;
+    if (li) { *rows = mb__lstm_in_op(l, li); return MB_OK; }
+    void *dst = l->op == MB_F32 ? (void *)st->xall : st->xall_lp;
+    *rows = dst;
+    if (backward && st->x_kept) return MB_OK;
+    MB_TRY(mb__lstm_copy_strided(l, dst, l->op, F, B * F, l->x, l->xs, F, B, l->T, F));
+    st->x_kept = 1;
+    return MB_OK;
+}
+
+/* The input projection of all steps: gates = x W_ih^T, one gemm. */
+static mb_result mb__lstm_fused_project(mb_lstm *l, int li) {
+    int64_t in = l->layer[li].in;
+    float *w[4] = {0};
+    const void *wih, *whh, *x;
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, li, 0, &x));
+    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[li].gates, 4 * l->H);
+}
+
+/* Layer k's descriptor; backward: dout its output gradients, dh0/dc0 into l->dh, l->dc. */
+static mb_result mb__lstm_fused_desc_of(mb_lstm *l, int li, const float *dout, mb__fused_desc *d) {
+    const mb__cuda_lstm *st = mb__cuda_lstm_of(l);
+    mb__lstm_layer *y = &l->layer[li];
+    float *w[4] = {0};
+    const void *wih, *whh;
+    MB_TRY(mb__lstm_weights(l, li, w, 0, dout ? "mb_lstm_backward" : "mb_lstm_forward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    memset(d, 0, sizeof *d);
+    d->g = y->gates; d->cs = y->cs; d->hs = y->hs; d->hs_op = l->op == MB_F32 ? NULL : y->hs_lp;
+    d->whh = whh; d->bih = w[MB__LSTM_BIH]; d->bhh = w[MB__LSTM_BHH];
+    d->dout = dout; d->dg = st->dgs; d->dg_op = l->op == MB_F32 ? NULL : st->dgs_lp; d->dsum = st->dsum;
+    d->dh0 = l->dh; d->dc0 = l->dc;
+    d->B = (int)l->B; d->T = (int)l->T; d->H = (int)l->H;
+    return MB_OK;
+}
+
+/* One launch per precision, per blocks a row tile and per MB__FUSED_MAX layers: layer k of each
+ * of the n LSTMs that have one (douts[i]: LSTM i's output gradients, backward; NULL forward),
+ * in the order given (the longest T first keeps a launch that needs more blocks than the GPU
+ * holds at once short). A lone LSTM runs on its stream; several on MB_STREAM_COMPUTE, after
+ * their streams and before them again. */
+static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *douts, int n, int li, int backward) {
+    mb_device *dev = ls[0]->dev;
+    int stream = n == 1 ? ls[0]->cfg.stream : MB_STREAM_COMPUTE;
+    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, stream, ls[i]->cfg.stream));
+    for (int op = MB_F32; op <= MB_F16; op++)
+        for (int cl = 1; cl <= 4; cl *= 2) {
+            mb__fused_args a;
+            a.n = 0;
+            a.cl = cl;
+            unsigned blocks = 0; /* row tiles; the launch has cl blocks each */
+            for (int i = 0; i < n; i++) {
+                if (ls[i]->L <= li || (int)ls[i]->op != op || mb__cuda_lstm_of(ls[i])->fused != cl) continue;
+                MB_TRY(mb__lstm_fused_desc_of(ls[i], li, backward ? douts[i] : NULL, &a.d[a.n]));
+                a.d[a.n++].tile0 = (int)blocks;
+                blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
+                if (a.n == MB__FUSED_MAX) MB_TRY(mb__cuda_lstm_fused(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+            }
+            if (a.n) MB_TRY(mb__cuda_lstm_fused(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+        }
+    for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, ls[i]->cfg.stream, stream));
+    return MB_OK;
+}
+
+/* After the backward recurrence of layer k: dW_ih, dW_hh and d_in, each one gemm over all T*B
+ * rows (d_in NULL: not needed; layer 0: scattered into the caller's dx); the biases' from the
+ * recurrence's sums over the steps, one gemm over B rows each. */
+static mb_result mb__lstm_fused_grads(mb_lstm *l, int li, float *d_in) {
+    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = l->T * B;
+    float *w[4] = {0}, *dw[4] = {0};
+    mb__cuda_lstm *st = mb__cuda_lstm_of(l);
+    const void *wih, *whh, *x, *dg = l->op == MB_F32 ? (const void *)st->dgs : st->dgs_lp;
+    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_backward"));
+    MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
+    mb__lstm_w_ops(l, li, w, &wih, &whh);
+    MB_TRY(mb__lstm_fused_input(l, li, 1, &x));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, li), H, 1.0f, dw[MB__LSTM_WHH], H));
+    for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
+        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, st->dsum, 4 * H, 1.0f, dw[i], 4 * H));
+    if (!d_in) return MB_OK;
+    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, li ? d_in : st->xall, in));
+    if (li) return MB_OK;
+    st->x_kept = l->op != MB_F32; /* f32: the scratch was x's rows */
+    return mb__lstm_copy_strided(l, d_in, MB_F32, l->xs, in, st->xall, in, B * in, B, l->T, in);
+}
+
+/* mb_lstm_*_many in one launch per layer: every LSTM fused and on the device of the first. */
+static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n) {
+    for (int i = 0; i < n; i++)
+        if (!mb__cuda_lstm_of(calls[i].lstm)->fused) return 0;
+    return n > 1;
+}
+
+static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
+    mb_lstm *ls[MB__LSTM_MANY_MAX];
+    const float *douts[MB__LSTM_MANY_MAX];
+    int L = 0;
+    for (int i = 0; i < n; i++) {
+        mb_lstm_call *c = &calls[i];
+        ls[i] = c->lstm;
+        L = ls[i]->L > L ? ls[i]->L : L;
+        if (backward) MB_TRY(mb__lstm_backward_begin(ls[i], c->dh_last, c->dout_seq));
+        else MB_TRY(mb__lstm_forward_begin(ls[i], c->x, c->x_stride ? c->x_stride : c->T * ls[i]->F, c->B, c->T,
+                                           c->h0, c->c0));
+    }
+    for (int j = 0; j < L; j++) {
+        int li = backward ? L - 1 - j : j;
+        for (int i = 0; i < n; i++) {
+            douts[i] = mb__lstm_dout(ls[i], li);
+            if (!backward && li < ls[i]->L) MB_TRY(mb__lstm_fused_project(ls[i], li));
+        }
+        MB_TRY(mb__lstm_fused_run(ls, douts, n, li, backward));
+        for (int i = 0; !backward && i < n; i++)
+            if (li < ls[i]->L) MB_TRY(mb__lstm_drop_forward(ls[i], li));
+        for (int i = 0; backward && i < n; i++)
+            if (li < ls[i]->L) {
+                MB_TRY(mb__lstm_fused_grads(ls[i], li, li ? mb__lstm_dout(ls[i], li - 1) : calls[i].dx));
+                MB_TRY(mb__lstm_drop_backward(ls[i], li));
+                MB_TRY(mb__lstm_backward_tail(ls[i], li, calls[i].dh0, calls[i].dc0));
+            }
+    }
+    for (int i = 0; !backward && i < n; i++) MB_TRY(mb__lstm_forward_end(ls[i], calls[i].out_seq, calls[i].h_last));
+    return MB_OK;
+}
+
+
+// -- the lstm group's recurrence --
+/* The one place that decides: full activation storage (no checkpointing) and the fused kernel
+ * chosen (mb__lstm_fused_choice): its blocks a row tile; else (0) the per-step cuBLAS path. A
+ * forced count that does not fit is refused. */
+static mb_result mb__cuda_lstm_create(mb_lstm *l) {
+    mb__cuda_lstm *st = (mb__cuda_lstm *)mb__host_calloc(1, sizeof *st);
+    if (!st) return MB_FAIL(mb__lstm_log(l), MB_ERR_OUT_OF_MEMORY, "mb_lstm_create: no host memory");
+    l->be_lstm = st;
+    st->fused = l->interval_max == 0 ? mb__lstm_fused_choice(l->dev, l->H, l->op, l->cfg.fused_blocks) : 0;
+    l->fused_blocks = st->fused;
+    if (l->cfg.fused_blocks > 0 && !st->fused) return mb__lstm_fused_refused(l);
+    return st->fused ? mb__lstm_fused_alloc(l) : MB_OK;
+}
+
+static void mb__cuda_lstm_destroy(mb_lstm *l) {
+    if (!l->be_lstm) return;
+    mb__lstm_fused_free(l);
+    MB_FREE(l->be_lstm);
+    l->be_lstm = NULL;
+}
+
+/* The fused workspace, where full storage would run the fused kernel. */
+static size_t mb__cuda_lstm_full_extra(mb_device *dev, const mb_lstm_config *c) {
+    if (!mb__lstm_fused_choice(dev, c->hidden_size, c->precision, c->fused_blocks)) return 0;
+    return mb__lstm_fused_bytes(c->max_batch, c->max_steps, c->input_size, c->hidden_size, c->precision);
+}
+
+static mb_result mb__cuda_lstm_layer_forward(mb_lstm *l, int li) {
+    if (!mb__cuda_lstm_of(l)->fused) return mb__lstm_steps_forward(l, li);
+    MB_TRY(mb__lstm_fused_project(l, li));
+    return mb__lstm_fused_run(&l, NULL, 1, li, 0);
+}
+
+static mb_result mb__cuda_lstm_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
+    if (!mb__cuda_lstm_of(l)->fused) return mb__lstm_steps_backward(l, li, dout, d_in);
+    MB_TRY(mb__lstm_fused_run(&l, &dout, 1, li, 1));
+    return mb__lstm_fused_grads(l, li, d_in);
+}
+
+/* mb_lstm_*_many: every LSTM fused, one launch a layer; else the calls one after another from
+ * this thread (each on its own stream). */
+static mb_result mb__cuda_lstm_many(mb_lstm_call *calls, int n, int backward) {
+    if (mb__lstm_fused_many_ok(calls, n)) return mb__lstm_fused_many(calls, n, backward);
+    return mb__lstm_run_each(calls, n, backward, 1);
+}
+
 static const mb__lstm_ops mb__cuda_lstm_ops = {
+    .create = mb__cuda_lstm_create, .destroy = mb__cuda_lstm_destroy, .full_extra = mb__cuda_lstm_full_extra,
+    .layer_forward = mb__cuda_lstm_layer_forward, .layer_backward = mb__cuda_lstm_layer_backward,
+    .many = mb__cuda_lstm_many,
     .fwd_gates = mb__cuda_lstm_fwd_gates, .bwd_gates = mb__cuda_lstm_bwd_gates, .copy_strided = mb__cuda_copy_strided,
     .add = mb__cuda_add, .fill = mb__cuda_fill,
 };
-
-static const mb__fused_ops mb__cuda_fused_ops = {.limits = mb__cuda_fused_limits, .run = mb__cuda_lstm_fused};
 
 // ---- cuda end lstm ----
 
@@ -1457,7 +1817,6 @@ static const mb__backend mb__cuda_table = {
     .params = &mb__cuda_params_ops,
     .series = &mb__cuda_series_ops,
     .lstm = &mb__cuda_lstm_ops,
-    .fused = &mb__cuda_fused_ops,
     .layers = &mb__cuda_layers_ops,
     .loss = &mb__cuda_loss_ops,
     .amp = &mb__cuda_amp_ops,

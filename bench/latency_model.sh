@@ -41,11 +41,11 @@
 # launches_per_step). Needs BUILD/prepare and BUILD/sim/train_multitf_cuda (make build/prepare
 # build/sim/train_multitf_cuda). CPU only: about 2 minutes of CPU, most of it that simulator run
 # (MB_LM_LAUNCHES=N gives the count instead: the fit and the tables alone take ~10 s). The
-# constants of megabatch.h's own cost model (mb__lstm_step_us, MB__US_*) are read from
-# megabatch.h and compared at the end.
+# constants of the library's own cost model (mb__lstm_step_us, MB__US_*) are read from
+# megabatch_cuda.cuh and compared at the end.
 set -eu
 b=${1:-build}
-hdr="$(dirname "$0")/../megabatch.h"
+hdr="$(dirname "$0")/../megabatch_cuda.cuh"
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 if [ -n "${MB_LM_LAUNCHES:-}" ]; then # the count given (no simulator run)
@@ -261,7 +261,7 @@ function fused_us(k, H, p, cl) { return (cycles(k, "fwd", H, p, cl) + cycles(k, 
 # one layer (bench_lstm_cuda): the recurrence + its ~12 other launches (projection, conversions,
 # weight gradients) over T
 function layer_us(k, H, p, cl) { return fused_us(k, H, p, cl) + 12 * NODE_S / TMAX }
-# shared memory of a block of the rebuilt kernel (megabatch.h mb__fused_layout_of), bf16: fits?
+# shared memory of a block of the rebuilt kernel (megabatch_cuda.cuh mb__fused_layout_of), bf16: fits?
 function lay(H, bw, cl,    Hp, Hc, wld, tld, sld, t, w) {
     Hp = ceil(H / (16 * cl)) * 16 * cl; Hc = Hp / cl
     wld = (bw ? Hc : Hp) + 8; tld = (bw ? 4 * Hp : Hp) + 8; sld = 16 * (bw ? 6 : 4) + 4
@@ -283,7 +283,7 @@ function smem_of(k, H, p, cl,    es) {
     return k == R8 ? max(lay8(H, 0, cl, es), lay8(H, 1, cl, es)) : max(lay(H, 0, cl), lay(H, 1, cl))
 }
 function fits_k(k, H, p, cl) { return smem_of(k, H, p, cl) <= SMEM && ceil(H / (16 * cl)) <= 8 }
-# megabatch.h mb__lstm_step_us (its MB__US_* constants: US[], read from megabatch.h), and the
+# megabatch_cuda.cuh mb__lstm_step_us (its MB__US_* constants: US[], read from there), and the
 # blocks a tile it chooses at H (bf16, the 8-row kernels; 0: the per-step path)
 function lib_us(H, cl,    Hp, wn) {
     if (!cl) return US["PERSTEP"] + 0.025 * H
@@ -620,7 +620,7 @@ BEGIN {
 
     printf "\nPREDICTED whole training step F=128 B=128 head 64 bf16 with the 8-row kernels, ms: the last measured step less\n"
     printf "what the model says the changes save (the rest: host code V 0 -> 1; the recurrence: the launch of the run, %s, ->\n", NEW
-    printf "%s at the blocks a tile megabatch.h chooses (its span: the 5 encoders of a launch share the GPU, see launch()))\n", R8
+    printf "%s at the blocks a tile megabatch_cuda.cuh chooses (its span: the 5 encoders of a launch share the GPU, see launch()))\n", R8
     printf "%-5s %9s %4s %9s %3s %5s %6s %7s %7s %9s %9s %6s %6s %8s %10s\n", "H", "measured", "run", "rest", "cl", "span", "shared", \
         "rec.", "rec. 8", "predicted", "PyTorch", "speed", "CPI+1", "goal", ""
     split("2.45 3.40 4.81 6.69", ms, " "); split("11.52 11.29 12.73 15.11", mt, " "); split("3 3 4 4", mr, " "); split("4 3 3 3", gx, " ")
@@ -636,8 +636,8 @@ BEGIN {
     printf "(rest: its change; rec., rec. 8: the recurrence of the run and of the 8-row kernels, ms; span: timesteps at one block\n"
     printf " an SM, shared: those a block of the longest encoder shares its SM; CPI+1: the speed with the 8-row recurrence at CPI+1)\n"
 
-    # ---- the cost model of megabatch.h (mb__lstm_step_us) against this one ----
-    printf "\nmegabatch.h mb__lstm_step_us (MB__US_STEP %s K %s CROWD %s CLUSTER %s PERSTEP %s, read from megabatch.h) and this model\n", \
+    # ---- the cost model of megabatch_cuda.cuh (mb__lstm_step_us) against this one ----
+    printf "\nmegabatch_cuda.cuh mb__lstm_step_us (MB__US_STEP %s K %s CROWD %s CLUSTER %s PERSTEP %s, read from megabatch_cuda.cuh) and this model\n", \
         US["STEP"], US["K"], US["CROWD"], US["CLUSTER"], US["PERSTEP"]
     printf "(%s; run 3: %s, measured):\n", R8, NEW
     printf "one layer F=128 bf16 fwd+bwd, us a timestep, of the paths whose shared memory fits (%d bytes a block)\n", SMEM

@@ -12,7 +12,7 @@ static void bc_set(mb__backend *t, const bc_group *g, const void *ops) { memcpy(
  * to NULL, it is not (the optional groups may be NULL as a whole). */
 static void bc_check_table(const mb__backend *be) {
     const bc_group gs[] = {BC_GROUP(rt, 0),    BC_GROUP(gemm, 0), BC_GROUP(params, 0), BC_GROUP(series, 0),
-                           BC_GROUP(lstm, 0),  BC_GROUP(fused, 1), BC_GROUP(layers, 0), BC_GROUP(loss, 0),
+                           BC_GROUP(lstm, 0),  BC_GROUP(layers, 0), BC_GROUP(loss, 0),
                            BC_GROUP(amp, 0),   BC_GROUP(optim, 0), BC_GROUP(step, 0),  BC_GROUP(dist, 1),
                            BC_GROUP(graph, 1)};
     size_t n = sizeof gs / sizeof *gs;

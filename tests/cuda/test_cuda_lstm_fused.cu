@@ -102,7 +102,7 @@ static float *run(mb_device *dev, const net *s, int ck, mb_dtype prec, int fb, i
         c[i].dx = cn[i] + b[O_CN]; c[i].dh0 = c[i].dx + b[O_DX]; c[i].dc0 = c[i].dh0 + b[O_DH0];
         pi = (float *)c[i].dh_last + a[I_DHL];
         po = c[i].dc0 + b[O_DC0];
-        *fused += l[i]->fused != 0;
+        *fused += mb_lstm_fused_blocks(l[i]) != 0;
     }
     if (many) tu_ok(mb_lstm_forward_many(c, s->n));
     for (int i = 0; !many && i < s->n; i++)
@@ -246,7 +246,7 @@ static void test_fused_matches_cpu(void **state) {
     tu_device_close(cpu); tu_device_close(gpu);
 }
 
-/* The path an LSTM of hidden size H takes (mb_lstm->fused: blocks a row tile, 0: the per-step
+/* The path an LSTM of hidden size H takes (mb_lstm_fused_blocks: blocks a row tile, 0: the per-step
  * gemms), checkpoint ck, fused_blocks fb; -1 when mb_lstm_create refuses it (its result in *r). */
 static int fused_of(mb_device *dev, int64_t H, int ck, mb_dtype prec, int fb, mb_result *r) {
     mb_params *p;
@@ -257,7 +257,7 @@ static int fused_of(mb_device *dev, int64_t H, int ck, mb_dtype prec, int fb, mb
     c.input_size = 3; c.hidden_size = H; c.checkpoint = ck; c.max_steps = 5; c.max_batch = 4; c.precision = prec;
     c.fused_blocks = fb;
     *r = mb_lstm_create(&l, p, &c);
-    int f = l ? l->fused : -1;
+    int f = l ? mb_lstm_fused_blocks(l) : -1;
     mb_lstm_destroy(l);
     mb_params_destroy(p);
     return f;

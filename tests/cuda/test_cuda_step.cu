@@ -116,7 +116,7 @@ static void test_cuda_fused_workspace_counted(void **state) {
         c.max_batch = tu_int(1, 20); c.layers = tu_int(1, 2); c.precision = op;
         mb_lstm *l;
         tu_ok(mb_lstm_create(&l, p, &c));
-        assert_true(l->fused);
+        assert_true(mb_lstm_fused_blocks(l));
         size_t before = mb_device_mem_stats(g).live[MB_MEM_DEVICE];
         mb__lstm_fused_free(l);
         size_t freed = mb_device_mem_stats(g).live[MB_MEM_DEVICE];
