@@ -145,7 +145,7 @@ static int expected(int t, int v) {
 static int missing;
 static void note_missing(const char *bin) {
     if (env_is("CI", "true")) fail_msg("%s is not built (CI=true: a missing build fails; make build BENCH=1)", bin);
-    printf("skipped: %s is not built (make build; the benchmarks: make bench)\n", bin);
+    printf("skipped: %s is not built (make build; benchmarks: make bench; CUDA programs: make cuda)\n", bin);
     missing++;
 }
 
