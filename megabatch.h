@@ -2500,23 +2500,28 @@ static float *mb__widen(const void *x, mb_dtype t, int64_t rows, int64_t cols, i
     return w;
 }
 
+/* MB__NO_CONTRACT, at the top of a function, keeps a * b + c from becoming an fma there (and
+ * where the function is inlined into code built for an FMA target): Clang contracts within an
+ * expression by default, and only this pragma (not an attribute) stops it; GCC does not in
+ * ISO C modes, and its rows (lstm, layers) turn contraction off by attribute. */
+#if defined(__clang__) && !defined(__CUDACC__)
+#define MB__NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define MB__NO_CONTRACT
+#endif
+
 #ifdef MEGABATCH_NO_CBLAS
 /* Row a times rows b[0..3] of B^T (ldb apart; nb < 4: the last one again, its results
  * dropped), each dot product in 8 lanes (lane j sums k = j, j + 8, ...; then the lanes
  * pairwise, then the tail in order): a fixed order that the compiler vectorizes, 4 rows
  * at once to hide the adds' latency; the same bits on every platform, and an element's
  * bits depend neither on M nor on N. */
-#if defined(__clang__)
-#define MB__DOT_NO_CONTRACT _Pragma("clang fp contract(off)") /* as MB__NO_CONTRACT (lstm) */
-#else
-#define MB__DOT_NO_CONTRACT
-#endif
 static inline void mb__lanes8(float *s, const float *a, const float *b) {
-    MB__DOT_NO_CONTRACT
+    MB__NO_CONTRACT
     for (int j = 0; j < 8; j++) s[j] += a[j] * b[j];
 }
 static void mb__dot8x4(const float *a, const float *b, int64_t ldb, int nb, int64_t k, float *t) {
-    MB__DOT_NO_CONTRACT
+    MB__NO_CONTRACT
     const float *r[4];
     float s[4][8];
     for (int q = 0; q < 4; q++) r[q] = b + (q < nb ? q : nb - 1) * ldb;
@@ -5157,15 +5162,8 @@ MB__OPS_END
 
 /* The cell's functions below are declared MB__CELL_FN: always inlined (the row loops
  * vectorize only with the cell inside; Clang's inliner left the call out of line, measured:
- * 100 ns a cell). MB__NO_CONTRACT, at the top of each, keeps a * b + c from becoming an fma
- * where they are inlined into rows built for an FMA target: Clang contracts within an
- * expression by default, and only this pragma (not an attribute) stops it; GCC's rows turn
- * contraction off by attribute. */
-#if defined(__clang__) && !defined(__CUDACC__)
-#define MB__NO_CONTRACT _Pragma("clang fp contract(off)")
-#else
-#define MB__NO_CONTRACT
-#endif
+ * 100 ns a cell). MB__NO_CONTRACT (gemm module), at the top of each, keeps a * b + c from
+ * becoming an fma where they are inlined into rows built for an FMA target. */
 #if defined(__GNUC__) && !defined(__CUDACC__)
 #define MB__CELL_FN static inline __attribute__((always_inline))
 #else
@@ -6204,31 +6202,28 @@ typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const fl
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define MB__ROWS_GCC "fp-contract=off", "tree-loop-vectorize", "vect-cost-model=dynamic"
 #define MB__ROWS_ATTR(t) __attribute__((target(t), optimize(MB__ROWS_GCC)))
-MB__LSTM_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
+#define MB__ROWS_BASE __attribute__((optimize(MB__ROWS_GCC)))
 #else
 #define MB__ROWS_ATTR(t) __attribute__((target(t)))
-MB__LSTM_ROWS(_base, )
+#define MB__ROWS_BASE
 #endif
+/* Every per-kernel loop of the CPU (these rows, the layers' activations and dropout) is one
+ * macro M(SUFFIX, ATTR) compiled three times by MB__KERNEL_VARIANTS: NAME_base, NAME_avx2 and
+ * NAME_avx512 (where the compiler cannot target x86, the last two are the portable code again),
+ * and MB__KERNEL_OF picks the device's: mb__cpu_ctx.kernel 0 AVX-512, 1 AVX2+FMA, 2 portable
+ * (the device checked at open that this CPU runs it). */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
-MB__LSTM_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
-MB__LSTM_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
+#define MB__KERNEL_VARIANTS(M) M(_base, MB__ROWS_BASE) M(_avx2, MB__ROWS_ATTR("avx2,fma")) M(_avx512, MB__ROWS_ATTR("avx512f"))
 #else
-#define mb__lstm_fwd_row_avx2 mb__lstm_fwd_row_base
-#define mb__lstm_bwd_row_avx2 mb__lstm_bwd_row_base
-#define mb__lstm_fwd_row_avx512 mb__lstm_fwd_row_base
-#define mb__lstm_bwd_row_avx512 mb__lstm_bwd_row_base
+#define MB__KERNEL_VARIANTS(M) M(_base, MB__ROWS_BASE) M(_avx2, MB__ROWS_BASE) M(_avx512, MB__ROWS_BASE)
 #endif
+#define MB__KERNEL_OF(dev, NAME) \
+    (mb__cpu(dev)->kernel == 0 ? NAME##_avx512 : mb__cpu(dev)->kernel == 1 ? NAME##_avx2 : NAME##_base)
+MB__KERNEL_VARIANTS(MB__LSTM_ROWS)
 
-/* The row functions of the CPU device's kernel variant (mb__cpu_ctx.kernel: 0 AVX-512, 1
- * AVX2+FMA, 2 portable; the device checked at open that this CPU runs it). */
-static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) {
-    int v = mb__cpu(dev)->kernel;
-    return v == 0 ? mb__lstm_fwd_row_avx512 : v == 1 ? mb__lstm_fwd_row_avx2 : mb__lstm_fwd_row_base;
-}
-static mb__lstm_bwd_row_fn mb__lstm_bwd_row_of(const mb_device *dev) {
-    int v = mb__cpu(dev)->kernel;
-    return v == 0 ? mb__lstm_bwd_row_avx512 : v == 1 ? mb__lstm_bwd_row_avx2 : mb__lstm_bwd_row_base;
-}
+/* The row functions of the CPU device's kernel variant. */
+static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) { return MB__KERNEL_OF(dev, mb__lstm_fwd_row); }
+static mb__lstm_bwd_row_fn mb__lstm_bwd_row_of(const mb_device *dev) { return MB__KERNEL_OF(dev, mb__lstm_bwd_row); }
 
 static mb_result mb__cpu_lstm_fwd_gates(mb_device *dev, int stream, int64_t B, int64_t H, float *g,
                                         const float *b_ih, const float *b_hh, const float *c_prev, float *c, float *h,
@@ -6715,24 +6710,12 @@ MBDEF mb_result mb_act_backward(mb_device *dev, int stream, mb_act a, const floa
         if (dy) for (size_t i = 0; i < n; i++) out[i] = mb__act_df(a, x[i]) * dy[i];                                \
         else for (size_t i = 0; i < n; i++) out[i] = mb__act_f(a, x[i]);                                            \
     }
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-MB__ACT_ROWS(_base, __attribute__((optimize(MB__ROWS_GCC))))
-#else
-MB__ACT_ROWS(_base, )
-#endif
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
-MB__ACT_ROWS(_avx2, MB__ROWS_ATTR("avx2,fma"))
-MB__ACT_ROWS(_avx512, MB__ROWS_ATTR("avx512f"))
-#else
-#define mb__act_rows_avx2 mb__act_rows_base
-#define mb__act_rows_avx512 mb__act_rows_base
-#endif
+MB__KERNEL_VARIANTS(MB__ACT_ROWS)
 
 static mb_result mb__cpu_act(mb_device *dev, int stream, mb_act a, const float *x, const float *dy, float *out,
                              size_t n) {
     (void)stream;
-    int v = mb__cpu(dev)->kernel;
-    (v == 0 ? mb__act_rows_avx512 : v == 1 ? mb__act_rows_avx2 : mb__act_rows_base)(a, x, dy, out, n);
+    MB__KERNEL_OF(dev, mb__act_rows)(a, x, dy, out, n);
     return MB_OK;
 }
 
@@ -6831,29 +6814,15 @@ enum { MB__DROP_CTRS = 16 };
             }                                                                                                  \
         }                                                                                                      \
     }
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-MB__DROPOUT_BLOCKS(_base, __attribute__((optimize(MB__ROWS_GCC))))
-#else
-MB__DROPOUT_BLOCKS(_base, )
-#endif
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
-MB__DROPOUT_BLOCKS(_avx2, MB__ROWS_ATTR("avx2,fma"))
-MB__DROPOUT_BLOCKS(_avx512, MB__ROWS_ATTR("avx512f"))
-#else
-#define mb__dropout_blocks_avx2 mb__dropout_blocks_base
-#define mb__dropout_blocks_avx512 mb__dropout_blocks_base
-#endif
+MB__KERNEL_VARIANTS(MB__DROPOUT_BLOCKS)
 
 static mb_result mb__cpu_dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
                                  const uint64_t *step_dev, const float *x, float *y, size_t n) {
     (void)stream;
     float ks = 1.0f / (1.0f - p);
     if (step_dev) step = *step_dev;
-    int v = mb__cpu(dev)->kernel; /* 0 AVX-512, 1 AVX2 + FMA, 2 portable (mb__lstm_fwd_row_of) */
-    void (*blocks)(float, float, uint64_t, uint64_t, const float *, float *, size_t) =
-        v == 0 ? mb__dropout_blocks_avx512 : v == 1 ? mb__dropout_blocks_avx2 : mb__dropout_blocks_base;
     size_t nblk = n / (4 * MB__DROP_CTRS), i = nblk * 4 * MB__DROP_CTRS;
-    blocks(p, ks, seed, step, x, y, nblk);
+    MB__KERNEL_OF(dev, mb__dropout_blocks)(p, ks, seed, step, x, y, nblk);
     for (; i < n; i++) y[i] = mb__dropout_elem(p, ks, seed, step, i, x[i]);
     return MB_OK;
 }
