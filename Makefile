@@ -129,8 +129,8 @@ MPICC :=
 endif
 MPI_TESTS := tests/dist/run.sh
 ifneq ($(MPICC),)
-MPI_TARGETS := $(BUILD)/mpi/test_dist $(BUILD)/train_multitf_mpi $(BUILD)/bench/bench_dist_mpi $(BUILD)/prepare \
-               $(BUILD)/train_multitf
+MPI_TARGETS := $(BUILD)/mpi/test_dist $(BUILD)/train_multitf_mpi $(BUILD)/prepare $(BUILD)/train_multitf
+MPI_BENCH   := $(BUILD)/bench/bench_dist_mpi
 endif
 $(BUILD)/bench/%_mpi : bench/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -180,14 +180,14 @@ endif
 	 else echo "✗ no GPU: $(if $(GPU),GPU=1: nvcc builds the CUDA programs anyway,nvcc builds its compile checks only (make sim-test runs the CUDA tests on the CPU))"; fi
 
 build: check-deps $(TEST_BINS) $(EXAMPLE_BINS) $(if $(BENCH),$(BENCH_BINS),$(BENCH_SYNTAX) $(BENCH_TESTED)) compile-checks \
-       $(if $(GPU),$(CUDA_TARGETS),$(CUDA_COMPILE)) $(if $(BENCH),$(MPI_TARGETS),$(filter-out %bench_dist_mpi,$(MPI_TARGETS)))
+       $(if $(GPU),$(CUDA_TARGETS),$(CUDA_COMPILE)) $(MPI_TARGETS) $(if $(BENCH),$(MPI_BENCH))
 
 # The benchmarks: make bench builds them (-O3, like the examples); make build and make test
 # check only that they compile (gcc -fsyntax-only with the warnings: a tenth of a build's time;
 # test_cli then skips their command lines, saying so), unless BENCH=1, as in CI (.ci/run),
 # which builds them and runs test_cli over them. bench_series reads data files: always built
 # (tests/hostile_tools.sh runs it over the hostile ones).
-bench: $(BENCH_BINS) $(filter %bench_dist_mpi,$(MPI_TARGETS))
+bench: $(BENCH_BINS) $(MPI_BENCH)
 $(BUILD)/bench/%.syntax: bench/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -fsyntax-only $<
