@@ -2012,9 +2012,26 @@ static void mb__fp_leave(mb__fpenv e) {
 
 // -- CPU: the worker pool --
 /* threads-1 workers, started at mb_device_open and joined at mb_device_close, that sleep
- * on a condition variable until mb__pool_run hands them a function; the caller's thread
- * runs it too, and mb__pool_run returns when every worker it asked for has returned from
- * it. One job at a time per device (the `run` lock). */
+ * on a condition variable until a job comes. A job is n items, fn(arg, i) each, taken in
+ * turn by the caller's thread and by the workers it was handed to; MB__POOL_FOR runs one:
+ * mb__pool_start hands it to up to `workers` workers, the caller's thread takes items
+ * (mb__pool_take) until none are left, and mb__pool_join waits for the workers' last ones.
+ * One job at a time per device (the `run` lock); inside a job, or with no pool, the
+ * caller's thread takes every item itself. Which thread runs an item never changes what
+ * it computes. */
+typedef struct mb__pool_job {
+    void (*fn)(void *, int);
+    void *arg;
+    int n, next;   /* items, and the next one to take */
+    int workers;   /* pool threads it was handed to (0: the caller's thread alone) */
+} mb__pool_job;
+#define MB__POOL_FOR(dev, nworkers, nitems, func, farg)                                           \
+    do {                                                                                          \
+        mb__pool_job pj_ = {func, farg, nitems, 0, 0};                                            \
+        mb__pool_start(dev, &pj_, nworkers);                                                      \
+        for (int i_; (i_ = mb__pool_take(dev, &pj_)) >= 0;) (func)(farg, i_);                    \
+        mb__pool_join(dev, &pj_);                                                                 \
+    } while (0)
 #ifndef MEGABATCH_NO_THREADS
 enum { MB__POOL_MAX = 63 };
 typedef struct mb__pool mb__pool;
@@ -2030,9 +2047,10 @@ struct mb__pool {
     int want, active;    /* workers asked for by the current job, and still in it */
     int quit;
     uint64_t gen;        /* jobs handed out so far */
-    void (*fn)(void *);
-    void *arg;
+    mb__pool_job *job;
 };
+
+static int mb__pool_take(mb_device *dev, mb__pool_job *j);
 
 static void *mb__pool_worker(void *arg) {
     mb__pool_who *w = (mb__pool_who *)arg;
@@ -2046,8 +2064,9 @@ static void *mb__pool_worker(void *arg) {
         if (p->quit) break;
         seen = p->gen;
         if (w->id >= p->want) continue; /* not needed for this job */
+        mb__pool_job *j = p->job;
         mb__mutex_unlock(&p->mu);
-        p->fn(p->arg);
+        for (int i; (i = mb__pool_take(p->dev, j)) >= 0;) j->fn(j->arg, i);
         mb__mutex_lock(&p->mu);
         if (--p->active == 0) mb__cond_signal(&p->done);
     }
@@ -2091,19 +2110,35 @@ static mb_result mb__pool_open(mb_device *dev, int workers) {
     return MB_OK;
 }
 
-/* fn(arg) on the caller's thread and on up to `workers` pool threads at once; on the
- * caller's thread alone when called from inside a job (fn must then do all the work). */
-static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *arg) {
+/* Hands job j to up to `workers` pool threads (none from inside a job, or with no pool),
+ * never to more than it has items for besides the caller's. */
+static void mb__pool_start(mb_device *dev, mb__pool_job *j, int workers) {
     mb__pool *p = mb__pool_of(dev);
-    if (!p || workers < 1 || p->n < 1 || mb__pool_inside) { fn(arg); return; }
+    if (workers > j->n - 1) workers = j->n - 1;
+    if (!p || workers < 1 || p->n < 1 || mb__pool_inside) return;
     if (workers > p->n) workers = p->n;
     mb__mutex_lock(&p->run);
     mb__pool_inside = 1;
     mb__mutex_lock(&p->mu);
-    p->fn = fn; p->arg = arg; p->want = workers; p->active = workers; p->gen++;
+    j->workers = workers;
+    p->job = j; p->want = workers; p->active = workers; p->gen++;
     mb__cond_broadcast(&p->go);
     mb__mutex_unlock(&p->mu);
-    fn(arg);
+}
+
+/* The next item of j for this thread, -1 when all are taken. */
+static int mb__pool_take(mb_device *dev, mb__pool_job *j) {
+    mb__pool *p = j->workers ? mb__pool_of(dev) : NULL;
+    if (p) mb__mutex_lock(&p->mu);
+    int i = j->next < j->n ? j->next++ : -1;
+    if (p) mb__mutex_unlock(&p->mu);
+    return i;
+}
+
+/* Returns once the workers j was handed to have finished their items. */
+static void mb__pool_join(mb_device *dev, mb__pool_job *j) {
+    mb__pool *p = mb__pool_of(dev);
+    if (!j->workers) return;
     mb__mutex_lock(&p->mu);
     while (p->active) mb__cond_wait(&p->done, &p->mu);
     mb__mutex_unlock(&p->mu);
@@ -2116,7 +2151,7 @@ static void mb__pool_lock(mb_device *dev, int lock) {
     if (lock) mb__mutex_lock(&p->mu);
     else mb__mutex_unlock(&p->mu);
 }
-/* Whether mb__pool_run would hand work to workers now (not from inside a job). */
+/* Whether mb__pool_start would hand work to workers now (not from inside a job). */
 static int mb__pool_free(const mb_device *dev) {
     mb__pool *p = mb__pool_of(dev);
     return p && p->n > 0 && !mb__pool_inside;
@@ -2126,17 +2161,16 @@ static int mb__pool_free(const mb_device *dev) { (void)dev; return 0; }
 static void mb__pool_lock(mb_device *dev, int lock) { (void)dev; (void)lock; }
 static void mb__pool_close(mb_device *dev) { (void)dev; }
 static mb_result mb__pool_open(mb_device *dev, int workers) { (void)dev; (void)workers; return MB_OK; }
-static void mb__pool_run(mb_device *dev, int workers, void (*fn)(void *), void *arg) {
-    (void)dev; (void)workers;
-    fn(arg);
-}
+static void mb__pool_start(mb_device *dev, mb__pool_job *j, int workers) { (void)dev; (void)j; (void)workers; }
+static int mb__pool_take(mb_device *dev, mb__pool_job *j) { (void)dev; return j->next < j->n ? j->next++ : -1; }
+static void mb__pool_join(mb_device *dev, mb__pool_job *j) { (void)dev; (void)j; }
 #endif
 
 /* The CPU device runs all its compute on threads it controls (the caller's and the pool's),
  * so that each runs in the device's denormal mode: OpenBLAS's own threads do not take the
  * caller's MXCSR (measured: half of a 512^3 product computed with denormals, half
  * without), so OpenBLAS runs single-threaded (process-wide, set at open) and large gemms
- * are split by columns over the pool instead (mb__sgemm_split). */
+ * are split by columns over the pool instead (mb__gemm_job_of). */
 struct mb__rk;
 static int mb__rk_pick(mb_cpu_kernel want); /* gemm */
 static const struct mb__rk *mb__rk_of(int v);
@@ -2538,119 +2572,91 @@ static void mb__dot8x4(const float *a, const float *b, int64_t ldb, int nb, int6
 }
 #endif
 
-/* One f32 product C = alpha op(A) op(B) + beta C, row-major, dense-or-strided f32. Without
- * CBLAS, A B^T (a linear layer's forward: rows of both contiguous in k) as dot products. */
-static void mb__sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-#ifndef MEGABATCH_NO_CBLAS
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-#else
-    for (int64_t i = 0; i < m; i++) {
-        float *crow = c + i * ldc;
-        if (!ta && tb) {
-            for (int64_t j = 0; j < n; j += 4) {
-                float t[4];
-                int nb = n - j < 4 ? (int)(n - j) : 4;
-                mb__dot8x4(a + i * lda, b + j * ldb, ldb, nb, k, t);
-                for (int q = 0; q < nb; q++) crow[j + q] = (beta == 0.0f ? 0.0f : beta * crow[j + q]) + alpha * t[q];
-            }
-            continue;
-        }
-        for (int64_t j = 0; j < n; j++) crow[j] = beta == 0.0f ? 0.0f : beta * crow[j];
-        for (int64_t p = 0; p < k; p++) {
-            float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
-            if (tb) for (int64_t j = 0; j < n; j++) crow[j] += av * b[j * ldb + p];
-            else { const float *brow = b + p * ldb; for (int64_t j = 0; j < n; j++) crow[j] += av * brow[j]; }
-        }
-    }
-#endif
-}
-
-/* A large gemm split by columns of C into parts of MB__SPLIT_COLS, taken by the caller's
- * thread and the pool's workers. The parts depend only on the shape, never on the thread
- * count or on which thread runs them (a 1-thread device, or a gemm inside a pool job,
- * runs them one after the other): OpenBLAS's bits depend on N (measured), so the parts
- * must not. */
+/* One f32 product C = alpha op(A) op(B) + beta C, row-major, as a pool job: split by columns
+ * of C into parts of MB__SPLIT_COLS when large (else one part), taken by the caller's thread
+ * and the pool's workers. The parts depend only on the shape, never on the thread count or on
+ * which thread runs them (a 1-thread device, or a gemm inside a pool job, runs them one after
+ * the other): OpenBLAS's bits depend on N (measured), so the parts must not. */
 typedef struct mb__gemm_job {
-    mb_device *dev;
-    int ta, tb, parts, next;
+    int ta, tb;
     int64_t m, n, k, lda, ldb, ldc, w; /* w: columns per part */
     float alpha, beta;
     const float *a, *b;
     float *c;
 } mb__gemm_job;
 
-static void mb__gemm_part(void *arg) {
-    mb__gemm_job *j = (mb__gemm_job *)arg;
-    for (;;) {
-        mb__pool_lock(j->dev, 1);
-        int i = j->next++;
-        mb__pool_lock(j->dev, 0);
-        if (i >= j->parts) return;
-        int64_t c0 = i * j->w, nc = c0 + j->w < j->n ? j->w : j->n - c0;
-        mb__sgemm(j->ta, j->tb, j->m, nc, j->k, j->alpha, j->a, j->lda, j->b + (j->tb ? c0 * j->ldb : c0), j->ldb,
-                  j->beta, j->c + c0, j->ldc);
-    }
-}
-
 /* below ~4 MFLOP a handoff costs more than it gains; parts of 256 columns (the LSTM's 4H
    at H = 64 stays whole; at H = 256 its 1024 gate columns make 4 parts) */
 enum { MB__SPLIT_FLOPS = 1 << 22, MB__SPLIT_COLS = 256 };
 
-static void mb__sgemm_split(mb_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    if (n <= MB__SPLIT_COLS || 2.0 * (double)m * (double)n * (double)k < (double)MB__SPLIT_FLOPS) {
-        mb__sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-    mb__gemm_job j;
-    j.dev = dev; j.ta = ta; j.tb = tb; j.next = 0;
-    j.m = m; j.n = n; j.k = k; j.lda = lda; j.ldb = ldb; j.ldc = ldc;
-    j.w = MB__SPLIT_COLS;
-    j.parts = (int)((n + j.w - 1) / j.w);
-    j.alpha = alpha; j.beta = beta; j.a = a; j.b = b; j.c = c;
-    int threads = mb__cpu(dev)->threads;
-    mb__pool_run(dev, (threads < j.parts ? threads : j.parts) - 1, mb__gemm_part, &j);
+static mb__gemm_job mb__gemm_job_of(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    mb__gemm_job j = {ta, tb, m, n, k, lda, ldb, ldc, n, alpha, beta, a, b, c};
+    if (n > MB__SPLIT_COLS && 2.0 * (double)m * (double)n * (double)k >= (double)MB__SPLIT_FLOPS) j.w = MB__SPLIT_COLS;
+    return j;
 }
 
-static mb_result mb__cpu_gemm_body(mb_device *dev, const mb_gemm_args *g) {
-    int64_t batch = g->batch > 1 ? g->batch : 1;
+static int mb__gemm_parts(const mb__gemm_job *j) { return j->n ? (int)((j->n + j->w - 1) / j->w) : 0; }
+
+/* A pool item: part i's columns of C, BLAS's product; without CBLAS, A B^T (a linear layer's
+ * forward: rows of both contiguous in k) as dot products, the rest as plain loops; k = 0:
+ * C = beta C. */
+static void mb__gemm_part(void *arg, int i) {
+    const mb__gemm_job *j = (const mb__gemm_job *)arg;
+    int64_t c0 = i * j->w, n = c0 + j->w < j->n ? j->w : j->n - c0, m = j->m, k = j->k, lda = j->lda, ldb = j->ldb;
+    int ta = j->ta, tb = j->tb;
+    const float *a = j->a, *b = j->b + (tb ? c0 * ldb : c0);
+    float *c = j->c + c0, alpha = j->alpha, beta = j->beta;
+    if (k == 0) {
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t col = 0; col < n; col++) c[r * j->ldc + col] = beta == 0.0f ? 0.0f : beta * c[r * j->ldc + col];
+        return;
+    }
+#ifndef MEGABATCH_NO_CBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)j->ldc);
+#else
+    for (int64_t i = 0; i < m; i++) {
+        float *crow = c + i * j->ldc;
+        if (!ta && tb) {
+            for (int64_t q0 = 0; q0 < n; q0 += 4) {
+                float t[4];
+                int nb = n - q0 < 4 ? (int)(n - q0) : 4;
+                mb__dot8x4(a + i * lda, b + q0 * ldb, ldb, nb, k, t);
+                for (int q = 0; q < nb; q++) crow[q0 + q] = (beta == 0.0f ? 0.0f : beta * crow[q0 + q]) + alpha * t[q];
+            }
+            continue;
+        }
+        for (int64_t q = 0; q < n; q++) crow[q] = beta == 0.0f ? 0.0f : beta * crow[q];
+        for (int64_t p = 0; p < k; p++) {
+            float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+            if (tb) for (int64_t q = 0; q < n; q++) crow[q] += av * b[q * ldb + p];
+            else { const float *brow = b + p * ldb; for (int64_t q = 0; q < n; q++) crow[q] += av * brow[q]; }
+        }
+    }
+#endif
+}
+
+/* Product i of g's batch as a job on f32 operands: wide[0..2] the copies of A, B and C widened
+ * from bf16/f16 (NULL: not needed; the caller frees them); none at all when C is empty. */
+static mb_result mb__cpu_gemm_job(mb_device *dev, const mb_gemm_args *g, int64_t i, mb__gemm_job *j, float **wide) {
     int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
     int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
-    for (int64_t i = 0; i < batch; i++) {
-        const char *a = (const char *)g->a + (size_t)(i * g->stride_a) * mb_dtype_size(g->ab_type);
-        const char *b = (const char *)g->b + (size_t)(i * g->stride_b) * mb_dtype_size(g->ab_type);
-        char *c = (char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type);
-        if (g->m == 0 || g->n == 0) continue;
-        const float *af = (const float *)a, *bf = (const float *)b;
-        float *wa = NULL, *wb = NULL, *wc = NULL;
-        int64_t lda = g->lda, ldb = g->ldb;
-        if (g->ab_type != MB_F32 && g->k > 0) {
-            wa = mb__widen(a, g->ab_type, ar, ac, g->lda);
-            wb = mb__widen(b, g->ab_type, br, bc, g->ldb);
-            af = wa; bf = wb; lda = ac; ldb = bc;
-        }
-        float *cf = (float *)c;
-        if (g->c_type != MB_F32) cf = wc = mb__widen(c, g->c_type, g->m, g->n, g->ldc);
-        if ((g->ab_type != MB_F32 && g->k > 0 && (!wa || !wb)) || (g->c_type != MB_F32 && !wc)) {
-            MB_FREE(wa); MB_FREE(wb); MB_FREE(wc);
-            return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_gemm: no host memory to widen operands");
-        }
-        int64_t ldc = wc ? g->n : g->ldc;
-        if (g->k == 0) {
-            for (int64_t r = 0; r < g->m; r++)
-                for (int64_t col = 0; col < g->n; col++)
-                    cf[r * ldc + col] = g->beta == 0.0f ? 0.0f : g->beta * cf[r * ldc + col];
-        } else {
-            mb__sgemm_split(dev, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, af, lda, bf, ldb, g->beta, cf, ldc);
-        }
-        if (wc)
-            for (int64_t r = 0; r < g->m; r++)
-                for (int64_t col = 0; col < g->n; col++)
-                    mb__store(c, g->c_type, (size_t)(r * g->ldc + col), wc[r * g->n + col]);
-        MB_FREE(wa); MB_FREE(wb); MB_FREE(wc);
+    const char *a = (const char *)g->a + (size_t)(i * g->stride_a) * mb_dtype_size(g->ab_type);
+    const char *b = (const char *)g->b + (size_t)(i * g->stride_b) * mb_dtype_size(g->ab_type);
+    char *c = (char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type);
+    int widen = g->ab_type != MB_F32 && g->k > 0;
+    *j = mb__gemm_job_of(g->trans_a, g->trans_b, g->m, g->m ? g->n : 0, g->k, g->alpha, (const float *)a, g->lda,
+                         (const float *)b, g->ldb, g->beta, (float *)c, g->ldc);
+    if (!g->m || !g->n) return MB_OK;
+    if (widen) {
+        j->a = wide[0] = mb__widen(a, g->ab_type, ar, ac, g->lda);
+        j->b = wide[1] = mb__widen(b, g->ab_type, br, bc, g->ldb);
+        j->lda = ac; j->ldb = bc;
     }
+    if (g->c_type != MB_F32) { j->c = wide[2] = mb__widen(c, g->c_type, g->m, g->n, g->ldc); j->ldc = g->n; }
+    if ((widen && (!wide[0] || !wide[1])) || (g->c_type != MB_F32 && !wide[2]))
+        return MB_FAIL(&dev->cfg.log, MB_ERR_OUT_OF_MEMORY, "mb_gemm: no host memory to widen operands");
     return MB_OK;
 }
 
@@ -2668,7 +2674,17 @@ MBDEF mb_result mb_gemm(mb_device *dev, const mb_gemm_args *g) {
 
 static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
     mb__fpenv e = mb__fp_enter(dev);
-    mb_result r = mb__cpu_gemm_body(dev, g);
+    mb_result r = MB_OK;
+    for (int64_t i = 0; r == MB_OK && i < (g->batch > 1 ? g->batch : 1); i++) {
+        float *wide[3] = {NULL, NULL, NULL};
+        mb__gemm_job j;
+        r = mb__cpu_gemm_job(dev, g, i, &j, wide);
+        if (r == MB_OK) MB__POOL_FOR(dev, mb__cpu(dev)->threads - 1, mb__gemm_parts(&j), mb__gemm_part, &j);
+        for (int64_t q = 0; r == MB_OK && wide[2] && q < g->m * g->n; q++) /* C back to its type */
+            mb__store((char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type), g->c_type,
+                      (size_t)(q / g->n * g->ldc + q % g->n), wide[2][q]);
+        MB_FREE(wide[0]); MB_FREE(wide[1]); MB_FREE(wide[2]);
+    }
     mb__fp_leave(e);
     return r;
 }
@@ -5359,7 +5375,11 @@ static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
 }
 
 static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t n) {
-    return mb_copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float));
+    return l->dev->be->rt->copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float)); /* its own buffers: checked */
+}
+
+static mb_result mb__lstm_zero(mb_lstm *l, float *dst, size_t n) {
+    return l->dev->be->rt->zero(l->dev, l->cfg.stream, dst, n * sizeof(float));
 }
 
 /* C (m, n) = alpha op(A) op(B) + beta C on the LSTM's stream; A and B of type t, C f32. */
@@ -5818,10 +5838,10 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
         float *hs = l->layer[li].hs, *cs = l->layer[li].cs;
         if (h0) MB_TRY(mb__lstm_copy(l, hs, h0 + li * bh, bh));
         else if (carry) MB_TRY(mb__lstm_copy(l, hs, l->hn + li * bh, bh));
-        else MB_TRY(mb_zero(l->dev, l->cfg.stream, hs, bh * sizeof(float)));
+        else MB_TRY(mb__lstm_zero(l, hs, bh));
         if (c0) MB_TRY(mb__lstm_copy(l, cs, c0 + li * bh, bh));
         else if (carry) MB_TRY(mb__lstm_copy(l, cs, l->cn + li * bh, bh));
-        else MB_TRY(mb_zero(l->dev, l->cfg.stream, cs, bh * sizeof(float)));
+        else MB_TRY(mb__lstm_zero(l, cs, bh));
     }
     return MB_OK;
 }
@@ -5962,8 +5982,8 @@ static mb_result mb__lstm_plan_backward(mb_lstm *l, int li, const float *dout, f
                                         mb__lstm_seg_back_fn back) {
     mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dh, bh * sizeof(float)));
-    MB_TRY(mb_zero(l->dev, l->cfg.stream, l->dc, bh * sizeof(float)));
+    MB_TRY(mb__lstm_zero(l, l->dh, bh));
+    MB_TRY(mb__lstm_zero(l, l->dc, bh));
     if (!l->interval) return back(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
     int64_t nseg = (l->T + l->interval - 1) / l->interval;
     int kept = l->seg_kept == li; /* the forward's last segment is still in seg_g / seg_c */
@@ -5994,7 +6014,7 @@ static mb_result mb__lstm_backward_begin(mb_lstm *l, const float *dh_last, const
     size_t bh = (size_t)(B * H);
     float *dout = mb__lstm_dout(l, l->L - 1);
     if (dout_seq) MB_TRY(mb__lstm_copy_strided(l, dout, MB_F32, H, B * H, dout_seq, T * H, H, B, T, H));
-    else MB_TRY(mb_zero(l->dev, l->cfg.stream, dout, (size_t)T * bh * sizeof(float)));
+    else MB_TRY(mb__lstm_zero(l, dout, (size_t)T * bh));
     if (dh_last) MB_TRY(mb__lstm_add(l, dout + (T - 1) * bh, dh_last, bh));
     return MB_OK;
 }
@@ -6028,89 +6048,14 @@ MBDEF mb_result mb_lstm_backward(mb_lstm *l, const float *dh_last, const float *
 }
 
 // -- many LSTMs at once --
+/* mb_lstm_*_many: the calls checked, their streams after the compute stream, the backend's
+ * many operation in the device's denormal mode, then the compute stream after theirs. */
 
 enum { MB__LSTM_MANY_MAX = 64 }; /* calls per mb_lstm_*_many */
 
-typedef struct mb__lstm_pool {
-    mb_lstm_call *calls;
-    int n, backward, next;
-    int order[MB__LSTM_MANY_MAX];  /* calls by decreasing work */
-    int failed;                    /* the first failing call, in order (n: none) */
-    mb_result failed_res;
-    char failed_msg[MB_MAX_ERROR]; /* its mb_last_error(), taken on its thread */
-#ifndef MEGABATCH_NO_THREADS
-    mb__mutex mu;
-#endif
-} mb__lstm_pool;
-
-static void mb__lstm_pool_lock(mb__lstm_pool *p, int lock) {
-#ifndef MEGABATCH_NO_THREADS
-    if (lock) mb__mutex_lock(&p->mu);
-    else mb__mutex_unlock(&p->mu);
-#else
-    (void)p; (void)lock;
-#endif
-}
-
-static void mb__lstm_run_call(mb__lstm_pool *p, int i) {
-    mb_lstm_call *c = &p->calls[i];
-    mb_lstm *l = c->lstm;
-    mb_result r = p->backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
-                              : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0,
-                                                 c->c0, c->out_seq, c->h_last);
-    if (r == MB_OK) return;
-    mb__lstm_pool_lock(p, 1);
-    if (i < p->failed) {
-        p->failed = i;
-        p->failed_res = r;
-        snprintf(p->failed_msg, sizeof p->failed_msg, "%s", mb_last_error());
-    }
-    mb__lstm_pool_lock(p, 0);
-}
-
-static void mb__lstm_worker(void *arg) {
-    mb__lstm_pool *p = (mb__lstm_pool *)arg;
-    for (;;) {
-        mb__lstm_pool_lock(p, 1);
-        int i = p->next++;
-        mb__lstm_pool_lock(p, 0);
-        if (i >= p->n) return;
-        mb__lstm_run_call(p, p->order[i]);
-    }
-}
-
-static double mb__lstm_work(const mb_lstm_call *c) {
-    const mb_lstm *l = c->lstm;
-    return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
-}
-
-/* The calls one by one on up to `threads` threads (the caller's and the device's pool workers),
- * longest first; their gemms run unsplit (inside a pool job), BLAS is single-threaded. The
- * result: the first failing call's (in order), the other calls still ran. A backend's many. */
-static mb_result mb__lstm_run_each(mb_lstm_call *calls, int n, int backward, int threads) {
-    mb__lstm_pool p; /* on the stack: no allocation per batch */
-    memset(&p, 0, sizeof p);
-    p.calls = calls; p.n = n; p.backward = backward; p.failed = n;
-    for (int i = 0; i < p.n; i++) p.order[i] = i;
-    for (int i = 1; i < p.n; i++) /* insertion sort, stable: ties keep their order */
-        for (int j = i; j > 0 && mb__lstm_work(&p.calls[p.order[j]]) > mb__lstm_work(&p.calls[p.order[j - 1]]); j--) {
-            int t = p.order[j]; p.order[j] = p.order[j - 1]; p.order[j - 1] = t;
-        }
-#ifndef MEGABATCH_NO_THREADS
-    mb__mutex_init(&p.mu); /* also serves the caller's thread alone */
-#endif
-    mb__pool_run(calls[0].lstm->dev, (threads < n ? threads : n) - 1, mb__lstm_worker, &p);
-#ifndef MEGABATCH_NO_THREADS
-    mb__mutex_destroy(&p.mu);
-#endif
-    return p.failed < n ? MB_FAIL(NULL, p.failed_res, "%s", p.failed_msg) : MB_OK; /* logged already */
-}
-
-static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
-    const char *what = backward ? "mb_lstm_backward_many" : "mb_lstm_forward_many";
+static mb_result mb__lstm_many_begin(mb_lstm_call *calls, int n, const char *what, mb__fpenv *fe) {
     if (n < 0 || n > MB__LSTM_MANY_MAX || (n > 0 && !calls))
         return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: n=%d (0..%d) calls=%p", what, n, MB__LSTM_MANY_MAX, (void *)calls);
-    if (n == 0) return MB_OK;
     for (int i = 0; i < n; i++) {
         if (!calls[i].lstm) return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: calls[%d].lstm is NULL", what, i);
         for (int j = 0; j < i; j++)
@@ -6118,20 +6063,47 @@ static mb_result mb__lstm_many(mb_lstm_call *calls, int n, int backward) {
                 return MB_FAIL(NULL, MB_ERR_INVALID_ARG, "%s: calls[%d] and calls[%d] %s", what, j, i,
                                calls[j].lstm == calls[i].lstm ? "are the same LSTM" : "are on different devices");
     }
-    mb_device *dev = calls[0].lstm->dev;
+    mb_device *dev = n ? calls[0].lstm->dev : NULL;
     for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));
-    mb__fpenv fe = mb__fp_enter(dev);
-    mb_result r = dev->be->lstm->many(calls, n, backward);
+    *fe = mb__fp_enter(dev);
+    return MB_OK;
+}
+
+static mb_result mb__lstm_many_end(mb_lstm_call *calls, int n, mb__fpenv fe, mb_result r) {
     mb__fp_leave(fe);
     for (int i = 0; i < n; i++) {
-        mb_result w = mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
+        mb_result w = mb_stream_wait(calls[0].lstm->dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream);
         if (r == MB_OK) r = w;
     }
     return r;
 }
 
-MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 0); }
-MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) { return mb__lstm_many(calls, n, 1); }
+MBDEF mb_result mb_lstm_forward_many(mb_lstm_call *calls, int n) {
+    mb__fpenv fe;
+    MB_TRY(mb__lstm_many_begin(calls, n, "mb_lstm_forward_many", &fe));
+    return mb__lstm_many_end(calls, n, fe, n ? calls[0].lstm->dev->be->lstm->many(calls, n, 0) : MB_OK);
+}
+
+MBDEF mb_result mb_lstm_backward_many(mb_lstm_call *calls, int n) {
+    mb__fpenv fe;
+    MB_TRY(mb__lstm_many_begin(calls, n, "mb_lstm_backward_many", &fe));
+    return mb__lstm_many_end(calls, n, fe, n ? calls[0].lstm->dev->be->lstm->many(calls, n, 1) : MB_OK);
+}
+
+static double mb__lstm_work(const mb_lstm_call *c) {
+    const mb_lstm *l = c->lstm;
+    return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
+}
+
+/* order: the calls' indices by decreasing work (stable: ties keep their order). */
+static void mb__lstm_order(const mb_lstm_call *calls, int n, int *order) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) /* insertion sort */
+        for (int j = i; j > 0 && mb__lstm_work(&calls[order[j]]) > mb__lstm_work(&calls[order[j - 1]]); j--) {
+            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+}
+
 
 // -- the CPU's lstm group --
 /* The CPU backend's recurrence, the elementwise operations of its per-step path, and its
@@ -6291,8 +6263,9 @@ enum { MB__REC_CACHE = 131072, MB__REC_SPLIT_FLOPS = 1 << 24 }; /* bytes of a ch
 
 typedef struct mb__rec_job {
     mb_lstm *l;
-    int backward, next, parts;
-    int64_t r0, n, part, in;         /* rows [r0, r0 + n) of the call, in parts of `part` rows; input width */
+    int64_t rows, n, r0, part;       /* the call's rows, n of them a go from r0 on, in parts of `part` rows */
+    int parts;
+    int64_t in;                      /* the layer's input width */
     const float *x, *a, *bih, *bhh;  /* forward: row r's input x + r in, its h_{t-1} a + r H */
     float *g, *c, *h;                /* g (rows, 4H); c (rows + B, H): row r's c_{t-1} at r, c_t at r + B; h or NULL */
     const float *ga, *cp, *ct, *dout; /* backward, one step: activated gates (B, 4H), c_{t-1}, c_t, dout (B, H) */
@@ -6309,10 +6282,31 @@ static int64_t mb__rec_chunk(const mb__rk *kern, int64_t B, int64_t width) {
     return mc < B ? mc : B;
 }
 
-static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+/* Whether each step's rows are split over the device's threads. */
+static int mb__rec_split(const mb_lstm *l) {
+    return mb__cpu(l->dev)->threads > 1 && mb__pool_free(l->dev) &&
+           8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
+}
+
+/* A job's goes: all its rows at once on the caller's thread, or (mb__rec_split) a step's B
+ * rows a go, in parts of whole kernel tiles over the threads. */
+static void mb__rec_goes(mb__rec_job *j, int64_t rows) {
+    int64_t B = j->l->B, mr = mb__cpu_lstm_of(j->l)->rk->mr, th = mb__cpu(j->l->dev)->threads;
+    int split = mb__rec_split(j->l);
+    j->rows = rows;
+    j->n = split ? B : rows;
+    j->part = split ? ((B + th - 1) / th + mr - 1) / mr * mr : rows;
+    j->parts = (int)((j->n + j->part - 1) / j->part);
+}
+
+/* A pool item, forward: part i of the go's rows, a chunk at a time: the chunk's z = [x h]
+ * [W_ih W_hh]^T (mb__rk_product), then its cells (the row function) while z is in cache. */
+static void mb__rec_fwd_part(void *arg, int i) {
+    const mb__rec_job *j = (const mb__rec_job *)arg;
     mb_lstm *l = j->l;
     const mb__cpu_lstm *st = mb__cpu_lstm_of(l);
     int64_t H = l->H, B = l->B, in = j->in, mc = mb__rec_chunk(st->rk, B, in + H);
+    int64_t r0 = j->r0 + i * j->part, r1 = r0 + j->part < j->r0 + j->n ? r0 + j->part : j->r0 + j->n;
     mb__lstm_fwd_row_fn row = mb__lstm_fwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
@@ -6323,10 +6317,14 @@ static void mb__rec_fwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
     }
 }
 
-static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
+/* A pool item, backward (one step): part i of its rows, a chunk at a time: the chunk's gate
+ * gradients (the row function), then dh = dg W_hh and d_in = dg W_ih (mb__rk_product). */
+static void mb__rec_bwd_part(void *arg, int i) {
+    const mb__rec_job *j = (const mb__rec_job *)arg;
     mb_lstm *l = j->l;
     const mb__cpu_lstm *st = mb__cpu_lstm_of(l);
     int64_t H = l->H, mc = mb__rec_chunk(st->rk, l->B, 4 * H);
+    int64_t r0 = j->r0 + i * j->part, r1 = r0 + j->part < j->r0 + j->n ? r0 + j->part : j->r0 + j->n;
     mb__lstm_bwd_row_fn row = mb__lstm_bwd_row_of(l->dev);
     for (int64_t c0 = r0; c0 < r1; c0 += mc) {
         int64_t n = r1 - c0 < mc ? r1 - c0 : mc;
@@ -6337,43 +6335,6 @@ static void mb__rec_bwd_rows(const mb__rec_job *j, int64_t r0, int64_t r1) {
         mb__rk_product(st->rk, n, H, &A, st->wpb, l->dh + c0 * H, H, 0);
         if (j->din) mb__rk_product(st->rk, n, j->in, &A, st->wpi, j->din + c0 * j->ldin, j->ldin, 0);
     }
-}
-
-/* A pool job: parts taken in turn by whichever thread is free (all of them by the caller's
- * thread inside another job). */
-static void mb__rec_part(void *arg) {
-    mb__rec_job *j = (mb__rec_job *)arg;
-    for (;;) {
-        mb__pool_lock(j->l->dev, 1);
-        int i = j->next++;
-        mb__pool_lock(j->l->dev, 0);
-        if (i >= j->parts) return;
-        int64_t a = j->r0 + i * j->part, b = a + j->part < j->r0 + j->n ? a + j->part : j->r0 + j->n;
-        if (j->backward) mb__rec_bwd_rows(j, a, b);
-        else mb__rec_fwd_rows(j, a, b);
-    }
-}
-
-/* Whether each step's rows are split over the device's threads. */
-static int mb__rec_split(const mb_lstm *l) {
-    return mb__cpu(l->dev)->threads > 1 && mb__pool_free(l->dev) &&
-           8.0 * (double)l->B * (double)l->H * (double)l->H >= (double)MB__REC_SPLIT_FLOPS;
-}
-
-/* Rows [r0, r0 + n): on this thread (straight to the rows: no pool job), or split over the
- * pool in parts of whole kernel tiles. */
-static void mb__rec_run(mb__rec_job *j, int64_t r0, int64_t n, int split) {
-    if (!split) {
-        if (j->backward) mb__rec_bwd_rows(j, r0, r0 + n);
-        else mb__rec_fwd_rows(j, r0, r0 + n);
-        return;
-    }
-    mb_device *dev = j->l->dev;
-    int64_t mr = mb__cpu_lstm_of(j->l)->rk->mr, th = mb__cpu(dev)->threads;
-    j->r0 = r0; j->n = n; j->next = 0;
-    j->part = ((n + th - 1) / th + mr - 1) / mr * mr;
-    j->parts = (int)((n + j->part - 1) / j->part);
-    mb__pool_run(dev, j->parts - 1, mb__rec_part, j);
 }
 
 /* Layer k's weights packed: forward (also the backward's recompute, when checkpointing)
@@ -6399,44 +6360,82 @@ static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
 }
 
 
-/* Steps [s0, s1) of layer li on the CPU recurrence (mb__lstm_segment's arguments): the steps
- * [u0, u1) of each block of G in [s0, s1) are one call (one job: x their input rows ((u1-u0)*B,
- * in), gathered once, g their gate rows, c the cells with slot 0 = c_{u0}, h where h_{u0+1}..
- * go, NULL in a recompute), split a step at a time over the threads when mb__rec_split. */
-static mb_result mb__cpu_lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h) {
-    int64_t B = l->B, H = l->H, a0 = mb__lstm_block0(l, s0);
-    float *w[4] = {0}, *hs = l->layer[li].hs;
-    const void *x;
-    int split = mb__rec_split(l);
-    MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
-    for (int64_t a = a0; a < s1; a += l->G) {
-        int64_t u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1, rows = (u1 - u0) * B;
-        MB_TRY(mb__lstm_block_input(l, li, u0, u1 - u0, &x));
-        mb__rec_job j;
-        memset(&j, 0, sizeof j);
-        j.l = l; j.in = l->layer[li].in; j.x = (const float *)x; j.a = hs + u0 * B * H;
-        j.bih = w[MB__LSTM_BIH]; j.bhh = w[MB__LSTM_BHH];
-        j.g = g + (u0 - a0) * B * 4 * H; j.c = c + (u0 - s0) * B * H; j.h = keep_h ? hs + (u0 + 1) * B * H : NULL;
-        for (int64_t r0 = 0; r0 < rows; r0 += split ? B : rows) mb__rec_run(&j, r0, split ? B : rows, split);
+/* The CPU's per-LSTM work (an item of mb__cpu_lstm_many's pool job): calls[order[i]]'s layer
+ * at layer step k, on the CPU recurrence (f32), or the per-step path (bf16/f16). */
+typedef struct mb__cpu_many {
+    mb_lstm_call *calls;
+    int n, k;                          /* the calls; the step: layer k from the bottom, or from the top */
+    int order[MB__LSTM_MANY_MAX];      /* the calls by decreasing work */
+    mb_result res[MB__LSTM_MANY_MAX];  /* each call's result so far (a failed call stops) */
+    int failed;                        /* the first failing call, in calls' order (n: none) */
+    char failed_msg[MB_MAX_ERROR];     /* its mb_last_error(), taken on its thread */
+} mb__cpu_many;
+
+/* Call c's result r, kept (and the first failing call's message, taken on this thread). */
+static void mb__cpu_many_done(mb__cpu_many *m, int c, mb_result r) {
+    if (r == MB_OK) return;
+    mb__pool_lock(m->calls[c].lstm->dev, 1);
+    m->res[c] = r;
+    if (c < m->failed) {
+        m->failed = c;
+        snprintf(m->failed_msg, sizeof m->failed_msg, "%s", mb_last_error());
     }
-    return MB_OK;
+    mb__pool_lock(m->calls[c].lstm->dev, 0);
+}
+
+/* The job of the steps [u0, u1) of layer li that the block of G from a has in [s0, s1): their
+ * input rows gathered (layer 0: from x, time-major, into xblk), g their gate rows (g: from
+ * s0's block start), c the cells with slot 0 = c_{s0}, h where h_{u0+1}.. go (keep_h 0: a
+ * recompute, not kept), w the layer's weights; in goes of mb__rec_goes. */
+static mb__rec_job mb__cpu_lstm_block(mb_lstm *l, int li, int64_t a, int64_t s0, int64_t s1, float *g, float *c,
+                                      int keep_h, float *const *w) {
+    int64_t B = l->B, H = l->H, F = l->F, u0 = a > s0 ? a : s0, u1 = a + l->G < s1 ? a + l->G : s1;
+    float *hs = l->layer[li].hs;
+    mb__rec_job j;
+    memset(&j, 0, sizeof j);
+    j.l = l; j.in = l->layer[li].in;
+    j.x = li ? (const float *)mb__lstm_in_op(l, li) + u0 * B * H : l->xblk;
+    if (!li) mb__cpu_copy_strided(l->dev, 0, l->xblk, MB_F32, F, B * F, l->x + u0 * F, l->xs, F, B, u1 - u0, F);
+    j.a = hs + u0 * B * H; j.bih = w[MB__LSTM_BIH]; j.bhh = w[MB__LSTM_BHH];
+    j.g = g + (u0 - mb__lstm_block0(l, s0)) * B * 4 * H; j.c = c + (u0 - s0) * B * H;
+    j.h = keep_h ? hs + (u0 + 1) * B * H : NULL;
+    mb__rec_goes(&j, (u1 - u0) * B);
+    return j;
+}
+
+/* The job of step t of layer li backward (a go of B rows): dg from the activated gates g
+ * (rows from s0's block start), c_{t-1} and c_t (c: slot 0 = c_{s0}), dh (l->dh) + dout and dc
+ * (l->dc, updated); then l->dh = dg W_hh and d_in's rows (ldin apart; layer 0: dx) = dg W_ih. */
+static mb__rec_job mb__cpu_lstm_step(mb_lstm *l, int li, int64_t s0, int64_t t, const float *g, const float *c,
+                                     const float *dout, float *d_in) {
+    int64_t B = l->B, H = l->H, bh = B * H;
+    mb__rec_job j;
+    memset(&j, 0, sizeof j);
+    j.l = l; j.in = l->layer[li].in;
+    j.ga = g + (t - mb__lstm_block0(l, s0)) * B * 4 * H; j.cp = c + (t - s0) * bh; j.ct = j.cp + bh;
+    j.dout = dout + t * bh; j.dg = l->gblk + (t - mb__lstm_block0(l, t)) * B * 4 * H;
+    j.din = !d_in ? NULL : li ? d_in + t * bh : d_in + t * l->F; j.ldin = li ? H : l->xs;
+    mb__rec_goes(&j, B);
+    return j;
 }
 
 /* The weight and bias gradients of the block of steps [t0, t0+nb) whose gate gradients are in
- * gblk (the CPU recurrence wrote d_in already): dW_ih and dW_hh as one gemm over [x h] rows into
- * wgs, then added, so BLAS packs the gate gradients once, not twice (perf at H=64: that packing
- * took 9.5% of a step, the products 10.9%); then the bias gradient summed once, rows in order
- * (the block fixes the bits). */
+ * gblk (the CPU recurrence wrote d_in already): dW_ih and dW_hh as one gemm over [x h] rows
+ * (gathered into wgx) into wgs, then added, so BLAS packs the gate gradients once, not twice
+ * (perf at H=64: that packing took 9.5% of a step, the products 10.9%); then the bias
+ * gradient summed once, rows in order (the block fixes the bits). */
 static mb_result mb__cpu_lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_t nb) {
     mb__cpu_lstm *st = mb__cpu_lstm_of(l);
-    int64_t B = l->B, H = l->H, in = l->layer[li].in, rows = nb * B, wd = in + H;
+    int64_t B = l->B, H = l->H, F = l->F, in = l->layer[li].in, rows = nb * B, wd = in + H;
     float *dw[4] = {0};
-    const void *x, *hp = mb__lstm_el(l, mb__lstm_hs_op(l, li), t0 * B * H);
     MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
-    MB_TRY(mb__lstm_block_input(l, li, t0, nb, &x));
-    MB_TRY(mb__lstm_copy_strided(l, st->wgx, MB_F32, 0, wd, (const float *)x, 0, in, 1, rows, in));
-    MB_TRY(mb__lstm_copy_strided(l, st->wgx + in, MB_F32, 0, wd, (const float *)hp, 0, H, 1, rows, H));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, wd, rows, l->gblk, 4 * H, st->wgx, wd, 0.0f, st->wgs, wd));
+    if (li)
+        mb__cpu_copy_strided(l->dev, 0, st->wgx, MB_F32, 0, wd, (const float *)mb__lstm_in_op(l, li) + t0 * B * H, 0,
+                             in, 1, rows, in);
+    else mb__cpu_copy_strided(l->dev, 0, st->wgx, MB_F32, wd, B * wd, l->x + t0 * F, l->xs, F, B, nb, F);
+    mb__cpu_copy_strided(l->dev, 0, st->wgx + in, MB_F32, 0, wd, l->layer[li].hs + t0 * B * H, 0, H, 1, rows, H);
+    mb__gemm_job gj = mb__gemm_job_of(1, 0, 4 * H, wd, rows, 1.0f, l->gblk, 4 * H, st->wgx, wd, 0.0f, st->wgs, wd);
+    MB__POOL_FOR(l->dev, mb__cpu(l->dev)->threads - 1, mb__gemm_parts(&gj), mb__gemm_part, &gj);
     for (int64_t m = 0; m < 4 * H; m++) {
         mb__cpu_add(l->dev, 0, dw[MB__LSTM_WIH] + m * in, st->wgs + m * wd, (size_t)in);
         mb__cpu_add(l->dev, 0, dw[MB__LSTM_WHH] + m * H, st->wgs + m * wd + in, (size_t)H);
@@ -6447,40 +6446,132 @@ static mb_result mb__cpu_lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_
     return MB_OK;
 }
 
-/* Steps [s0, s1) of layer li backwards on the CPU recurrence (mb__lstm_segment_backward's
- * arguments): a step's gate gradients, dh = dg W_hh, d_in = dg W_ih; a block's weight
- * gradients at its first step. */
-static mb_result mb__cpu_lstm_segment_backward(mb_lstm *l, int li, int64_t s0, int64_t s1, const float *g,
-                                               const float *c, const float *dout, float *d_in) {
-    int64_t B = l->B, H = l->H, bh = B * H, a0 = mb__lstm_block0(l, s0);
-    int split = mb__rec_split(l);
-    for (int64_t t = s1 - 1; t >= s0; t--) {
-        int64_t t0 = mb__lstm_block0(l, t), nb = t0 + l->G < l->T ? l->G : l->T - t0;
-        const float *ct = c + (t - s0) * bh;
-        mb__rec_job j; /* one step: dg from the activated gates, c_{t-1}, c_t, dh (l->dh) + dout and dc (l->dc,
-                          updated); then l->dh = dg W_hh and d_in's rows (ldin apart; layer 0: dx) = dg W_ih */
-        memset(&j, 0, sizeof j);
-        j.l = l; j.backward = 1; j.in = l->layer[li].in; j.ga = g + (t - a0) * B * 4 * H; j.cp = ct; j.ct = ct + bh;
-        j.dout = dout + t * bh; j.dg = l->gblk + (t - t0) * B * 4 * H;
-        j.din = !d_in ? NULL : li ? d_in + t * bh : d_in + t * l->F; j.ldin = li ? H : l->xs;
-        mb__rec_run(&j, 0, B, split);
-        if (t == t0) MB_TRY(mb__cpu_lstm_flush_block(l, li, t0, nb));
+/* An item, forward: layer k of the call, its weights packed, then its steps a segment of the
+ * checkpoint plan at a time (one with full storage; else each from the cell state kept at
+ * its start, keeping the one at its end), a segment a block of G steps at a time, a block a
+ * go of rows at a time (mb__rec_fwd_part's parts). */
+static void mb__cpu_lstm_fwd_item(void *arg, int i) {
+    mb__cpu_many *m = (mb__cpu_many *)arg;
+    int ci = m->order[i], li = m->k;
+    mb_lstm *l = m->calls[ci].lstm;
+    if (li >= l->L || m->res[ci] != MB_OK) return;
+    if (!mb__cpu_lstm_of(l)->rk) { mb__cpu_many_done(m, ci, mb__lstm_steps_forward(l, li)); return; }
+    mb__lstm_layer *y = &l->layer[li];
+    int64_t iv = l->interval ? l->interval : l->T;
+    size_t bh = (size_t)(l->B * l->H);
+    float *w[4] = {0}, *g = l->interval ? l->seg_g : y->gates, *c = l->interval ? l->seg_c : y->cs;
+    mb_result r = mb__lstm_weights(l, li, w, 0, "mb_lstm_forward");
+    if (r == MB_OK) r = mb__lstm_rec_pack(l, li, 0);
+    for (int64_t s = 0, s0 = 0; r == MB_OK && s0 < l->T; s++, s0 += iv) {
+        int64_t s1 = s0 + iv < l->T ? s0 + iv : l->T;
+        if (l->interval) memcpy(c, y->cs + s * bh, bh * sizeof(float));
+        for (int64_t a = mb__lstm_block0(l, s0); a < s1; a += l->G) {
+            mb__rec_job j = mb__cpu_lstm_block(l, li, a, s0, s1, g, c, 1, w);
+            for (j.r0 = 0; j.r0 < j.rows; j.r0 += j.n) MB__POOL_FOR(l->dev, j.parts - 1, j.parts, mb__rec_fwd_part, &j);
+        }
+        if (l->interval) memcpy(y->cs + (s + 1) * bh, c + (s1 - s0) * bh, bh * sizeof(float));
     }
-    return MB_OK;
+    mb__cpu_many_done(m, ci, r);
 }
 
-/* The group's layer operations: the CPU recurrence in f32 (weights packed once a layer and
- * call), the per-step path in bf16/f16. */
+/* An item, backward: layer L-1-k of the call, its weights packed, dh and dc zeroed, then its
+ * segments from the last: each recomputed (as the forward, h not kept) from its kept cell
+ * state, but the forward's last (still in seg_g / seg_c), then its steps from the last, a go
+ * at a time (mb__rec_bwd_part's parts), a block's weight gradients at its first step. */
+static void mb__cpu_lstm_bwd_item(void *arg, int i) {
+    mb__cpu_many *m = (mb__cpu_many *)arg;
+    int ci = m->order[i];
+    mb_lstm *l = m->calls[ci].lstm;
+    int li = l->L - 1 - m->k;
+    if (li < 0 || m->res[ci] != MB_OK) return;
+    float *dout = mb__lstm_dout(l, li), *d_in = li ? mb__lstm_dout(l, li - 1) : m->calls[ci].dx;
+    if (!mb__cpu_lstm_of(l)->rk) { mb__cpu_many_done(m, ci, mb__lstm_steps_backward(l, li, dout, d_in)); return; }
+    mb__lstm_layer *y = &l->layer[li];
+    int64_t iv = l->interval ? l->interval : l->T, nseg = (l->T + iv - 1) / iv;
+    size_t bh = (size_t)(l->B * l->H);
+    float *w[4] = {0}, *g = l->interval ? l->seg_g : y->gates, *c = l->interval ? l->seg_c : y->cs;
+    int kept = l->seg_kept == li; /* the forward's last segment is still in seg_g / seg_c */
+    l->seg_kept = -1;            /* overwritten below */
+    mb_result r = mb__lstm_weights(l, li, w, 0, "mb_lstm_backward");
+    if (r == MB_OK) r = mb__lstm_rec_pack(l, li, 1);
+    memset(l->dh, 0, bh * sizeof(float));
+    memset(l->dc, 0, bh * sizeof(float));
+    for (int64_t s = nseg - 1; r == MB_OK && s >= 0; s--) {
+        int64_t s0 = s * iv, s1 = s0 + iv < l->T ? s0 + iv : l->T;
+        if (l->interval && !(kept && s == nseg - 1)) {
+            memcpy(c, y->cs + s * bh, bh * sizeof(float));
+            for (int64_t a = mb__lstm_block0(l, s0); a < s1; a += l->G) {
+                mb__rec_job j = mb__cpu_lstm_block(l, li, a, s0, s1, g, c, 0, w);
+                for (j.r0 = 0; j.r0 < j.rows; j.r0 += j.n) MB__POOL_FOR(l->dev, j.parts - 1, j.parts, mb__rec_fwd_part, &j);
+            }
+        }
+        for (int64_t t = s1 - 1; r == MB_OK && t >= s0; t--) {
+            mb__rec_job j = mb__cpu_lstm_step(l, li, s0, t, g, c, dout, d_in);
+            MB__POOL_FOR(l->dev, j.parts - 1, j.parts, mb__rec_bwd_part, &j);
+            if (t == mb__lstm_block0(l, t)) r = mb__cpu_lstm_flush_block(l, li, t, t + l->G < l->T ? l->G : l->T - t);
+        }
+    }
+    mb__cpu_many_done(m, ci, r);
+}
+
+/* mb_lstm_*_many on the CPU: the calls begun (checked, their initial or output gradients in
+ * place), then a layer at a time (the forward from the bottom, the backward from the top)
+ * one pool job with an item per call, longest first, on up to the device's threads, then
+ * that layer's dropout (and the backward's dh0 / dc0), then the forwards ended. A failing
+ * call stops, the others go on; the result: the first failing call's, in calls' order. */
+static mb_result mb__cpu_lstm_many(mb_lstm_call *calls, int n, int backward) {
+    mb__cpu_many m;
+    memset(&m, 0, sizeof m);
+    m.calls = calls; m.n = n; m.failed = n;
+    mb__lstm_order(calls, n, m.order);
+    int L = 0;
+    for (int i = 0; i < n; i++) {
+        mb_lstm_call *c = &calls[i];
+        mb_lstm *l = c->lstm;
+        mb__cpu_many_done(&m, i, backward ? mb__lstm_backward_begin(l, c->dh_last, c->dout_seq)
+                                          : mb__lstm_forward_begin(l, c->x, c->x_stride ? c->x_stride : c->T * l->F,
+                                                                   c->B, c->T, c->h0, c->c0));
+        if (l->L > L) L = l->L;
+    }
+    for (m.k = 0; m.k < L; m.k++) {
+        MB__POOL_FOR(calls[0].lstm->dev, mb__cpu(calls[0].lstm->dev)->threads - 1, n,
+                     backward ? mb__cpu_lstm_bwd_item : mb__cpu_lstm_fwd_item, &m);
+        for (int i = 0; i < n; i++) {
+            mb_lstm *l = calls[i].lstm;
+            int li = backward ? l->L - 1 - m.k : m.k;
+            if (m.res[i] != MB_OK || li < 0 || li >= l->L) continue;
+            mb_result r = backward ? mb__lstm_drop_backward(l, li) : mb__lstm_drop_forward(l, li);
+            if (r == MB_OK && backward) r = mb__lstm_backward_tail(l, li, calls[i].dh0, calls[i].dc0);
+            mb__cpu_many_done(&m, i, r);
+        }
+    }
+    for (int i = 0; i < n && !backward; i++)
+        if (m.res[i] == MB_OK) mb__cpu_many_done(&m, i, mb__lstm_forward_end(calls[i].lstm, calls[i].out_seq, calls[i].h_last));
+    return m.failed < n ? MB_FAIL(NULL, m.res[m.failed], "%s", m.failed_msg) : MB_OK; /* logged already */
+}
+
+/* The group's layer operations (mb_lstm_forward / _backward): one call's item. */
 static mb_result mb__cpu_lstm_layer_forward(mb_lstm *l, int li) {
-    if (!mb__cpu_lstm_of(l)->rk) return mb__lstm_steps_forward(l, li);
-    MB_TRY(mb__lstm_rec_pack(l, li, 0));
-    return mb__lstm_plan_forward(l, li, mb__cpu_lstm_segment);
+    mb__cpu_many m;
+    mb_lstm_call c;
+    memset(&c, 0, sizeof c);
+    c.lstm = l;
+    memset(&m, 0, sizeof m);
+    m.calls = &c; m.n = 1; m.k = li; m.failed = 1;
+    mb__cpu_lstm_fwd_item(&m, 0);
+    return m.res[0];
 }
 
 static mb_result mb__cpu_lstm_layer_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
-    if (!mb__cpu_lstm_of(l)->rk) return mb__lstm_steps_backward(l, li, dout, d_in);
-    MB_TRY(mb__lstm_rec_pack(l, li, 1));
-    return mb__lstm_plan_backward(l, li, dout, d_in, mb__cpu_lstm_segment, mb__cpu_lstm_segment_backward);
+    mb__cpu_many m;
+    mb_lstm_call c;
+    memset(&c, 0, sizeof c);
+    c.lstm = l; c.dx = li ? NULL : d_in;
+    (void)dout; /* mb__lstm_dout(l, li): the generic backward's own */
+    memset(&m, 0, sizeof m);
+    m.calls = &c; m.n = 1; m.k = l->L - 1 - li; m.failed = 1;
+    mb__cpu_lstm_bwd_item(&m, 0);
+    return m.res[0];
 }
 
 /* The state: the kernel, and in f32 the packed weights and a block's weight-gradient rows (for
@@ -6516,10 +6607,6 @@ static size_t mb__cpu_lstm_full_extra(mb_device *dev, const mb_lstm_config *cfg)
     return 0;
 }
 
-/* mb_lstm_*_many: the calls side by side on the device's threads. */
-static mb_result mb__cpu_lstm_many(mb_lstm_call *calls, int n, int backward) {
-    return mb__lstm_run_each(calls, n, backward, mb__cpu(calls[0].lstm->dev)->threads);
-}
 
 MB__OPS_BEGIN
 static const mb__lstm_ops mb__cpu_lstm_ops = {

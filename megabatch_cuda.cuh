@@ -1438,11 +1438,36 @@ static mb_result mb__cuda_lstm_layer_backward(mb_lstm *l, int li, const float *d
     return mb__lstm_fused_grads(l, li, d_in);
 }
 
+/* One call's forward or backward. */
+static mb_result mb__lstm_run_call(const mb_lstm_call *c, int backward) {
+    mb_lstm *l = c->lstm;
+    return backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
+                    : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0, c->c0,
+                                       c->out_seq, c->h_last);
+}
+
+/* The calls one after another, longest first. The result:
+ * the first failing call's (in calls' order); the other calls still ran. */
+static mb_result mb__lstm_run_each(mb_lstm_call *calls, int n, int backward) {
+    int order[MB__LSTM_MANY_MAX], failed = n;
+    mb_result res = MB_OK;
+    char msg[MB_MAX_ERROR];
+    mb__lstm_order(calls, n, order);
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        mb_result r = mb__lstm_run_call(&calls[i], backward);
+        if (r == MB_OK || i > failed) continue;
+        failed = i; res = r;
+        snprintf(msg, sizeof msg, "%s", mb_last_error());
+    }
+    return failed < n ? MB_FAIL(NULL, res, "%s", msg) : MB_OK; /* logged already */
+}
+
 /* mb_lstm_*_many: every LSTM fused, one launch a layer; else the calls one after another from
  * this thread (each on its own stream). */
 static mb_result mb__cuda_lstm_many(mb_lstm_call *calls, int n, int backward) {
     if (mb__lstm_fused_many_ok(calls, n)) return mb__lstm_fused_many(calls, n, backward);
-    return mb__lstm_run_each(calls, n, backward, 1);
+    return mb__lstm_run_each(calls, n, backward);
 }
 
 static const mb__lstm_ops mb__cuda_lstm_ops = {

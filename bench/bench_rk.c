@@ -91,7 +91,9 @@ static void ours(const mb__rk *k, const product *p, float *c) {
 
 static void blas(const product *p) {
     int64_t K = p->K1 + p->K2;
-    mb__sgemm(0, p->trans, p->M, p->N, K, 1.0f, p->a, K, p->w, p->trans ? K : p->N, 0.0f, p->cb, p->N);
+    mb__gemm_job j = mb__gemm_job_of(0, p->trans, p->M, p->N, K, 1.0f, p->a, K, p->w, p->trans ? K : p->N, 0.0f, p->cb, p->N);
+    j.w = j.n; /* one part: BLAS's product as it is */
+    mb__gemm_part(&j, 0);
 }
 
 static int cmp_double(const void *a, const void *b) {

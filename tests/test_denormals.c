@@ -62,14 +62,23 @@ static void test_mode_and_restore(void **state) {
     _mm_setcsr(saved);
 }
 
-/* The pool workers run in the device's mode (fn runs on the caller and on one worker). */
-typedef struct seen { pthread_mutex_t mu; pthread_t caller; unsigned worker_csr; int worker_runs; } seen;
-static void record(void *arg) {
+/* The pool workers run in the device's mode: a job of 3 items on the caller and 2 workers,
+ * each item held at a barrier of 3, so every thread takes exactly one. */
+typedef struct seen {
+    pthread_mutex_t mu;
+    pthread_barrier_t all;
+    pthread_t caller;
+    unsigned worker_csr;
+    int worker_runs;
+} seen;
+static void record(void *arg, int item) {
     seen *s = (seen *)arg;
+    (void)item;
     unsigned c = _mm_getcsr();
     pthread_mutex_lock(&s->mu);
     if (!pthread_equal(pthread_self(), s->caller)) { s->worker_csr = c; s->worker_runs++; }
     pthread_mutex_unlock(&s->mu);
+    pthread_barrier_wait(&s->all);
 }
 
 static void test_pool_workers_mode(void **state) {
@@ -79,10 +88,12 @@ static void test_pool_workers_mode(void **state) {
         seen s;
         memset(&s, 0, sizeof s);
         pthread_mutex_init(&s.mu, NULL);
+        pthread_barrier_init(&s.all, NULL, 3);
         s.caller = pthread_self();
-        for (int rep = 0; rep < 20; rep++) mb__pool_run(dev, 2, record, &s);
+        for (int rep = 0; rep < 20; rep++) MB__POOL_FOR(dev, 2, 3, record, &s);
         assert_int_equal(s.worker_runs, 40); /* every job ran on both workers asked for */
         assert_int_equal(s.worker_csr & MB__FTZ_DAZ, keep ? 0u : (unsigned)MB__FTZ_DAZ);
+        pthread_barrier_destroy(&s.all);
         pthread_mutex_destroy(&s.mu);
         mb_device_close(dev);
     }

@@ -44,9 +44,9 @@ site slab_reuse megabatch.h 'static mb_result mb__ld_load(mb_loader' 'MB_TRY(mb_
 site meter_landed megabatch.h 'MBDEF mb_result mb_meter_next(mb_meter *m, int wait, int *landed) {' 'if (!done) return MB_OK;'
 # the LSTMs of mb_lstm_*_many start without waiting for the compute stream (kernels read what
 # kernels of another stream wrote)
-site lstm_fork megabatch.h 'static mb_result mb__lstm_many(' 'for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));'
+site lstm_fork megabatch.h 'static mb_result mb__lstm_many_begin(' 'for (int i = 0; i < n; i++) MB_TRY(mb_stream_wait(dev, calls[i].lstm->cfg.stream, MB_STREAM_COMPUTE));'
 # ... and compute does not join their streams back (a capture with unjoined work)
-site lstm_join megabatch.h 'static mb_result mb__lstm_many(' 'mb_stream_wait(dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream)' MB_OK
+site lstm_join megabatch.h 'static mb_result mb__lstm_many_end(' 'mb_stream_wait(calls[0].lstm->dev, MB_STREAM_COMPUTE, calls[i].lstm->cfg.stream)' MB_OK
 # AdamW's decay mask in malloc'ed memory, which its kernel reads (a host pointer in a launch)
 site host_mask megabatch.h 'static mb_result mb__adamw_decay_mask(' MB_MEM_DEVICE MB_MEM_HOST
 # the carried state copied into a checkpoint without waiting for the encoder's stream
