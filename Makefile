@@ -100,6 +100,8 @@ DOC_TESTS    := tests/docs/check.sh tests/docs/build_own.sh tests/docs/toc.sh te
 DOC_TESTS    += tests/docs/build_cc.sh tests/docs/walkthrough.sh tests/docs/names.sh tests/docs/one_source.sh
 # every C snippet of the docs run (issue 48: tests/docs/snippets.c with MB_SNIPPETS_MAIN)
 DOC_TESTS    += tests/docs/snippets.sh
+# the CPU step from main to its kernels in at most 8 calls, and the docs' chains (issue 45)
+DOC_TESTS    += tests/docs/call_depth.sh
 # the CPU planted faults (issue 48): each check written for a fault fails on it (tests/neg_cpu.sh)
 DOC_TESTS    += tests/neg_cpu.sh
 # every program that reads a data file, over the CVE corpus and the fuzz files (docs/RELIABILITY.md)
@@ -251,7 +253,7 @@ compile-checks: $(BUILD)/compile/c11 $(BUILD)/compile/cxx17 $(BUILD)/compile/two
                 $(BUILD)/compile/c11_strict $(BUILD)/compile/zero_init_c.o $(BUILD)/compile/zero_init_cxx.o \
                 $(if $(NVCC),$(BUILD)/compile/zero_init_nvcc.o) \
                 $(BUILD)/compile/snippets_c.o $(BUILD)/compile/snippets_cxx.o $(BUILD)/compile/docs_live \
-                $(BUILD)/compile/vectorized.ok \
+                $(BUILD)/compile/call_depth $(BUILD)/compile/vectorized.ok \
                 $(if $(CLANG),$(BUILD)/compile/vectorized_clang.ok $(BUILD)/compile/test_lstm_clang)
 # the CPU cell rows vectorize at -O2 (a user's usual flags; CI's own builds are -O1), with
 # $(CC) and, where there is one, Clang; under Clang the LSTM tests (its rows' bits) too
@@ -271,6 +273,12 @@ $(BUILD)/compile/test_lstm_clang: tests/test_lstm.c $(HEADERS)
 $(BUILD)/compile/docs_live: tests/docs/live.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iexamples -o $@ $< $(DEP_LIBS)
+# the example traced (tests/docs/call_depth.sh): every function's deepest path from main; -O0,
+# no PIE (addr2line reads the addresses as they are)
+$(BUILD)/compile/call_depth: examples/train_multitf.c tests/docs/call_depth.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -O0 -g -fno-pie -no-pie -finstrument-functions -o $@ examples/train_multitf.c \
+	  tests/docs/call_depth.c $(DEP_LIBS)
 # the docs' code: every C block in README.md and docs/ is a region of these files (tests/docs/check.sh)
 $(BUILD)/compile/snippets_c.o: tests/docs/snippets.c $(HEADERS)
 	@mkdir -p $(dir $@)

@@ -5268,8 +5268,9 @@ MB__CELL_FN void mb__lstm_cell_bwd(const float *a4, int64_t H, int64_t j, float 
  * them; SIZE_MAX on overflow); layer_forward: layer li over the last forward's T steps
  * (mb__lstm_steps_forward is the per-step path any backend may run); layer_backward: its
  * backward, dout (T, B, H) its output gradients, d_in its input's (NULL: not needed; layer 0:
- * the caller's dx); many: mb_lstm_*_many's checked calls (mb__lstm_run_each runs them one by
- * one, on up to that many threads).
+ * the caller's dx); many: mb_lstm_*_many's checked calls, their forwards or backwards whole
+ * (mb__lstm_forward_begin / _end, mb__lstm_backward_begin / _tail and the dropout around the
+ * layers, as mb__lstm_forward and mb__lstm_backward run them).
  * The per-step path's elementwise operations, on the LSTM's stream: a step's gates forward
  * (g: the pre-activations in, activated out; need_h 0: h may be left unwritten, a recompute)
  * and backward (dh = dh_rec + dout), strided rows (mb__lstm_copy_strided: f32 in, dt out),
@@ -5382,23 +5383,18 @@ static mb_result mb__lstm_zero(mb_lstm *l, float *dst, size_t n) {
     return l->dev->be->rt->zero(l->dev, l->cfg.stream, dst, n * sizeof(float));
 }
 
-/* C (m, n) = alpha op(A) op(B) + beta C on the LSTM's stream; A and B of type t, C f32. */
-static mb_result mb__lstm_gemm_t(mb_lstm *l, mb_dtype t, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                                 const void *a, int64_t lda, const void *b, int64_t ldb, float beta, float *c,
-                                 int64_t ldc) {
+/* C (m, n) = op(A) op(B) + beta C on the LSTM's stream, A and B of type t (l->op: the LSTM's
+ * operands), C f32: checked as mb_gemm checks, then the backend's gemm. */
+static mb_result mb__lstm_gemm(mb_lstm *l, mb_dtype t, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
+                               int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     mb_gemm_args g;
     memset(&g, 0, sizeof g);
     g.trans_a = ta; g.trans_b = tb; g.m = m; g.n = n; g.k = k;
     g.alpha = 1.0f; g.beta = beta; g.ab_type = t; g.c_type = MB_F32;
     g.a = a; g.lda = lda; g.b = b; g.ldb = ldb; g.c = c; g.ldc = ldc;
     g.stream = l->cfg.stream;
-    return mb_gemm(l->dev, &g);
-}
-
-/* The same with operands of the LSTM's precision (l->op). */
-static mb_result mb__lstm_gemm(mb_lstm *l, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
-                               int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    return mb__lstm_gemm_t(l, l->op, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    MB_TRY(mb__gemm_check(l->dev, &g));
+    return l->dev->be->gemm->run(l->dev, &g);
 }
 
 /* Element e of an operand array (of type l->op). */
@@ -5773,11 +5769,11 @@ static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, fl
     for (int64_t a = a0; a < s1; a += l->G) {
         int64_t n = a + l->G < l->T ? l->G : l->T - a;
         MB_TRY(mb__lstm_block_input(l, li, a, n, &x));
-        MB_TRY(mb__lstm_gemm(l, 0, 1, n * B, 4 * H, in, x, in, wih, in, 0.0f, g + (a - a0) * B * 4 * H, 4 * H));
+        MB_TRY(mb__lstm_gemm(l, l->op, 0, 1, n * B, 4 * H, in, x, in, wih, in, 0.0f, g + (a - a0) * B * 4 * H, 4 * H));
     }
     for (int64_t t = s0; t < s1; t++) {
         float *gt = g + (t - a0) * B * 4 * H, *ct = c + (t - s0) * B * H;
-        MB_TRY(mb__lstm_gemm(l, 0, 1, B, 4 * H, H, mb__lstm_el(l, hop, t * B * H), H, whh, H, 1.0f, gt, 4 * H));
+        MB_TRY(mb__lstm_gemm(l, l->op, 0, 1, B, 4 * H, H, mb__lstm_el(l, hop, t * B * H), H, whh, H, 1.0f, gt, 4 * H));
         float *h = keep_h ? hs + (t + 1) * B * H : l->hscr;
         MB_TRY(mb__lstm_fwd_gates(l, B, gt, w[MB__LSTM_BIH], w[MB__LSTM_BHH], ct, ct + B * H, h));
         if (keep_h) MB_TRY(mb__lstm_round(l, (void *)mb__lstm_el(l, hop, (t + 1) * B * H), h, (size_t)(B * H)));
@@ -5785,29 +5781,21 @@ static mb_result mb__lstm_segment(mb_lstm *l, int li, int64_t s0, int64_t s1, fl
     return MB_OK;
 }
 
-/* A segment's forward (mb__lstm_segment's arguments) and backward (mb__lstm_segment_backward's):
- * the per-step path's, or a backend's own (the CPU's row kernels). */
-typedef mb_result (*mb__lstm_seg_fn)(mb_lstm *l, int li, int64_t s0, int64_t s1, float *g, float *c, int keep_h);
-typedef mb_result (*mb__lstm_seg_back_fn)(mb_lstm *l, int li, int64_t s0, int64_t s1, const float *g,
-                                          const float *c, const float *dout, float *d_in);
-
-/* The checkpoint plan, forward: layer li over all T steps in one segment with full storage,
- * else in segments of `interval` steps keeping the cell state at each segment start. */
-static mb_result mb__lstm_plan_forward(mb_lstm *l, int li, mb__lstm_seg_fn seg) {
+/* Layer li forward on the per-step path, as the checkpoint plan goes: all T steps in one
+ * segment with full storage, else segments of `interval` steps keeping the cell state at each
+ * segment start (the CPU recurrence's items, mb__cpu_lstm_fwd_item, follow the same plan). */
+static mb_result mb__lstm_steps_forward(mb_lstm *l, int li) {
     mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
-    if (!l->interval) return seg(l, li, 0, l->T, y->gates, y->cs, 1);
+    if (!l->interval) return mb__lstm_segment(l, li, 0, l->T, y->gates, y->cs, 1);
     for (int64_t s = 0, s0 = 0; s0 < l->T; s++, s0 += l->interval) {
         int64_t s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-        MB_TRY(seg(l, li, s0, s1, l->seg_g, l->seg_c, 1));
+        MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 1));
         MB_TRY(mb__lstm_copy(l, y->cs + (s + 1) * bh, l->seg_c + (s1 - s0) * bh, bh));
     }
     return MB_OK;
 }
-
-/* Layer li forward on the per-step path. */
-static mb_result mb__lstm_steps_forward(mb_lstm *l, int li) { return mb__lstm_plan_forward(l, li, mb__lstm_segment); }
 
 /* c_T of layer k after its forward. */
 static float *mb__lstm_c_last(mb_lstm *l, int li) {
@@ -5833,15 +5821,14 @@ static mb_result mb__lstm_init_state(mb_lstm *l, int64_t B, const float *h0, con
     if (carry && (!h0 || !c0) && l->B != B)
         return MB_FAIL(mb__lstm_log(l), MB_ERR_INVALID_ARG, "mb_lstm_forward: carried state has batch %lld, "
                        "this batch has B=%lld (mb_lstm_reset_state first)", (long long)l->B, (long long)B);
-    size_t bh = (size_t)(B * l->H);
-    for (int li = 0; li < l->L; li++) {
+    mb_device *d = l->dev;
+    int s = l->cfg.stream;
+    size_t bh = (size_t)(B * l->H), bytes = bh * sizeof(float);
+    const float *hsrc = h0 ? h0 : carry ? l->hn : NULL, *csrc = c0 ? c0 : carry ? l->cn : NULL;
+    for (int li = 0; li < l->L; li++) { /* the backend's copy and zero, straight: the LSTM's own buffers */
         float *hs = l->layer[li].hs, *cs = l->layer[li].cs;
-        if (h0) MB_TRY(mb__lstm_copy(l, hs, h0 + li * bh, bh));
-        else if (carry) MB_TRY(mb__lstm_copy(l, hs, l->hn + li * bh, bh));
-        else MB_TRY(mb__lstm_zero(l, hs, bh));
-        if (c0) MB_TRY(mb__lstm_copy(l, cs, c0 + li * bh, bh));
-        else if (carry) MB_TRY(mb__lstm_copy(l, cs, l->cn + li * bh, bh));
-        else MB_TRY(mb__lstm_zero(l, cs, bh));
+        MB_TRY(hsrc ? d->be->rt->copy(d, s, hs, hsrc + li * bh, bytes) : d->be->rt->zero(d, s, hs, bytes));
+        MB_TRY(csrc ? d->be->rt->copy(d, s, cs, csrc + li * bh, bytes) : d->be->rt->zero(d, s, cs, bytes));
     }
     return MB_OK;
 }
@@ -5939,13 +5926,13 @@ static mb_result mb__lstm_flush_block(mb_lstm *l, int li, int64_t t0, int64_t nb
     MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
     mb__lstm_w_ops(l, li, w, &wih, &whh);
     MB_TRY(mb__lstm_block_input(l, li, t0, nb, &x));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
+    MB_TRY(mb__lstm_gemm(l, l->op, 1, 0, 4 * H, in, rows, gb, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, l->op, 1, 0, 4 * H, H, rows, gb, 4 * H, hp, H, 1.0f, dw[MB__LSTM_WHH], H));
     for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++) /* bias gradients: sums of f32 gate gradients */
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
+        MB_TRY(mb__lstm_gemm(l, MB_F32, 0, 0, 1, 4 * H, rows, l->ones, rows, l->gblk, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
     float *dst = li ? d_in + t0 * B * in : l->xblk; /* xblk is free again: the dW_ih gemm read it */
-    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
+    MB_TRY(mb__lstm_gemm(l, l->op, 0, 0, rows, in, 4 * H, gb, 4 * H, wih, in, 0.0f, dst, in));
     if (li) return MB_OK;
     return mb__lstm_copy_strided(l, d_in + t0 * in, MB_F32, l->xs, in, l->xblk, in, B * in, B, nb, in);
 }
@@ -5969,22 +5956,21 @@ static mb_result mb__lstm_segment_backward(mb_lstm *l, int li, int64_t s0, int64
         const float *ct = c + (t - s0) * bh;
         MB_TRY(mb__lstm_bwd_gates(l, B, g + (t - a0) * B * 4 * H, ct, ct + bh, l->dh, dout + t * bh, l->dc, dg));
         MB_TRY(mb__lstm_round(l, (void *)dgop, dg, (size_t)(B * 4 * H)));
-        MB_TRY(mb__lstm_gemm(l, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
+        MB_TRY(mb__lstm_gemm(l, l->op, 0, 0, B, H, 4 * H, dgop, 4 * H, whh, H, 0.0f, l->dh, H));
         if (t == t0) MB_TRY(mb__lstm_flush_block(l, li, t0, nb, d_in));
     }
     return MB_OK;
 }
 
-/* The checkpoint plan, backward: layer li's segments from the last, each recomputed by seg from
- * its kept cell state (but the forward's last, still in seg_g / seg_c), then back through by
- * back. */
-static mb_result mb__lstm_plan_backward(mb_lstm *l, int li, const float *dout, float *d_in, mb__lstm_seg_fn seg,
-                                        mb__lstm_seg_back_fn back) {
+/* Layer li backward on the per-step path, as the checkpoint plan goes: its segments from the
+ * last, each recomputed from its kept cell state (but the forward's last, still in seg_g /
+ * seg_c), then back through (mb__cpu_lstm_bwd_item follows the same plan). */
+static mb_result mb__lstm_steps_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
     mb__lstm_layer *y = &l->layer[li];
     size_t bh = (size_t)(l->B * l->H);
     MB_TRY(mb__lstm_zero(l, l->dh, bh));
     MB_TRY(mb__lstm_zero(l, l->dc, bh));
-    if (!l->interval) return back(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
+    if (!l->interval) return mb__lstm_segment_backward(l, li, 0, l->T, y->gates, y->cs, dout, d_in);
     int64_t nseg = (l->T + l->interval - 1) / l->interval;
     int kept = l->seg_kept == li; /* the forward's last segment is still in seg_g / seg_c */
     l->seg_kept = -1;            /* overwritten below */
@@ -5992,16 +5978,11 @@ static mb_result mb__lstm_plan_backward(mb_lstm *l, int li, const float *dout, f
         int64_t s0 = s * l->interval, s1 = s0 + l->interval < l->T ? s0 + l->interval : l->T;
         if (!(kept && s == nseg - 1)) {
             MB_TRY(mb__lstm_copy(l, l->seg_c, y->cs + s * bh, bh));
-            MB_TRY(seg(l, li, s0, s1, l->seg_g, l->seg_c, 0));
+            MB_TRY(mb__lstm_segment(l, li, s0, s1, l->seg_g, l->seg_c, 0));
         }
-        MB_TRY(back(l, li, s0, s1, l->seg_g, l->seg_c, dout, d_in));
+        MB_TRY(mb__lstm_segment_backward(l, li, s0, s1, l->seg_g, l->seg_c, dout, d_in));
     }
     return MB_OK;
-}
-
-/* Layer li backward on the per-step path. */
-static mb_result mb__lstm_steps_backward(mb_lstm *l, int li, const float *dout, float *d_in) {
-    return mb__lstm_plan_backward(l, li, dout, d_in, mb__lstm_segment, mb__lstm_segment_backward);
 }
 
 /* The gradient w.r.t. layer k's outputs: dA for the top layer, then dB, dA, ... */
@@ -6191,7 +6172,8 @@ typedef void (*mb__lstm_bwd_row_fn)(int64_t, const float *MB__RESTRICT, const fl
 #endif
 #define MB__KERNEL_OF(dev, NAME) \
     (mb__cpu(dev)->kernel == 0 ? NAME##_avx512 : mb__cpu(dev)->kernel == 1 ? NAME##_avx2 : NAME##_base)
-MB__KERNEL_VARIANTS(MB__LSTM_ROWS)
+MB__KERNEL_VARIANTS(MB__LSTM_ROWS) /* mb__lstm_fwd_row_base, mb__lstm_bwd_row_base, ..._avx2, ..._avx512:
+                                      the names a profiler, a debugger or tests/docs/call_depth.sh shows */
 
 /* The row functions of the CPU device's kernel variant. */
 static mb__lstm_fwd_row_fn mb__lstm_fwd_row_of(const mb_device *dev) { return MB__KERNEL_OF(dev, mb__lstm_fwd_row); }
@@ -6854,16 +6836,21 @@ static inline MB__HD float mb__dropout_elem(float p, float keep_scale, uint64_t 
     return mb_rng_uniform(seed, step, (uint64_t)i) >= p ? x * keep_scale : 0.0f;
 }
 
-/* step_dev NULL: the mask of `step`; else of *step_dev, read when the work runs. */
-static mb_result mb__dropout(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const uint64_t *step_dev,
-                             const float *x, float *y, size_t n, const char *what) {
+/* The dropout calls' checks (want_dev: the _dev calls, a step in device memory); *go 0: nothing
+ * left to do (n = 0, or p = 0: y = x copied), else the backend's dropout runs (step_dev NULL: the
+ * mask of `step`; else of *step_dev, read when the work runs). */
+static mb_result mb__dropout_check(mb_device *dev, int stream, float p, int want_dev, const uint64_t *step_dev,
+                                   const float *x, float *y, size_t n, const char *what, int *go) {
+    *go = 0;
     MB_TRY(mb__check_dev_stream(dev, stream, what));
+    if (want_dev && !step_dev) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL step_dev", what);
     if (!(p >= 0.0f && p < 1.0f))
         return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: probability %g must be in [0, 1)", what, (double)p);
     if (n && (!x || !y)) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", what, n);
     if (n == 0) return MB_OK;
     if (p == 0.0f) return x == y ? MB_OK : mb_copy(dev, stream, y, x, n * sizeof(float));
-    return dev->be->layers->dropout(dev, stream, p, seed, step, step_dev, x, y, n);
+    *go = 1;
+    return MB_OK;
 }
 
 /* The CPU's dropout pass, in blocks of MB__DROP_CTRS Philox counters (4 elements each) drawn
@@ -6922,25 +6909,27 @@ static mb_result mb__cpu_step_add(mb_device *dev, int stream, uint64_t *c, uint6
 
 MBDEF mb_result mb_dropout_forward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step, const float *x,
                                    float *y, size_t n) {
-    return mb__dropout(dev, stream, p, seed, step, NULL, x, y, n, "mb_dropout_forward");
+    int go;
+    MB_TRY(mb__dropout_check(dev, stream, p, 0, NULL, x, y, n, "mb_dropout_forward", &go));
+    return go ? dev->be->layers->dropout(dev, stream, p, seed, step, NULL, x, y, n) : MB_OK;
 }
 MBDEF mb_result mb_dropout_backward(mb_device *dev, int stream, float p, uint64_t seed, uint64_t step,
                                     const float *dy, float *dx, size_t n) {
-    return mb__dropout(dev, stream, p, seed, step, NULL, dy, dx, n, "mb_dropout_backward");
-}
-
-static mb_result mb__dropout_dev(mb_device *dev, int stream, float p, uint64_t seed, const uint64_t *step_dev,
-                                 const float *x, float *y, size_t n, const char *what) {
-    if (dev && !step_dev) return MB_FAIL(&dev->cfg.log, MB_ERR_INVALID_ARG, "%s: NULL step_dev", what);
-    return mb__dropout(dev, stream, p, seed, 0, step_dev, x, y, n, what);
+    int go;
+    MB_TRY(mb__dropout_check(dev, stream, p, 0, NULL, dy, dx, n, "mb_dropout_backward", &go));
+    return go ? dev->be->layers->dropout(dev, stream, p, seed, step, NULL, dy, dx, n) : MB_OK;
 }
 MBDEF mb_result mb_dropout_forward_dev(mb_device *dev, int stream, float p, uint64_t seed, const uint64_t *step_dev,
                                        const float *x, float *y, size_t n) {
-    return mb__dropout_dev(dev, stream, p, seed, step_dev, x, y, n, "mb_dropout_forward_dev");
+    int go;
+    MB_TRY(mb__dropout_check(dev, stream, p, 1, step_dev, x, y, n, "mb_dropout_forward_dev", &go));
+    return go ? dev->be->layers->dropout(dev, stream, p, seed, 0, step_dev, x, y, n) : MB_OK;
 }
 MBDEF mb_result mb_dropout_backward_dev(mb_device *dev, int stream, float p, uint64_t seed, const uint64_t *step_dev,
                                         const float *dy, float *dx, size_t n) {
-    return mb__dropout_dev(dev, stream, p, seed, step_dev, dy, dx, n, "mb_dropout_backward_dev");
+    int go;
+    MB_TRY(mb__dropout_check(dev, stream, p, 1, step_dev, dy, dx, n, "mb_dropout_backward_dev", &go));
+    return go ? dev->be->layers->dropout(dev, stream, p, seed, 0, step_dev, dy, dx, n) : MB_OK;
 }
 
 MBDEF mb_result mb_dropout_step_advance(mb_device *dev, int stream, uint64_t *step_dev) {

@@ -1130,31 +1130,23 @@ template <class T> __global__ void __launch_bounds__(MB__FUSED_THREADS_MAX) mb__
     else w ? mb__fused_bwd<T, true, false>(k) : mb__fused_bwd<T, false, false>(k);
 }
 
-template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward,
-                                                          const mb__fused_args *a, unsigned blocks, unsigned threads,
-                                                          size_t smem) {
-    void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
-    MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (a->cl > 1) MB_LAUNCH_CLUSTER(k, blocks * a->cl, threads, smem, mb__st(dev, stream), a->cl)(*a);
-    else MB_LAUNCH(k, blocks, threads, smem, mb__st(dev, stream))(*a); /* MB__RUN with dynamic shared memory */
-    return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
-}
-
-/* One launch for the a->n descriptors (all of operand type op, a->cl blocks a row tile);
+/* One launch for the a->n descriptors (all of operand type T, a->cl blocks a row tile);
  * *blocks: their row tiles. The widest layer sets the threads and the shared memory. Empties
  * a and *blocks for the next launch. */
-static mb_result mb__cuda_lstm_fused(mb_device *dev, int stream, mb_dtype op, int backward, mb__fused_args *a,
-                                     unsigned *blocks) {
+template <class T> static mb_result mb__cuda_lstm_fused_t(mb_device *dev, int stream, int backward, mb__fused_args *a,
+                                                          unsigned *blocks) {
     int64_t H = 1;
     for (int i = 0; i < a->n; i++) H = a->d[i].H > H ? a->d[i].H : H;
-    size_t smem = mb__fused_layout_of(H, mb_dtype_size(op), backward, a->cl).bytes;
-    unsigned threads = mb__lstm_fused_threads(H, a->cl);
-    mb_result r = op == MB_BF16 ? mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, a, *blocks, threads, smem)
-                  : op == MB_F16 ? mb__cuda_lstm_fused_t<__half>(dev, stream, backward, a, *blocks, threads, smem)
-                                 : mb__cuda_lstm_fused_t<float>(dev, stream, backward, a, *blocks, threads, smem);
+    size_t smem = mb__fused_layout_of(H, sizeof(T), backward, a->cl).bytes;
+    unsigned threads = mb__lstm_fused_threads(H, a->cl), nb = *blocks;
+    void (*k)(mb__fused_args) = backward ? mb__k_lstm_fused_bwd<T> : mb__k_lstm_fused_fwd<T>;
+    mb__fused_args args = *a;
     a->n = 0;
     *blocks = 0;
-    return r;
+    MB_CUDA_TRY(dev, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (args.cl > 1) MB_LAUNCH_CLUSTER(k, nb * args.cl, threads, smem, mb__st(dev, stream), args.cl)(args);
+    else MB_LAUNCH(k, nb, threads, smem, mb__st(dev, stream))(args); /* MB__RUN with dynamic shared memory */
+    return mb__launched(dev, "mb__k_lstm_fused", __FILE__, __LINE__);
 }
 
 /* The shared memory a block may opt into on this device, and its largest cluster for the fused
@@ -1288,7 +1280,7 @@ static mb_result mb__lstm_fused_project(mb_lstm *l, int li) {
     MB_TRY(mb__lstm_weights(l, li, w, 0, "mb_lstm_forward"));
     mb__lstm_w_ops(l, li, w, &wih, &whh);
     MB_TRY(mb__lstm_fused_input(l, li, 0, &x));
-    return mb__lstm_gemm(l, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[li].gates, 4 * l->H);
+    return mb__lstm_gemm(l, l->op, 0, 1, l->T * l->B, 4 * l->H, in, x, in, wih, in, 0.0f, l->layer[li].gates, 4 * l->H);
 }
 
 /* Layer k's descriptor; backward: dout its output gradients, dh0/dc0 into l->dh, l->dc. */
@@ -1323,14 +1315,18 @@ static mb_result mb__lstm_fused_run(mb_lstm *const *ls, const float *const *dout
             a.n = 0;
             a.cl = cl;
             unsigned blocks = 0; /* row tiles; the launch has cl blocks each */
-            for (int i = 0; i < n; i++) {
-                if (ls[i]->L <= li || (int)ls[i]->op != op || mb__cuda_lstm_of(ls[i])->fused != cl) continue;
-                MB_TRY(mb__lstm_fused_desc_of(ls[i], li, backward ? douts[i] : NULL, &a.d[a.n]));
-                a.d[a.n++].tile0 = (int)blocks;
-                blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
-                if (a.n == MB__FUSED_MAX) MB_TRY(mb__cuda_lstm_fused(dev, stream, (mb_dtype)op, backward, &a, &blocks));
+            for (int i = 0; i <= n; i++) {
+                if (i < n) {
+                    if (ls[i]->L <= li || (int)ls[i]->op != op || mb__cuda_lstm_of(ls[i])->fused != cl) continue;
+                    MB_TRY(mb__lstm_fused_desc_of(ls[i], li, backward ? douts[i] : NULL, &a.d[a.n]));
+                    a.d[a.n++].tile0 = (int)blocks;
+                    blocks += (unsigned)((ls[i]->B + MB__FUSED_ROWS - 1) / MB__FUSED_ROWS);
+                }
+                if (a.n == MB__FUSED_MAX || (i == n && a.n)) /* a launch: full, or the last */
+                    MB_TRY(op == MB_BF16 ? mb__cuda_lstm_fused_t<__nv_bfloat16>(dev, stream, backward, &a, &blocks)
+                           : op == MB_F16 ? mb__cuda_lstm_fused_t<__half>(dev, stream, backward, &a, &blocks)
+                                          : mb__cuda_lstm_fused_t<float>(dev, stream, backward, &a, &blocks));
             }
-            if (a.n) MB_TRY(mb__cuda_lstm_fused(dev, stream, (mb_dtype)op, backward, &a, &blocks));
         }
     for (int i = 0; i < n && n > 1; i++) MB_TRY(mb_stream_wait(dev, ls[i]->cfg.stream, stream));
     return MB_OK;
@@ -1348,25 +1344,55 @@ static mb_result mb__lstm_fused_grads(mb_lstm *l, int li, float *d_in) {
     MB_TRY(mb__lstm_weights(l, li, dw, 1, "mb_lstm_backward"));
     mb__lstm_w_ops(l, li, w, &wih, &whh);
     MB_TRY(mb__lstm_fused_input(l, li, 1, &x));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
-    MB_TRY(mb__lstm_gemm(l, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, li), H, 1.0f, dw[MB__LSTM_WHH], H));
+    MB_TRY(mb__lstm_gemm(l, l->op, 1, 0, 4 * H, in, rows, dg, 4 * H, x, in, 1.0f, dw[MB__LSTM_WIH], in));
+    MB_TRY(mb__lstm_gemm(l, l->op, 1, 0, 4 * H, H, rows, dg, 4 * H, mb__lstm_hs_op(l, li), H, 1.0f, dw[MB__LSTM_WHH], H));
     for (int i = MB__LSTM_BIH; i <= MB__LSTM_BHH; i++)
-        MB_TRY(mb__lstm_gemm_t(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, st->dsum, 4 * H, 1.0f, dw[i], 4 * H));
+        MB_TRY(mb__lstm_gemm(l, MB_F32, 0, 0, 1, 4 * H, B, l->ones, B, st->dsum, 4 * H, 1.0f, dw[i], 4 * H));
     if (!d_in) return MB_OK;
-    MB_TRY(mb__lstm_gemm(l, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, li ? d_in : st->xall, in));
+    MB_TRY(mb__lstm_gemm(l, l->op, 0, 0, rows, in, 4 * H, dg, 4 * H, wih, in, 0.0f, li ? d_in : st->xall, in));
     if (li) return MB_OK;
     st->x_kept = l->op != MB_F32; /* f32: the scratch was x's rows */
     return mb__lstm_copy_strided(l, d_in, MB_F32, l->xs, in, st->xall, in, B * in, B, l->T, in);
 }
 
-/* mb_lstm_*_many in one launch per layer: every LSTM fused and on the device of the first. */
+/* One call's forward or backward. */
+static mb_result mb__lstm_run_call(const mb_lstm_call *c, int backward) {
+    mb_lstm *l = c->lstm;
+    return backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
+                    : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0, c->c0,
+                                       c->out_seq, c->h_last);
+}
+
+/* The calls one after another from this thread (each on its own stream), longest first. The
+ * result: the first failing call's (in calls' order); the other calls still ran. */
+static mb_result mb__lstm_run_each(mb_lstm_call *calls, int n, int backward) {
+    int order[MB__LSTM_MANY_MAX], failed = n;
+    mb_result res = MB_OK;
+    char msg[MB_MAX_ERROR];
+    mb__lstm_order(calls, n, order);
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        mb_result r = mb__lstm_run_call(&calls[i], backward);
+        if (r == MB_OK || i > failed) continue;
+        failed = i; res = r;
+        snprintf(msg, sizeof msg, "%s", mb_last_error());
+    }
+    return failed < n ? MB_FAIL(NULL, res, "%s", msg) : MB_OK; /* logged already */
+}
+
+/* Whether mb_lstm_*_many can run in one launch per layer: every LSTM fused (and on the device
+ * of the first: checked by mb_lstm_*_many). */
 static int mb__lstm_fused_many_ok(const mb_lstm_call *calls, int n) {
     for (int i = 0; i < n; i++)
         if (!mb__cuda_lstm_of(calls[i].lstm)->fused) return 0;
     return n > 1;
 }
 
-static mb_result mb__lstm_fused_many(mb_lstm_call *calls, int n, int backward) {
+/* The group's many: the calls begun, then a layer at a time one launch for that layer of every
+ * LSTM (after the forward's input projections; then the backward's weight gradients), and the
+ * forwards ended; else (not every LSTM fused) the calls one after another. */
+static mb_result mb__cuda_lstm_many(mb_lstm_call *calls, int n, int backward) {
+    if (!mb__lstm_fused_many_ok(calls, n)) return mb__lstm_run_each(calls, n, backward);
     mb_lstm *ls[MB__LSTM_MANY_MAX];
     const float *douts[MB__LSTM_MANY_MAX];
     int L = 0;
@@ -1438,37 +1464,6 @@ static mb_result mb__cuda_lstm_layer_backward(mb_lstm *l, int li, const float *d
     return mb__lstm_fused_grads(l, li, d_in);
 }
 
-/* One call's forward or backward. */
-static mb_result mb__lstm_run_call(const mb_lstm_call *c, int backward) {
-    mb_lstm *l = c->lstm;
-    return backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
-                    : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0, c->c0,
-                                       c->out_seq, c->h_last);
-}
-
-/* The calls one after another, longest first. The result:
- * the first failing call's (in calls' order); the other calls still ran. */
-static mb_result mb__lstm_run_each(mb_lstm_call *calls, int n, int backward) {
-    int order[MB__LSTM_MANY_MAX], failed = n;
-    mb_result res = MB_OK;
-    char msg[MB_MAX_ERROR];
-    mb__lstm_order(calls, n, order);
-    for (int k = 0; k < n; k++) {
-        int i = order[k];
-        mb_result r = mb__lstm_run_call(&calls[i], backward);
-        if (r == MB_OK || i > failed) continue;
-        failed = i; res = r;
-        snprintf(msg, sizeof msg, "%s", mb_last_error());
-    }
-    return failed < n ? MB_FAIL(NULL, res, "%s", msg) : MB_OK; /* logged already */
-}
-
-/* mb_lstm_*_many: every LSTM fused, one launch a layer; else the calls one after another from
- * this thread (each on its own stream). */
-static mb_result mb__cuda_lstm_many(mb_lstm_call *calls, int n, int backward) {
-    if (mb__lstm_fused_many_ok(calls, n)) return mb__lstm_fused_many(calls, n, backward);
-    return mb__lstm_run_each(calls, n, backward);
-}
 
 static const mb__lstm_ops mb__cuda_lstm_ops = {
     .create = mb__cuda_lstm_create, .destroy = mb__cuda_lstm_destroy, .full_extra = mb__cuda_lstm_full_extra,
