@@ -63,7 +63,7 @@ site auto_full megabatch.h 'MBDEF mb_result mb_lstm_create(mb_lstm **out, mb_par
     "($P(\"auto_full\") || mb__lstm_full_fits(dev, cfg))"
 # the backward recomputes segment s from segment s-1's kept cell state (a checkpointed path
 # only): the PyTorch golden at an interval of 2 must see it
-site recompute_from megabatch.h 'int kept = l->seg_kept == li;' 'y->cs + s * bh' "y->cs + ($P(\"recompute_from\") && s ? s - 1 : s) * bh"
+site recompute_from megabatch.h 'static void mb__cpu_lstm_bwd_item(' 'y->cs + s * bh' "y->cs + ($P(\"recompute_from\") && s ? s - 1 : s) * bh"
 # the segment cells' allocation unchecked (a checkpointed allocation): the allocation-failure
 # loop must see a create that succeeded with a failed allocation
 site seg_c_unchecked megabatch.h 'static mb_result mb__lstm_alloc_all(' 'MB_TRY(mb__lstm_alloc(l, &l->seg_c, s.seg_c));' \
