@@ -13,7 +13,7 @@
 #   2. each chain a doc shows after a line `<!-- call_depth: KERNEL -->` (a ```text block, one
 #      function a line from main's first call, a bracketed note after a name allowed) is the
 #      measured deepest path to KERNEL.
-# Ends with "call_depth: N passed, N failed".   call_depth.sh [TRACED] [PREPARE]
+# Ends with "call-depth: N passed, N failed".   call_depth.sh [TRACED] [PREPARE]
 cd "$(dirname "$0")/../.." || exit 2
 bin=${1:-build/compile/call_depth} prep=${2:-build/prepare}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -21,7 +21,7 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 "$prep" --synthetic --bars 30000 --features 2 --targets 3 --stride 40 --quiet \
-    --out-train "$tmp/t.h5" --out-val "$tmp/v.h5" || { echo "call_depth: 0 passed, 1 failed (prepare)"; exit 1; }
+    --out-train "$tmp/t.h5" --out-val "$tmp/v.h5" || { echo "call-depth: 0 passed, 1 failed (prepare)"; exit 1; }
 n=0
 for cfg in "" "--layers 2 --checkpoint-k 8 --dropout 0.1"; do
     n=$((n + 1))
@@ -33,7 +33,7 @@ done
 cat "$tmp"/raw* > "$tmp/raw" 2>/dev/null
 # the paths by name ("DEPTH main train train_step ..."), each function's deepest under train_step
 tr ' ' '\n' < "$tmp/raw" | grep '^0x' | sort -u > "$tmp/addrs"
-[ -s "$tmp/addrs" ] || { echo "call_depth: 0 passed, 1 failed (no paths recorded)"; exit 1; }
+[ -s "$tmp/addrs" ] || { echo "call-depth: 0 passed, 1 failed (no paths recorded)"; exit 1; }
 addr2line -f -e "$bin" $(cat "$tmp/addrs") | paste - - | awk '{ print $1 }' | paste -d' ' "$tmp/addrs" - > "$tmp/map"
 awk 'NR == FNR { name[$1] = $2; next }
      { s = $1; for (i = 2; i <= NF; i++) s = s " " name[$i]; print s }' "$tmp/map" "$tmp/raw" |
@@ -64,5 +64,5 @@ for md in README.md docs/*.md; do
     done < "$tmp/chains"
 done
 [ -z "${CALL_DEPTH_LIST:-}" ] || cut -d" " -f1,4- "$tmp/deepest" | awk '{ $1 = $1 - 1; print }' > "$CALL_DEPTH_LIST"
-echo "call_depth: $pass passed, $fail failed"
+echo "call-depth: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
