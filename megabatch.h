@@ -2596,7 +2596,7 @@ static mb__gemm_job mb__gemm_job_of(int ta, int tb, int64_t m, int64_t n, int64_
     return j;
 }
 
-static int mb__gemm_parts(const mb__gemm_job *j) { return j->n ? (int)((j->n + j->w - 1) / j->w) : 0; }
+static int mb__gemm_parts(const mb__gemm_job *j) { return j->m && j->n ? (int)((j->n + j->w - 1) / j->w) : 0; }
 
 /* A pool item: part i's columns of C, BLAS's product; without CBLAS, A B^T (a linear layer's
  * forward: rows of both contiguous in k) as dot products, the rest as plain loops; k = 0:
@@ -2646,7 +2646,7 @@ static mb_result mb__cpu_gemm_job(mb_device *dev, const mb_gemm_args *g, int64_t
     const char *b = (const char *)g->b + (size_t)(i * g->stride_b) * mb_dtype_size(g->ab_type);
     char *c = (char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type);
     int widen = g->ab_type != MB_F32 && g->k > 0;
-    *j = mb__gemm_job_of(g->trans_a, g->trans_b, g->m, g->m ? g->n : 0, g->k, g->alpha, (const float *)a, g->lda,
+    *j = mb__gemm_job_of(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, (const float *)a, g->lda,
                          (const float *)b, g->ldb, g->beta, (float *)c, g->ldc);
     if (!g->m || !g->n) return MB_OK;
     if (widen) {
@@ -2680,9 +2680,10 @@ static mb_result mb__cpu_gemm(mb_device *dev, const mb_gemm_args *g) {
         mb__gemm_job j;
         r = mb__cpu_gemm_job(dev, g, i, &j, wide);
         if (r == MB_OK) MB__POOL_FOR(dev, mb__cpu(dev)->threads - 1, mb__gemm_parts(&j), mb__gemm_part, &j);
-        for (int64_t q = 0; r == MB_OK && wide[2] && q < g->m * g->n; q++) /* C back to its type */
-            mb__store((char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type), g->c_type,
-                      (size_t)(q / g->n * g->ldc + q % g->n), wide[2][q]);
+        char *c = (char *)g->c + (size_t)(i * g->stride_c) * mb_dtype_size(g->c_type);
+        for (int64_t row = 0; r == MB_OK && wide[2] && row < g->m; row++) /* C back to its type */
+            mb__cpu_convert(dev, 0, c + (size_t)(row * g->ldc) * mb_dtype_size(g->c_type), g->c_type,
+                            wide[2] + row * g->n, MB_F32, (size_t)g->n);
         MB_FREE(wide[0]); MB_FREE(wide[1]); MB_FREE(wide[2]);
     }
     mb__fp_leave(e);
@@ -5375,8 +5376,10 @@ static mb_result mb__lstm_fill(mb_lstm *l, float *y, float v, size_t n) {
     return l->dev->be->lstm->fill(l->dev, l->cfg.stream, y, v, n);
 }
 
+/* A copy and a zero on the LSTM's stream: the backend's, straight (not mb_copy / mb_zero: the
+ * LSTM's own buffers and stream pass their checks by construction). */
 static mb_result mb__lstm_copy(mb_lstm *l, float *dst, const float *src, size_t n) {
-    return l->dev->be->rt->copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float)); /* its own buffers: checked */
+    return l->dev->be->rt->copy(l->dev, l->cfg.stream, dst, src, n * sizeof(float));
 }
 
 static mb_result mb__lstm_zero(mb_lstm *l, float *dst, size_t n) {
@@ -6076,6 +6079,9 @@ static double mb__lstm_work(const mb_lstm_call *c) {
     return (double)c->B * (double)c->T * (double)l->L * (double)l->H * (double)(l->F + l->H);
 }
 
+/* A call's x row stride: x_stride, or T*F (dense rows) when that is 0. */
+static int64_t mb__lstm_call_xs(const mb_lstm_call *c) { return c->x_stride ? c->x_stride : c->T * c->lstm->F; }
+
 /* order: the calls' indices by decreasing work (stable: ties keep their order). */
 static void mb__lstm_order(const mb_lstm_call *calls, int n, int *order) {
     for (int i = 0; i < n; i++) order[i] = i;
@@ -6342,8 +6348,8 @@ static mb_result mb__lstm_rec_pack(mb_lstm *l, int li, int backward) {
 }
 
 
-/* The CPU's per-LSTM work (an item of mb__cpu_lstm_many's pool job): calls[order[i]]'s layer
- * at layer step k, on the CPU recurrence (f32), or the per-step path (bf16/f16). */
+/* mb__cpu_lstm_many's job: item i is calls[order[i]]'s layer at layer step k, on the CPU
+ * recurrence (f32) or the per-step path (bf16/f16). */
 typedef struct mb__cpu_many {
     mb_lstm_call *calls;
     int n, k;                          /* the calls; the step: layer k from the bottom, or from the top */
@@ -6511,8 +6517,7 @@ static mb_result mb__cpu_lstm_many(mb_lstm_call *calls, int n, int backward) {
         mb_lstm_call *c = &calls[i];
         mb_lstm *l = c->lstm;
         mb__cpu_many_done(&m, i, backward ? mb__lstm_backward_begin(l, c->dh_last, c->dout_seq)
-                                          : mb__lstm_forward_begin(l, c->x, c->x_stride ? c->x_stride : c->T * l->F,
-                                                                   c->B, c->T, c->h0, c->c0));
+                                          : mb__lstm_forward_begin(l, c->x, mb__lstm_call_xs(c), c->B, c->T, c->h0, c->c0));
         if (l->L > L) L = l->L;
     }
     for (m.k = 0; m.k < L; m.k++) {

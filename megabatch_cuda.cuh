@@ -1359,7 +1359,7 @@ static mb_result mb__lstm_fused_grads(mb_lstm *l, int li, float *d_in) {
 static mb_result mb__lstm_run_call(const mb_lstm_call *c, int backward) {
     mb_lstm *l = c->lstm;
     return backward ? mb__lstm_backward(l, c->dh_last, c->dout_seq, c->dx, c->dh0, c->dc0)
-                    : mb__lstm_forward(l, c->x, c->x_stride ? c->x_stride : c->T * l->F, c->B, c->T, c->h0, c->c0,
+                    : mb__lstm_forward(l, c->x, mb__lstm_call_xs(c), c->B, c->T, c->h0, c->c0,
                                        c->out_seq, c->h_last);
 }
 
@@ -1401,8 +1401,7 @@ static mb_result mb__cuda_lstm_many(mb_lstm_call *calls, int n, int backward) {
         ls[i] = c->lstm;
         L = ls[i]->L > L ? ls[i]->L : L;
         if (backward) MB_TRY(mb__lstm_backward_begin(ls[i], c->dh_last, c->dout_seq));
-        else MB_TRY(mb__lstm_forward_begin(ls[i], c->x, c->x_stride ? c->x_stride : c->T * ls[i]->F, c->B, c->T,
-                                           c->h0, c->c0));
+        else MB_TRY(mb__lstm_forward_begin(ls[i], c->x, mb__lstm_call_xs(c), c->B, c->T, c->h0, c->c0));
     }
     for (int j = 0; j < L; j++) {
         int li = backward ? L - 1 - j : j;
